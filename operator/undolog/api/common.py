@@ -1,0 +1,116 @@
+"""Pieces shared by the three kinds: the Call, Kubernetes conditions, object metadata."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "undolog.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+# Step names are DNS labels that may also hold '_' (the design's own references, such as
+# ${steps.create_user.output.user_id}, use it); they never become object names.
+STEP_NAME = r"^[a-z0-9]([-_a-z0-9]*[a-z0-9])?$"
+MAX_ARGS = 32
+MAX_MESSAGE = 4096
+
+
+class Model(BaseModel):
+    """Base of every API model: camelCase on the wire, snake_case in Python."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """The JSON-ready dict the Kubernetes API takes: aliases, no unset optionals."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class Call(Model):
+    """A call to a registered function: the Webhook named `function`, at `version`."""
+
+    function: str = Field(
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description="Name of a Webhook in the saga's namespace (the function registry).",
+    )
+    version: str = Field(
+        default="v1",
+        max_length=63,
+        pattern=DNS_LABEL,
+        description="Which of the Webhook's spec.versions[] to call.",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        max_length=MAX_ARGS,
+        description=(
+            "JSON object sent as the request body. String values may refer to earlier outputs, "
+            'e.g. "${steps.create_user.output.user_id}".'
+        ),
+    )
+    max_retries: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Retries after the first attempt for transient failures; overrides the saga's backoff.",
+    )
+    timeout_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=300,
+        description="Per-attempt timeout; overrides the Webhook's spec.timeoutSeconds.",
+    )
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(Model):
+    """A Kubernetes condition: the latest observation of one aspect of the object."""
+
+    type: str = Field(max_length=64, description="Condition type, e.g. Succeeded, Compensated, Halted.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        default="",
+        max_length=128,
+        description="One CamelCase word: why the condition is in this status.",
+    )
+    message: str = Field(default="", max_length=MAX_MESSAGE, description="Human-readable details.")
+    last_transition_time: datetime | None = Field(default=None, description="When status last changed.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation this condition was set from."
+    )
+
+
+class OwnerReference(Model):
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool | None = None
+    block_owner_deletion: bool | None = None
+
+
+class ObjectMeta(Model):
+    """The parts of metadata the operator reads and writes."""
+
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str = ""
+    generation: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    finalizers: list[str] = Field(default_factory=list)
+    owner_references: list[OwnerReference] = Field(default_factory=list)
+    creation_timestamp: datetime | None = None
+    deletion_timestamp: datetime | None = None

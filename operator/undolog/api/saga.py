@@ -1,0 +1,219 @@
+"""Saga: one session of multi-step work and its phase."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field, JsonValue
+
+from undolog.api.common import API_VERSION, MAX_MESSAGE, STEP_NAME, Call, Condition, Model, ObjectMeta
+
+StepType = Literal["Compensatable", "Pivot", "Retriable"]
+OnFailure = Literal["Halt", "Continue"]
+Outcome = Literal["Commit", "Abort"]
+SagaPhase = Literal["Active", "Completed", "Failed", "Compensating", "Compensated", "Halted"]
+
+MAX_STEPS = 50
+
+# CEL on spec.steps. Ranks Compensatable=0, Pivot=1, Retriable=2 must never go down; each
+# rule names the first step that breaks it, so the refusal says what to move.
+_TYPES = "self.map(s, s.type)"
+STEP_RULES: list[JsonValue] = [
+    {
+        "rule": "self.all(s, self.filter(t, t.name == s.name).size() == 1)",
+        "messageExpression": (
+            "'step name \"' + self.filter(s, self.filter(t, t.name == s.name).size() > 1)[0].name"
+            " + '\" is used more than once: spec.steps[].name must be unique'"
+        ),
+        "reason": "FieldValueDuplicate",
+    },
+    {
+        "rule": "self.filter(s, s.type == 'Pivot').size() <= 1",
+        "messageExpression": (
+            "'step \"' + self.filter(s, s.type == 'Pivot')[1].name + '\" is a second Pivot: a saga has"
+            " at most one Pivot step (spec.steps[].type)'"
+        ),
+    },
+    {
+        "rule": f"!{_TYPES}.exists(t, t == 'Pivot') || {_TYPES}.lastIndexOf('Compensatable') < "
+        f"{_TYPES}.indexOf('Pivot')",
+        "messageExpression": (
+            f"'step \"' + self[{_TYPES}.lastIndexOf('Compensatable')].name + '\" is Compensatable but comes"
+            f" after the Pivot step \"' + self[{_TYPES}.indexOf('Pivot')].name + '\": order spec.steps as"
+            " Compensatable steps, then at most one Pivot, then Retriable steps'"
+        ),
+    },
+    {
+        "rule": f"!{_TYPES}.exists(t, t == 'Retriable') || ({_TYPES}.lastIndexOf('Compensatable') < "
+        f"{_TYPES}.indexOf('Retriable') && {_TYPES}.lastIndexOf('Pivot') < {_TYPES}.indexOf('Retriable'))",
+        "messageExpression": (
+            f"'step \"' + self[{_TYPES}.lastIndexOf('Compensatable') > {_TYPES}.lastIndexOf('Pivot') ? "
+            f"{_TYPES}.lastIndexOf('Compensatable') : {_TYPES}.lastIndexOf('Pivot')].name"
+            f" + '\" comes after the Retriable step \"' + self[{_TYPES}.indexOf('Retriable')].name"
+            " + '\": order spec.steps as Compensatable steps, then at most one Pivot, then Retriable steps'"
+        ),
+    },
+]
+
+
+class Step(Model):
+    """One step of an orchestrated saga: a forward call and, if Compensatable, its undo."""
+
+    name: str = Field(
+        max_length=63,
+        pattern=STEP_NAME,
+        description="Unique within the saga; lower-case letters, digits, '-' and '_'.",
+    )
+    type: StepType = Field(
+        default="Compensatable",
+        description=(
+            "Compensatable: undone on failure. Pivot: the point of no return (at most one). "
+            "Retriable: after the pivot, retried until it succeeds, never undone."
+        ),
+    )
+    action: Call = Field(description="The forward call.")
+    compensation: Call | None = Field(
+        default=None,
+        description="The call that undoes the action; required for Compensatable, forbidden otherwise.",
+    )
+
+    model_config = Model.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.type != 'Compensatable' || has(self.compensation)",
+                    "messageExpression": (
+                        "'step \"' + self.name + '\" is Compensatable and needs spec.steps[].compensation"
+                        " (or set its type to Pivot or Retriable)'"
+                    ),
+                    "reason": "FieldValueRequired",
+                },
+                {
+                    "rule": "self.type == 'Compensatable' || !has(self.compensation)",
+                    "messageExpression": (
+                        "'step \"' + self.name + '\" is ' + self.type + ' and cannot have a compensation:"
+                        " remove spec.steps[].compensation or make the step Compensatable'"
+                    ),
+                    "reason": "FieldValueForbidden",
+                },
+            ]
+        }
+    }
+
+
+class Backoff(Model):
+    """Retry timing for transient failures: exponential with full jitter."""
+
+    initial_milliseconds: int = Field(default=100, ge=1, le=60_000, description="First delay cap.")
+    multiplier: float = Field(default=2.0, ge=1, le=10, description="Growth of the delay cap per retry.")
+    max_milliseconds: int = Field(default=5000, ge=1, le=600_000, description="Largest delay cap.")
+    max_retries: int = Field(default=3, ge=0, le=100, description="Retries after the first attempt.")
+
+
+class CompensationPolicy(Model):
+    """What happens when a compensation fails, and how transient failures are retried."""
+
+    on_failure: OnFailure = Field(
+        default="Halt",
+        description=(
+            "Halt: stop at the first entry that cannot be compensated (lower entries stay Pending). "
+            "Continue: compensate the rest, then halt if any failed."
+        ),
+    )
+    backoff: Backoff = Field(default_factory=Backoff, description="Retry timing for transient failures.")
+
+
+class SagaSpec(Model):
+    """The saga's work and how it is undone."""
+
+    org_id: str | None = Field(
+        default=None,
+        max_length=63,
+        description="Tenant id, copied to labels and to the Undolog-Org webhook header.",
+    )
+    steps: list[Step] | None = Field(
+        default=None,
+        max_length=MAX_STEPS,
+        description=(
+            "Orchestrated mode: the operator runs these forward calls in order. "
+            "Absent for external sagas, whose UndoEntries are written by an agent."
+        ),
+        json_schema_extra={"x-kubernetes-validations": STEP_RULES},
+    )
+    compensation_policy: CompensationPolicy = Field(
+        default_factory=CompensationPolicy, description="Failure handling and retry timing."
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="An Active saga older than this fails with reason DeadlineExceeded and is compensated.",
+    )
+    outcome: Outcome | None = Field(
+        default=None,
+        description="Set by the agent or a person: Abort compensates an Active saga; Commit completes it.",
+    )
+
+    model_config = Model.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.steps) == has(oldSelf.steps) && "
+                    "(!has(self.steps) || self.steps == oldSelf.steps)",
+                    "message": "spec.steps is immutable once the saga exists: create a new saga instead",
+                },
+                {
+                    "rule": "!has(oldSelf.outcome) || (has(self.outcome) && self.outcome == oldSelf.outcome)",
+                    "message": "spec.outcome cannot be changed or removed once set",
+                },
+                {
+                    "rule": "!has(oldSelf.orgId) || (has(self.orgId) && self.orgId == oldSelf.orgId)",
+                    "message": "spec.orgId cannot be changed or removed once set",
+                },
+            ]
+        }
+    }
+
+
+class SagaStatus(Model):
+    """What the operator has observed and done; written only by the operator."""
+
+    phase: SagaPhase | None = Field(
+        default=None,
+        description=(
+            "Active -> Completed, or Active -> Failed -> Compensating -> Compensated | Halted. "
+            "Halted waits for a person."
+        ),
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Succeeded, Compensated and Halted, at least.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    failed_step: str | None = Field(
+        default=None, max_length=63, description="The step whose failure failed the saga."
+    )
+    reason: str | None = Field(
+        default=None, max_length=128, description="CamelCase reason of the current phase."
+    )
+    message: str | None = Field(
+        default=None, max_length=MAX_MESSAGE, description="Details of the current phase."
+    )
+    stack_depth: int = Field(default=0, ge=0, description="UndoEntries registered for this saga.")
+    compensated_count: int = Field(default=0, ge=0, description="UndoEntries compensated or skipped.")
+    start_time: datetime | None = Field(default=None, description="When the operator first saw the saga.")
+    completion_time: datetime | None = Field(default=None, description="When the saga reached a final phase.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation last acted on."
+    )
+
+
+class Saga(Model):
+    """A Saga object as read from the API."""
+
+    api_version: str = API_VERSION
+    kind: str = "Saga"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: SagaSpec = Field(default_factory=SagaSpec)
+    status: SagaStatus = Field(default_factory=SagaStatus)

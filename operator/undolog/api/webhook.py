@@ -1,0 +1,92 @@
+"""Webhook: the function registry, mapping a function name and version to an HTTP target."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from undolog.api.common import API_VERSION, DNS_LABEL, DNS_SUBDOMAIN, Model, ObjectMeta
+
+
+class ServiceReference(Model):
+    """An in-cluster Service to call instead of a URL."""
+
+    namespace: str = Field(max_length=63, pattern=DNS_LABEL, description="Namespace of the Service.")
+    name: str = Field(max_length=63, pattern=DNS_LABEL, description="Name of the Service.")
+    port: int = Field(default=443, ge=1, le=65535, description="Service port.")
+    path: str = Field(default="/", max_length=1024, pattern=r"^/", description="Request path.")
+    scheme: str = Field(default="https", pattern=r"^https?$", description="http or https.")
+
+
+class WebhookVersion(Model):
+    """One version of the function and where to call it."""
+
+    name: str = Field(max_length=63, pattern=DNS_LABEL, description="Version name, e.g. v1.")
+    url: str | None = Field(
+        default=None, max_length=2048, pattern=r"^https?://", description="Absolute http or https URL."
+    )
+    service: ServiceReference | None = Field(default=None, description="In-cluster Service target.")
+    ca_bundle: str | None = Field(
+        default=None,
+        max_length=65536,
+        description="Base64 PEM CA bundle that verifies an https target; the system roots otherwise.",
+    )
+
+    model_config = Model.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.url) != has(self.service)",
+                    "messageExpression": (
+                        "'version \"' + self.name + '\" needs exactly one of url or service'"
+                    ),
+                }
+            ]
+        }
+    }
+
+
+class SecretReference(Model):
+    """A Secret in the Webhook's namespace."""
+
+    name: str = Field(max_length=253, pattern=DNS_SUBDOMAIN, description="Secret name.")
+
+
+class HeadersFrom(Model):
+    """Where extra request headers come from."""
+
+    secret_ref: SecretReference = Field(
+        description="Each key of this Secret is sent as a header; never logged or copied to status."
+    )
+
+
+class WebhookSpec(Model):
+    """Versions of one function and how to call them."""
+
+    versions: list[WebhookVersion] = Field(
+        min_length=1,
+        max_length=20,
+        description="The callable versions; a Call picks one by its version field.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.all(v, self.filter(w, w.name == v.name).size() == 1)",
+                    "message": "spec.versions[].name must be unique",
+                    "reason": "FieldValueDuplicate",
+                }
+            ]
+        },
+    )
+    timeout_seconds: int = Field(default=10, ge=1, le=300, description="Per-attempt timeout.")
+    headers_from: HeadersFrom | None = Field(default=None, description="Extra headers from a Secret.")
+
+    def version(self, name: str) -> WebhookVersion | None:
+        return next((v for v in self.versions if v.name == name), None)
+
+
+class Webhook(Model):
+    """A Webhook object as read from the API."""
+
+    api_version: str = API_VERSION
+    kind: str = "Webhook"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: WebhookSpec

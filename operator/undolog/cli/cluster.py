@@ -1,0 +1,49 @@
+"""`undolog cluster up|down`: the local control plane used by `make demo` and the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from undolog.control_plane import ControlPlaneError, LocalControlPlane
+
+app = typer.Typer(help="A local control plane (etcd, kube-apiserver, kube-controller-manager) on loopback.")
+
+StateDir = Annotated[
+    Path, typer.Option("--state-dir", envvar="UNDOLOG_CLUSTER_DIR", help="Where state and logs live.")
+]
+BinDir = Annotated[
+    Path, typer.Option("--bin-dir", envvar="UNDOLOG_BIN_DIR", help="Binaries built by `make tools`.")
+]
+
+
+@app.command()
+def up(
+    state_dir: StateDir = Path(".cluster"),
+    bin_dir: BinDir = Path("bin"),
+    durable: Annotated[
+        bool, typer.Option(help="fsync etcd writes (slower, survives a machine crash).")
+    ] = False,
+) -> None:
+    """Start the control plane, or reuse the one already running from STATE_DIR."""
+    try:
+        endpoints = LocalControlPlane(state_dir, bin_dir, durable=durable).up()
+    except ControlPlaneError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from error
+    verb = "already running" if endpoints.reused else f"ready in {endpoints.started_in_seconds:.1f} s"
+    typer.echo(f"control plane {verb} at {endpoints.server}", err=True)
+    typer.echo(f"export KUBECONFIG={endpoints.kubeconfig}")
+
+
+@app.command()
+def down(state_dir: StateDir = Path(".cluster"), bin_dir: BinDir = Path("bin")) -> None:
+    """Stop every process of the control plane in STATE_DIR."""
+    try:
+        stopped = LocalControlPlane(state_dir, bin_dir).down()
+    except ControlPlaneError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from error
+    typer.echo(f"stopped {len(stopped)} processes" if stopped else "nothing was running", err=True)

@@ -1,0 +1,309 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager.
+
+What controller-runtime's envtest does, in Python so `make demo`, `make cluster-up` and the
+test fixtures share it. Binaries come from `make tools` (bin/); state lives in one directory
+(pki/, etcd/, logs/, kubeconfig, state.json) so a second process can find and stop it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from undolog.control_plane.pki import write_pki
+
+START_TIMEOUT = 60.0  # envtest allows 20 s per process; 2 cores need more headroom
+STOP_TIMEOUT = 15.0
+PROCESSES = ("etcd", "kube-apiserver", "kube-controller-manager")
+
+
+class ControlPlaneError(RuntimeError):
+    """The local control plane could not be started or stopped."""
+
+
+@dataclass
+class RunState:
+    """What state.json records, so another process can find and stop the control plane."""
+
+    server: str
+    pids: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    server: str
+    kubeconfig: Path
+    started_in_seconds: float
+    reused: bool
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    """True for a running process; a zombie (exited, not reaped) counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _command_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode()
+    except OSError:
+        return ""
+
+
+class LocalControlPlane:
+    def __init__(self, state_dir: Path, bin_dir: Path, *, durable: bool = False) -> None:
+        self.state_dir = state_dir.resolve()
+        self.bin_dir = bin_dir.resolve()
+        self.durable = durable  # etcd fsyncs only when the run must survive a crash of the machine
+        self.pki = self.state_dir / "pki"
+        self.logs = self.state_dir / "logs"
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        self.state_file = self.state_dir / "state.json"
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def up(self) -> Endpoints:
+        """Start the control plane, or reuse the one already running from this directory."""
+        begin = time.monotonic()
+        state = self._read_state()
+        if state and self._healthy(state):
+            return Endpoints(state.server, self.kubeconfig, time.monotonic() - begin, reused=True)
+        self.down()  # a stale or half-started one is replaced cleanly
+        self._check_binaries()
+        for directory in (self.pki, self.state_dir / "etcd"):
+            shutil.rmtree(directory, ignore_errors=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        write_pki(self.pki)
+        etcd_client, etcd_peer, apiserver_port, kcm_port = (free_port() for _ in range(4))
+        state = RunState(server=f"https://127.0.0.1:{apiserver_port}")
+        try:
+            self._start("etcd", self._etcd_args(etcd_client, etcd_peer), state)
+            self._wait("etcd", lambda: self._etcd_healthy(etcd_client))
+            self._start("kube-apiserver", self._apiserver_args(etcd_client, apiserver_port), state)
+            self._wait("kube-apiserver", lambda: self._get(state.server, "/readyz"))
+            self._write_kubeconfig(state.server, self.kubeconfig, "admin")
+            self._write_kubeconfig(
+                state.server, self.state_dir / "controller-manager.kubeconfig", "controller-manager"
+            )
+            self._start("kube-controller-manager", self._controller_manager_args(kcm_port), state)
+            self._wait("default namespace", lambda: self._get(state.server, "/api/v1/namespaces/default"))
+        except BaseException:
+            self.down()
+            raise
+        return Endpoints(state.server, self.kubeconfig, time.monotonic() - begin, reused=False)
+
+    def down(self) -> list[int]:
+        """Stop every process this directory started; returns the pids that were stopped."""
+        state = self._read_state()
+        pids = {name: pid for name, pid in state.pids.items() if self._owned(name, pid)} if state else {}
+        for name in reversed(PROCESSES):
+            if name in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pids[name], signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.05)
+        for pid in pids.values():
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        self._reap(block=True)
+        self.state_file.unlink(missing_ok=True)
+        still = [pid for pid in pids.values() if _alive(pid)]
+        if still:
+            raise ControlPlaneError(f"processes {still} did not stop; kill them and remove {self.state_dir}")
+        return list(pids.values())
+
+    def running_pids(self) -> dict[str, int]:
+        state = self._read_state()
+        return {name: pid for name, pid in state.pids.items() if self._owned(name, pid)} if state else {}
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def _check_binaries(self) -> None:
+        missing = [name for name in PROCESSES if not (self.bin_dir / name).is_file()]
+        if missing:
+            raise ControlPlaneError(
+                f"{', '.join(missing)} not found in {self.bin_dir}: run `make tools` first"
+            )
+
+    def _start(self, name: str, args: list[str], state: RunState) -> None:
+        log = (self.logs / f"{name}.log").open("ab")
+        process = subprocess.Popen(
+            [str(self.bin_dir / name), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: down() stops it and anything it forks
+        )
+        log.close()
+        self._children[name] = process
+        state.pids[name] = process.pid
+        self.state_file.write_text(json.dumps(asdict(state)))
+
+    def _wait(self, what: str, ready: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            for name, process in self._children.items():
+                if process.poll() is not None:
+                    raise ControlPlaneError(
+                        f"{name} exited with {process.returncode} while waiting for {what}; "
+                        f"see {self.logs / (name + '.log')}"
+                    )
+            if ready():
+                return
+            time.sleep(0.1)
+        raise ControlPlaneError(f"{what} not ready after {START_TIMEOUT:.0f} s; see the logs in {self.logs}")
+
+    def _owned(self, name: str, pid: int) -> bool:
+        """The pid still runs our binary (guards against a recycled pid)."""
+        return _alive(pid) and Path(_command_of(pid)).name == name
+
+    def _reap(self, block: bool = False) -> None:
+        for process in self._children.values():
+            if block:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=STOP_TIMEOUT)
+            else:
+                process.poll()
+        if block:
+            self._children.clear()
+
+    # -- arguments ---------------------------------------------------------------------------
+
+    def _etcd_args(self, client_port: int, peer_port: int) -> list[str]:
+        client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+        args = [
+            "--name=local",
+            f"--data-dir={self.state_dir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=local={peer}",
+            "--log-level=warn",
+        ]
+        if not self.durable:
+            args.append("--unsafe-no-fsync=true")
+        return args
+
+    def _apiserver_args(self, etcd_port: int, port: int) -> list[str]:
+        pki = self.pki
+        return [
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'client-ca.crt'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'service-account.pub'}",
+            f"--service-account-signing-key-file={pki / 'service-account.key'}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=RBAC",
+            "--disable-admission-plugins=ServiceAccount",
+            "--endpoint-reconciler-type=none",  # no node answers for 127.0.0.1 as a Service endpoint
+            "--profiling=false",
+        ]
+
+    def _controller_manager_args(self, port: int) -> list[str]:
+        return [
+            f"--kubeconfig={self.state_dir / 'controller-manager.kubeconfig'}",
+            f"--service-account-private-key-file={self.pki / 'service-account.key'}",
+            # Garbage collection removes a deleted saga's UndoEntries (ownerReferences);
+            # the namespace controller empties namespaces that tests delete.
+            "--controllers=garbage-collector-controller,namespace-controller",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+        ]
+
+    # -- health ------------------------------------------------------------------------------
+
+    def _client(self) -> httpx.Client:
+        return httpx.Client(
+            verify=str(self.pki / "serving-ca.crt"),
+            cert=(str(self.pki / "admin.crt"), str(self.pki / "admin.key")),
+            timeout=5.0,
+        )
+
+    def _get(self, server: str, path: str) -> bool:
+        try:
+            with self._client() as client:
+                return client.get(server + path).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    @staticmethod
+    def _etcd_healthy(port: int) -> bool:
+        try:
+            response = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200 and response.json().get("health") == "true"
+
+    def _healthy(self, state: RunState) -> bool:
+        if set(state.pids) != set(PROCESSES):
+            return False
+        return all(self._owned(n, p) for n, p in state.pids.items()) and self._get(state.server, "/readyz")
+
+    def _read_state(self) -> RunState | None:
+        try:
+            return RunState(**json.loads(self.state_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    # -- kubeconfig --------------------------------------------------------------------------
+
+    def _write_kubeconfig(self, server: str, path: Path, user: str) -> None:
+        def b64(name: str) -> str:
+            return base64.b64encode((self.pki / name).read_bytes()).decode()
+
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "undolog-local",
+                    "cluster": {"server": server, "certificate-authority-data": b64("serving-ca.crt")},
+                }
+            ],
+            "users": [
+                {
+                    "name": user,
+                    "user": {
+                        "client-certificate-data": b64(f"{user}.crt"),
+                        "client-key-data": b64(f"{user}.key"),
+                    },
+                }
+            ],
+            "contexts": [{"name": "undolog-local", "context": {"cluster": "undolog-local", "user": user}}],
+            "current-context": "undolog-local",
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)

@@ -1,0 +1,227 @@
+"""Render the CustomResourceDefinitions in crds/ from the API models.
+
+The pydantic models in `undolog.api` are the single source of truth. Their JSON Schema is
+turned into Kubernetes structural schemas: references inlined, optionals unwrapped, free-form
+objects marked x-kubernetes-preserve-unknown-fields, pydantic titles dropped. `make crds`
+writes the files; a test fails when the committed YAML and the models disagree.
+
+kopf keeps no bookkeeping in these objects: the operator uses only kopf's event handlers,
+which write neither progress nor diff-base, so status holds exactly the fields below.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from undolog.api.common import GROUP, VERSION
+from undolog.api.saga import SagaSpec, SagaStatus
+from undolog.api.undo_entry import ROOT_RULES, UndoEntrySpec, UndoEntryStatus
+from undolog.api.webhook import WebhookSpec
+
+JsonSchema = dict[str, Any]
+
+
+def structural(schema: JsonSchema) -> JsonSchema:
+    """A model's JSON Schema as a Kubernetes structural schema."""
+    definitions: dict[str, JsonSchema] = schema.get("$defs", {})
+
+    def convert(node: JsonSchema) -> JsonSchema:
+        node = dict(node)
+        description = node.pop("description", None)
+        default = node.pop("default", None)
+        for key in ("title", "$defs"):
+            node.pop(key, None)
+        if "$ref" in node:
+            target = convert(definitions[node.pop("$ref").rsplit("/", 1)[1]])
+            node = {**target, **node}
+        if "anyOf" in node:  # Optional[X]: X, and absence means null
+            options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+            if len(options) != 1:
+                raise ValueError(f"unions other than Optional are not structural: {options}")
+            node = {**convert(options[0]), **node}
+        if node.get("type") == "object":
+            properties = node.pop("properties", None)
+            extra = node.pop("additionalProperties", None)
+            if properties is not None:
+                node["properties"] = {k: convert(v) for k, v in properties.items()}
+            elif extra in (True, {}, None):
+                node["x-kubernetes-preserve-unknown-fields"] = True
+            else:
+                node["additionalProperties"] = convert(extra)
+            if "required" in node:
+                node["required"] = sorted(node["required"])
+        if node.get("type") == "array":
+            node["items"] = convert(node["items"])
+        if "enum" in node:
+            node.setdefault("type", "string")
+        if description is not None:
+            node["description"] = description
+        if default is not None:
+            # An object default of {} lets the apiserver fill the nested defaults itself.
+            node["default"] = {} if isinstance(default, dict) else default
+        return dict(sorted(node.items()))
+
+    return convert(schema)
+
+
+def _model_schema(model: type[BaseModel]) -> JsonSchema:
+    return structural(model.model_json_schema(by_alias=True, mode="validation"))
+
+
+def _column(
+    name: str, path: str, kind: str = "string", description: str = "", priority: int = 0
+) -> JsonSchema:
+    column: JsonSchema = {"name": name, "type": kind, "jsonPath": path}
+    if description:
+        column["description"] = description
+    if priority:
+        column["priority"] = priority
+    return column
+
+
+AGE = _column("Age", ".metadata.creationTimestamp", "date")
+
+
+def _definition(
+    *,
+    kind: str,
+    plural: str,
+    short_name: str,
+    description: str,
+    properties: dict[str, JsonSchema],
+    columns: list[JsonSchema],
+    root_rules: list[JsonSchema] | None = None,
+    selectable: list[str] | None = None,
+    status: bool = True,
+    spec_required: bool = True,
+) -> JsonSchema:
+    schema: JsonSchema = {
+        "type": "object",
+        "description": description,
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            **properties,
+        },
+    }
+    if spec_required:
+        schema["required"] = ["spec"]
+    else:  # an empty spec is complete: the apiserver fills its defaults
+        schema["properties"]["spec"]["default"] = {}
+    if root_rules:
+        schema["x-kubernetes-validations"] = root_rules
+    version: JsonSchema = {
+        "name": VERSION,
+        "served": True,
+        "storage": True,
+        "schema": {"openAPIV3Schema": schema},
+        "additionalPrinterColumns": columns,
+    }
+    if status:
+        version["subresources"] = {"status": {}}
+    if selectable:
+        version["selectableFields"] = [{"jsonPath": p} for p in selectable]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": [short_name],
+                "categories": ["undolog"],
+            },
+            "versions": [version],
+        },
+    }
+
+
+def definitions() -> dict[str, JsonSchema]:
+    """The three CRDs, keyed by the file name they are written to."""
+    saga = _definition(
+        kind="Saga",
+        plural="sagas",
+        short_name="saga",
+        description=(
+            "A session of multi-step work whose effects are undone newest-first when it fails. "
+            "Orchestrated when spec.steps is given, external (driven by an agent's UndoEntries) otherwise."
+        ),
+        properties={"spec": _model_schema(SagaSpec), "status": _model_schema(SagaStatus)},
+        columns=[
+            _column("Phase", ".status.phase", description="Saga phase"),
+            _column("Steps", ".status.stackDepth", "integer", "UndoEntries registered"),
+            _column("Undone", ".status.compensatedCount", "integer", "UndoEntries compensated or skipped"),
+            _column("Reason", ".status.reason", description="Reason of the current phase"),
+            AGE,
+            _column("Org", ".spec.orgId", priority=1),
+            _column("Failed-Step", ".status.failedStep", priority=1),
+        ],
+        spec_required=False,
+    )
+    undo_entry = _definition(
+        kind="UndoEntry",
+        plural="undoentries",
+        short_name="undo",
+        description="One step's ledger record: the effect and how to undo it, written before the step runs.",
+        properties={"spec": _model_schema(UndoEntrySpec), "status": _model_schema(UndoEntryStatus)},
+        columns=[
+            _column("Saga", ".spec.saga"),
+            _column("Position", ".spec.stackPosition", "integer"),
+            _column("Step", ".spec.step"),
+            _column("Effect", ".status.effect"),
+            _column("State", ".status.state"),
+            _column("Retries", ".status.retryCount", "integer"),
+            AGE,
+            _column("Function", ".spec.compensation.function", priority=1),
+            _column("Last-Error", ".status.lastError", priority=1),
+        ],
+        root_rules=ROOT_RULES,
+        selectable=[".spec.saga"],
+    )
+    webhook = _definition(
+        kind="Webhook",
+        plural="webhooks",
+        short_name="wh",
+        description="The function registry: maps a function name and version to an HTTP target.",
+        properties={"spec": _model_schema(WebhookSpec)},
+        columns=[
+            _column("Versions", ".spec.versions[*].name"),
+            _column("Timeout", ".spec.timeoutSeconds", "integer"),
+            AGE,
+        ],
+        status=False,
+    )
+    return {"saga.yaml": saga, "undoentry.yaml": undo_entry, "webhook.yaml": webhook}
+
+
+HEADER = "# Generated from operator/undolog/api by `make crds`; do not edit.\n"
+
+
+def render(definition: JsonSchema) -> str:
+    return HEADER + yaml.safe_dump(definition, sort_keys=False, width=120)
+
+
+def write(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for file_name, definition in definitions().items():
+        path = directory / file_name
+        path.write_text(render(definition))
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for written_path in write(Path(sys.argv[1] if len(sys.argv) > 1 else "crds")):
+        print(f"wrote {written_path}")

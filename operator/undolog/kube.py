@@ -1,0 +1,174 @@
+"""Thin async adapter over kubernetes_asyncio for UndoLog's kinds, Events and Leases.
+
+Everything that talks to the Kubernetes API (operator, SDK, CLI, tests) goes through here,
+so retries on conflicts, content types and error messages are decided in one place.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from undolog.api.common import GROUP, VERSION
+
+Plural = Literal["sagas", "undoentries", "webhooks"]
+Body = dict[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+
+__all__ = ["ApiException", "Body", "Kube", "Plural", "is_conflict", "is_not_found", "refusal"]
+
+
+def is_conflict(error: BaseException) -> bool:
+    return isinstance(error, ApiException) and error.status == 409
+
+
+def is_not_found(error: BaseException) -> bool:
+    return isinstance(error, ApiException) and error.status == 404
+
+
+def refusal(error: ApiException) -> str:
+    """The apiserver's own message from an error response (it names the field)."""
+    try:
+        return str(json.loads(error.body or "")["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(error.reason)
+
+
+@dataclass
+class Kube:
+    api: client.ApiClient
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> Kube:
+        """From KUBECONFIG (or the given file), else the in-cluster service account."""
+        configuration = client.Configuration()
+        path = kubeconfig or os.environ.get("KUBECONFIG")
+        if path or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            await config.load_kube_config(
+                config_file=path, context=context, client_configuration=configuration
+            )
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+        return cls(client.ApiClient(configuration))
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def __aenter__(self) -> Kube:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    @property
+    def _custom(self) -> Any:
+        return client.CustomObjectsApi(self.api)
+
+    # -- UndoLog objects ----------------------------------------------------------------------
+
+    async def get(self, plural: Plural, namespace: str, name: str) -> Body:
+        body: Body = await self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+        return body
+
+    async def list(
+        self,
+        plural: Plural,
+        namespace: str | None = None,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+    ) -> list[Body]:
+        """All objects of a kind in a namespace (or all namespaces), following continue tokens."""
+        items: list[Body] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": 500}
+            if token:
+                kwargs["_continue"] = token
+            if field_selector:
+                kwargs["field_selector"] = field_selector
+            if label_selector:
+                kwargs["label_selector"] = label_selector
+            if namespace:
+                page = await self._custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, plural, **kwargs
+                )
+            else:
+                page = await self._custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
+            items.extend(page.get("items", []))
+            token = page.get("metadata", {}).get("continue")
+            if not token:
+                return items
+
+    async def create(self, plural: Plural, namespace: str, body: Body) -> Body:
+        created: Body = await self._custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, plural, body
+        )
+        return created
+
+    async def patch(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+        """JSON merge patch of the object; metadata.resourceVersion in the patch makes it conditional."""
+        patched: Body = await self._custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, plural, name, patch, _content_type=MERGE_PATCH
+        )
+        return patched
+
+    async def patch_status(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+        """JSON merge patch of the status subresource (conditional like `patch`)."""
+        patched: Body = await self._custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, plural, name, patch, _content_type=MERGE_PATCH
+        )
+        return patched
+
+    async def delete(self, plural: Plural, namespace: str, name: str) -> None:
+        await self._custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+
+    # -- core objects ------------------------------------------------------------------------
+
+    async def secret_data(self, namespace: str, name: str) -> dict[str, str]:
+        """A Secret's values, decoded."""
+        secret = await client.CoreV1Api(self.api).read_namespaced_secret(name, namespace)
+        return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+
+    async def emit_event(
+        self,
+        regarding: Body,
+        *,
+        reason: str,
+        message: str,
+        warning: bool = False,
+        component: str = "undolog",
+    ) -> None:
+        """A core/v1 Event about an object, so `kubectl describe` reads as a timeline."""
+        meta = regarding["metadata"]
+        now = datetime.now(UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
+            involved_object=client.V1ObjectReference(
+                api_version=regarding.get("apiVersion", f"{GROUP}/{VERSION}"),
+                kind=regarding.get("kind"),
+                name=meta["name"],
+                namespace=meta["namespace"],
+                uid=meta.get("uid"),
+                resource_version=meta.get("resourceVersion"),
+            ),
+            reason=reason,
+            message=message[:1024],
+            type="Warning" if warning else "Normal",
+            first_timestamp=now,
+            last_timestamp=now,
+            event_time=now,
+            action=reason,
+            reporting_component=component,
+            reporting_instance=os.environ.get("HOSTNAME", component),
+            source=client.V1EventSource(component=component),
+            count=1,
+        )
+        await client.CoreV1Api(self.api).create_namespaced_event(meta["namespace"], event)
