@@ -59,6 +59,8 @@ def structural(schema: JsonSchema) -> JsonSchema:
             node["items"] = convert(node["items"])
         if "enum" in node:
             node.setdefault("type", "string")
+            # A bound on every string keeps the CEL cost estimates of rules over lists small.
+            node["maxLength"] = max(len(str(option)) for option in node["enum"])
         if description is not None:
             node["description"] = description
         if default is not None:
@@ -73,9 +75,7 @@ def _model_schema(model: type[BaseModel]) -> JsonSchema:
     return structural(model.model_json_schema(by_alias=True, mode="validation"))
 
 
-def _column(
-    name: str, path: str, kind: str = "string", description: str = "", priority: int = 0
-) -> JsonSchema:
+def _column(name: str, path: str, kind: str = "string", description: str = "", priority: int = 0) -> JsonSchema:
     column: JsonSchema = {"name": name, "type": kind, "jsonPath": path}
     if description:
         column["description"] = description
@@ -95,18 +95,20 @@ def _definition(
     description: str,
     properties: dict[str, JsonSchema],
     columns: list[JsonSchema],
-    root_rules: list[JsonSchema] | None = None,
+    root_rules: list[Any] | None = None,
     selectable: list[str] | None = None,
     status: bool = True,
     spec_required: bool = True,
 ) -> JsonSchema:
+    # Declaring metadata.name's bound lets CEL rules read it within their cost budget.
+    metadata: JsonSchema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 253}}}
     schema: JsonSchema = {
         "type": "object",
         "description": description,
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "metadata": metadata,
             **properties,
         },
     }

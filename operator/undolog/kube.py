@@ -51,9 +51,7 @@ class Kube:
         configuration = client.Configuration()
         path = kubeconfig or os.environ.get("KUBECONFIG")
         if path or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-            await config.load_kube_config(
-                config_file=path, context=context, client_configuration=configuration
-            )
+            await config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
         else:
             config.load_incluster_config(client_configuration=configuration)
         return cls(client.ApiClient(configuration))
@@ -97,9 +95,7 @@ class Kube:
             if label_selector:
                 kwargs["label_selector"] = label_selector
             if namespace:
-                page = await self._custom.list_namespaced_custom_object(
-                    GROUP, VERSION, namespace, plural, **kwargs
-                )
+                page = await self._custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, **kwargs)
             else:
                 page = await self._custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
             items.extend(page.get("items", []))
@@ -108,9 +104,7 @@ class Kube:
                 return items
 
     async def create(self, plural: Plural, namespace: str, body: Body) -> Body:
-        created: Body = await self._custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, plural, body
-        )
+        created: Body = await self._custom.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body)
         return created
 
     async def patch(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:

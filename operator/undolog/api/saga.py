@@ -16,42 +16,36 @@ SagaPhase = Literal["Active", "Completed", "Failed", "Compensating", "Compensate
 
 MAX_STEPS = 50
 
-# CEL on spec.steps. Ranks Compensatable=0, Pivot=1, Retriable=2 must never go down; each
-# rule names the first step that breaks it, so the refusal says what to move.
-_TYPES = "self.map(s, s.type)"
+
+# CEL on spec.steps. Ranks Compensatable=0, Pivot=1, Retriable=2 must never go down. Each rule
+# names the first step that breaks it. Two-variable comprehensions (Kubernetes >= 1.32) keep
+# the cost estimate within budget where map()/filter() results would not.
+def _rank(step: str) -> str:
+    return f"({step}.type == 'Compensatable' ? 0 : ({step}.type == 'Pivot' ? 1 : 2))"
+
+
+_OUT_OF_ORDER = f"i > 0 && {_rank('self[i - 1]')} > {_rank('s')}"
+_ORDER_HINT = "order spec.steps as Compensatable steps, then at most one Pivot, then Retriable steps"
 STEP_RULES: list[JsonValue] = [
     {
-        "rule": "self.all(s, self.filter(t, t.name == s.name).size() == 1)",
+        "rule": "self.all(i, s, self.all(j, t, j >= i || t.name != s.name))",
         "messageExpression": (
-            "'step name \"' + self.filter(s, self.filter(t, t.name == s.name).size() > 1)[0].name"
+            "'step name \"' + self.transformList(i, s, self.exists(j, t, j < i && t.name == s.name), s.name)[0]"
             " + '\" is used more than once: spec.steps[].name must be unique'"
         ),
-        "reason": "FieldValueDuplicate",
     },
     {
         "rule": "self.filter(s, s.type == 'Pivot').size() <= 1",
         "messageExpression": (
-            "'step \"' + self.filter(s, s.type == 'Pivot')[1].name + '\" is a second Pivot: a saga has"
-            " at most one Pivot step (spec.steps[].type)'"
+            "'step \"' + self.transformList(i, s, s.type == 'Pivot', s.name)[1] + '\" is a second Pivot:"
+            " a saga has at most one Pivot step (spec.steps[].type)'"
         ),
     },
     {
-        "rule": f"!{_TYPES}.exists(t, t == 'Pivot') || {_TYPES}.lastIndexOf('Compensatable') < "
-        f"{_TYPES}.indexOf('Pivot')",
+        "rule": f"self.all(i, s, !({_OUT_OF_ORDER}))",
         "messageExpression": (
-            f"'step \"' + self[{_TYPES}.lastIndexOf('Compensatable')].name + '\" is Compensatable but comes"
-            f" after the Pivot step \"' + self[{_TYPES}.indexOf('Pivot')].name + '\": order spec.steps as"
-            " Compensatable steps, then at most one Pivot, then Retriable steps'"
-        ),
-    },
-    {
-        "rule": f"!{_TYPES}.exists(t, t == 'Retriable') || ({_TYPES}.lastIndexOf('Compensatable') < "
-        f"{_TYPES}.indexOf('Retriable') && {_TYPES}.lastIndexOf('Pivot') < {_TYPES}.indexOf('Retriable'))",
-        "messageExpression": (
-            f"'step \"' + self[{_TYPES}.lastIndexOf('Compensatable') > {_TYPES}.lastIndexOf('Pivot') ? "
-            f"{_TYPES}.lastIndexOf('Compensatable') : {_TYPES}.lastIndexOf('Pivot')].name"
-            f" + '\" comes after the Retriable step \"' + self[{_TYPES}.indexOf('Retriable')].name"
-            " + '\": order spec.steps as Compensatable steps, then at most one Pivot, then Retriable steps'"
+            f"self.transformList(i, s, {_OUT_OF_ORDER}, 'step \"' + s.name + '\" (' + s.type + ') comes after"
+            f" step \"' + self[i - 1].name + '\" (' + self[i - 1].type + ')')[0] + ': {_ORDER_HINT}'"
         ),
     },
 ]
@@ -87,7 +81,6 @@ class Step(Model):
                         "'step \"' + self.name + '\" is Compensatable and needs spec.steps[].compensation"
                         " (or set its type to Pivot or Retriable)'"
                     ),
-                    "reason": "FieldValueRequired",
                 },
                 {
                     "rule": "self.type == 'Compensatable' || !has(self.compensation)",
@@ -95,7 +88,6 @@ class Step(Model):
                         "'step \"' + self.name + '\" is ' + self.type + ' and cannot have a compensation:"
                         " remove spec.steps[].compensation or make the step Compensatable'"
                     ),
-                    "reason": "FieldValueForbidden",
                 },
             ]
         }
@@ -121,7 +113,7 @@ class CompensationPolicy(Model):
             "Continue: compensate the rest, then halt if any failed."
         ),
     )
-    backoff: Backoff = Field(default_factory=Backoff, description="Retry timing for transient failures.")
+    backoff: Backoff = Field(default=Backoff(), description="Retry timing for transient failures.")
 
 
 class SagaSpec(Model):
@@ -142,7 +134,7 @@ class SagaSpec(Model):
         json_schema_extra={"x-kubernetes-validations": STEP_RULES},
     )
     compensation_policy: CompensationPolicy = Field(
-        default_factory=CompensationPolicy, description="Failure handling and retry timing."
+        default=CompensationPolicy(), description="Failure handling and retry timing."
     )
     active_deadline_seconds: int | None = Field(
         default=None,
@@ -191,22 +183,14 @@ class SagaStatus(Model):
         description="Succeeded, Compensated and Halted, at least.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    failed_step: str | None = Field(
-        default=None, max_length=63, description="The step whose failure failed the saga."
-    )
-    reason: str | None = Field(
-        default=None, max_length=128, description="CamelCase reason of the current phase."
-    )
-    message: str | None = Field(
-        default=None, max_length=MAX_MESSAGE, description="Details of the current phase."
-    )
+    failed_step: str | None = Field(default=None, max_length=63, description="The step whose failure failed the saga.")
+    reason: str | None = Field(default=None, max_length=128, description="CamelCase reason of the current phase.")
+    message: str | None = Field(default=None, max_length=MAX_MESSAGE, description="Details of the current phase.")
     stack_depth: int = Field(default=0, ge=0, description="UndoEntries registered for this saga.")
     compensated_count: int = Field(default=0, ge=0, description="UndoEntries compensated or skipped.")
     start_time: datetime | None = Field(default=None, description="When the operator first saw the saga.")
     completion_time: datetime | None = Field(default=None, description="When the saga reached a final phase.")
-    observed_generation: int | None = Field(
-        default=None, ge=0, description="metadata.generation last acted on."
-    )
+    observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation last acted on.")
 
 
 class Saga(Model):

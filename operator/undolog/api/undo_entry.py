@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, JsonValue
 
 from undolog.api.common import API_VERSION, MAX_MESSAGE, STEP_NAME, Call, Model, ObjectMeta
 
@@ -16,14 +16,16 @@ AttemptKind = Literal["Forward", "Compensation", "Effect"]
 MAX_ATTEMPTS = 10
 UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
-ROOT_RULES = [
+# string(int) has no size bound for CEL's cost estimate, so the position is parsed out of the
+# name instead of formatted into it.
+_POSITION_IN_NAME = "self.metadata.name.substring(size(self.spec.saga) + 1)"
+ROOT_RULES: list[JsonValue] = [
     {
-        "rule": "self.metadata.name == self.spec.saga + '-' + string(self.spec.stackPosition)",
-        "messageExpression": (
-            "'metadata.name must be \"' + self.spec.saga + '-' + string(self.spec.stackPosition) + '\""
-            " (<spec.saga>-<spec.stackPosition>), which makes one entry per saga and position'"
+        "rule": f"self.metadata.name.startsWith(self.spec.saga + '-') && {_POSITION_IN_NAME}.matches('^[0-9]+$')"
+        f" && int({_POSITION_IN_NAME}) == self.spec.stackPosition",
+        "message": (
+            "metadata.name must be <spec.saga>-<spec.stackPosition>, which makes one entry per saga and position"
         ),
-        "fieldPath": ".metadata.name",
     },
     {
         "rule": "!has(self.status) || !has(self.status.executedAt) || "
@@ -38,17 +40,13 @@ class UndoEntrySpec(Model):
     """The effect and how to undo it. Immutable once created."""
 
     saga: str = Field(max_length=200, description="Name of the Saga (same namespace) this entry belongs to.")
-    undo_id: str = Field(
-        pattern=UUID, description="UUID; the compensation's Idempotency-Key is undo-<undoId>."
-    )
+    undo_id: str = Field(pattern=UUID, description="UUID; the compensation's Idempotency-Key is undo-<undoId>.")
     stack_position: int = Field(
         ge=0,
         le=1_000_000,
         description="Order in the saga's undo stack; compensations run from the highest down.",
     )
-    effect_id: str = Field(
-        max_length=253, description="Identifies the effect, e.g. the forward Idempotency-Key."
-    )
+    effect_id: str = Field(max_length=253, description="Identifies the effect, e.g. the forward Idempotency-Key.")
     step: str = Field(max_length=63, pattern=STEP_NAME, description="Name of the step (or tool call).")
     compensation: Call | None = Field(
         default=None, description="How to undo the effect; absent for Pivot and Retriable steps."
@@ -72,9 +70,7 @@ class Attempt(Model):
     kind: AttemptKind = Field(description="Forward, Compensation or Effect.")
     time: datetime = Field(description="When the call started.")
     number: int = Field(ge=1, description="1 for the first attempt; the Undolog-Attempt header.")
-    status_code: int | None = Field(
-        default=None, ge=100, le=599, description="HTTP status, if any came back."
-    )
+    status_code: int | None = Field(default=None, ge=100, le=599, description="HTTP status, if any came back.")
     error: str | None = Field(default=None, max_length=1024, description="What went wrong, if anything.")
     duration_milliseconds: int = Field(ge=0, description="Wall time of the call.")
 
@@ -94,12 +90,8 @@ class UndoEntryStatus(Model):
     last_error: str | None = Field(default=None, max_length=MAX_MESSAGE, description="Last failure, if any.")
     executed_at: datetime | None = Field(default=None, description="When the forward effect finished.")
     compensated_at: datetime | None = Field(default=None, description="When the compensation succeeded.")
-    skip_reason: str | None = Field(
-        default=None, max_length=MAX_MESSAGE, description="Why a person skipped it."
-    )
-    output: dict[str, Any] | None = Field(
-        default=None, description="The forward call's JSON response (size-capped)."
-    )
+    skip_reason: str | None = Field(default=None, max_length=MAX_MESSAGE, description="Why a person skipped it.")
+    output: dict[str, Any] | None = Field(default=None, description="The forward call's JSON response (size-capped).")
     attempts: list[Attempt] = Field(
         default_factory=list, max_length=MAX_ATTEMPTS, description="The last calls made for this entry."
     )

@@ -36,9 +36,7 @@ class WebhookVersion(Model):
             "x-kubernetes-validations": [
                 {
                     "rule": "has(self.url) != has(self.service)",
-                    "messageExpression": (
-                        "'version \"' + self.name + '\" needs exactly one of url or service'"
-                    ),
+                    "messageExpression": ("'version \"' + self.name + '\" needs exactly one of url or service'"),
                 }
             ]
         }
@@ -71,7 +69,6 @@ class WebhookSpec(Model):
                 {
                     "rule": "self.all(v, self.filter(w, w.name == v.name).size() == 1)",
                     "message": "spec.versions[].name must be unique",
-                    "reason": "FieldValueDuplicate",
                 }
             ]
         },

@@ -11,21 +11,15 @@ from undolog.control_plane import ControlPlaneError, LocalControlPlane
 
 app = typer.Typer(help="A local control plane (etcd, kube-apiserver, kube-controller-manager) on loopback.")
 
-StateDir = Annotated[
-    Path, typer.Option("--state-dir", envvar="UNDOLOG_CLUSTER_DIR", help="Where state and logs live.")
-]
-BinDir = Annotated[
-    Path, typer.Option("--bin-dir", envvar="UNDOLOG_BIN_DIR", help="Binaries built by `make tools`.")
-]
+StateDir = Annotated[Path, typer.Option("--state-dir", envvar="UNDOLOG_CLUSTER_DIR", help="Where state and logs live.")]
+BinDir = Annotated[Path, typer.Option("--bin-dir", envvar="UNDOLOG_BIN_DIR", help="Binaries built by `make tools`.")]
 
 
 @app.command()
 def up(
     state_dir: StateDir = Path(".cluster"),
     bin_dir: BinDir = Path("bin"),
-    durable: Annotated[
-        bool, typer.Option(help="fsync etcd writes (slower, survives a machine crash).")
-    ] = False,
+    durable: Annotated[bool, typer.Option(help="fsync etcd writes (slower, survives a machine crash).")] = False,
 ) -> None:
     """Start the control plane, or reuse the one already running from STATE_DIR."""
     try:

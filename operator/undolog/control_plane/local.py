@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ import yaml
 from undolog.control_plane.pki import write_pki
 
 START_TIMEOUT = 60.0  # envtest allows 20 s per process; 2 cores need more headroom
-STOP_TIMEOUT = 15.0
+STOP_TIMEOUT = 10.0
 PROCESSES = ("etcd", "kube-apiserver", "kube-controller-manager")
 
 
@@ -105,9 +106,7 @@ class LocalControlPlane:
             self._start("kube-apiserver", self._apiserver_args(etcd_client, apiserver_port), state)
             self._wait("kube-apiserver", lambda: self._get(state.server, "/readyz"))
             self._write_kubeconfig(state.server, self.kubeconfig, "admin")
-            self._write_kubeconfig(
-                state.server, self.state_dir / "controller-manager.kubeconfig", "controller-manager"
-            )
+            self._write_kubeconfig(state.server, self.state_dir / "controller-manager.kubeconfig", "controller-manager")
             self._start("kube-controller-manager", self._controller_manager_args(kcm_port), state)
             self._wait("default namespace", lambda: self._get(state.server, "/api/v1/namespaces/default"))
         except BaseException:
@@ -119,24 +118,27 @@ class LocalControlPlane:
         """Stop every process this directory started; returns the pids that were stopped."""
         state = self._read_state()
         pids = {name: pid for name, pid in state.pids.items() if self._owned(name, pid)} if state else {}
+        # One at a time, dependents first: an apiserver whose etcd is gone hangs on shutdown.
         for name in reversed(PROCESSES):
             if name in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pids[name], signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT
-        while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
-            self._reap()
-            time.sleep(0.05)
-        for pid in pids.values():
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
+                self._stop(pids[name])
         self._reap(block=True)
         self.state_file.unlink(missing_ok=True)
         still = [pid for pid in pids.values() if _alive(pid)]
         if still:
             raise ControlPlaneError(f"processes {still} did not stop; kill them and remove {self.state_dir}")
         return list(pids.values())
+
+    def _stop(self, pid: int) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+            deadline = time.monotonic() + STOP_TIMEOUT
+            while _alive(pid) and time.monotonic() < deadline:
+                self._reap()  # a child of ours must be waited for, or it lingers as a zombie
+                time.sleep(0.02)
+            if not _alive(pid):
+                return
 
     def running_pids(self) -> dict[str, int]:
         state = self._read_state()
@@ -147,9 +149,7 @@ class LocalControlPlane:
     def _check_binaries(self) -> None:
         missing = [name for name in PROCESSES if not (self.bin_dir / name).is_file()]
         if missing:
-            raise ControlPlaneError(
-                f"{', '.join(missing)} not found in {self.bin_dir}: run `make tools` first"
-            )
+            raise ControlPlaneError(f"{', '.join(missing)} not found in {self.bin_dir}: run `make tools` first")
 
     def _start(self, name: str, args: list[str], state: RunState) -> None:
         log = (self.logs / f"{name}.log").open("ab")
@@ -225,9 +225,9 @@ class LocalControlPlane:
             f"--service-account-key-file={pki / 'service-account.pub'}",
             f"--service-account-signing-key-file={pki / 'service-account.key'}",
             "--service-cluster-ip-range=10.0.0.0/24",
+            "--endpoint-reconciler-type=none",  # the reconciler refuses a loopback advertise address
             "--authorization-mode=RBAC",
             "--disable-admission-plugins=ServiceAccount",
-            "--endpoint-reconciler-type=none",  # no node answers for 127.0.0.1 as a Service endpoint
             "--profiling=false",
         ]
 
@@ -246,11 +246,9 @@ class LocalControlPlane:
     # -- health ------------------------------------------------------------------------------
 
     def _client(self) -> httpx.Client:
-        return httpx.Client(
-            verify=str(self.pki / "serving-ca.crt"),
-            cert=(str(self.pki / "admin.crt"), str(self.pki / "admin.key")),
-            timeout=5.0,
-        )
+        context = ssl.create_default_context(cafile=str(self.pki / "serving-ca.crt"))
+        context.load_cert_chain(self.pki / "admin.crt", self.pki / "admin.key")
+        return httpx.Client(verify=context, timeout=5.0)
 
     def _get(self, server: str, path: str) -> bool:
         try:

@@ -112,8 +112,7 @@ def _leaf(
 
 def serving_certificate(ca: Issued, common_name: str = "kube-apiserver") -> Issued:
     names = x509.SubjectAlternativeName(
-        [x509.DNSName(n) for n in SERVING_NAMES]
-        + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in SERVING_IPS]
+        [x509.DNSName(n) for n in SERVING_NAMES] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in SERVING_IPS]
     )
     return _leaf(ca, _name(common_name), ExtendedKeyUsageOID.SERVER_AUTH, names)
 

@@ -1,0 +1,3 @@
+from undolog.cli.app import main
+
+main()

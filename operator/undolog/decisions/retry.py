@@ -1,0 +1,84 @@
+"""Classifying a call's outcome and timing the next attempt.
+
+2xx succeeds. 429 retries after Retry-After (seconds or an HTTP date). 408, 5xx, timeouts
+and connection errors retry with exponential backoff and full jitter. Any other status is
+permanent. Retries stop after max_retries (the Call's value wins over the saga's backoff).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Literal
+
+from undolog.api.saga import Backoff
+
+Verdict = Literal["Succeeded", "Transient", "Permanent"]
+MAX_RETRY_AFTER_SECONDS = 300.0  # a participant cannot park a compensation for longer per attempt
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """What one HTTP attempt produced: a status code, or an error before any status came back."""
+
+    status_code: int | None = None
+    error: str | None = None
+    retry_after: str | None = None  # the raw Retry-After header, if any
+
+
+def classify(outcome: CallOutcome) -> Verdict:
+    code = outcome.status_code
+    if code is None:  # timeout, refused or reset connection, TLS failure: the network may heal
+        return "Transient"
+    if 200 <= code < 300:
+        return "Succeeded"
+    if code in (408, 429) or code >= 500:
+        return "Transient"
+    return "Permanent"
+
+
+def retry_after_seconds(header: str | None, now: datetime) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date; None if unusable."""
+    if header is None:
+        return None
+    value = header.strip()
+    if value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER_SECONDS)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return min(max((when - now).total_seconds(), 0.0), MAX_RETRY_AFTER_SECONDS)
+
+
+def backoff_cap_seconds(backoff: Backoff, retry_number: int) -> float:
+    """Upper bound of the delay before retry `retry_number` (1 for the first retry)."""
+    cap_ms = backoff.initial_milliseconds * backoff.multiplier ** (retry_number - 1)
+    return min(cap_ms, backoff.max_milliseconds) / 1000.0
+
+
+def next_delay(
+    outcome: CallOutcome,
+    *,
+    attempt: int,
+    backoff: Backoff,
+    max_retries: int | None,
+    now: datetime,
+    rng: random.Random,
+) -> float | None:
+    """Seconds to wait before the next attempt after `attempt` (1-based) ended with `outcome`,
+    or None when there is no next attempt (success, permanent failure, retries used up)."""
+    if classify(outcome) != "Transient":
+        return None
+    allowed = backoff.max_retries if max_retries is None else max_retries
+    if attempt > allowed:
+        return None
+    if outcome.status_code == 429:
+        waited = retry_after_seconds(outcome.retry_after, now)
+        if waited is not None:
+            return waited
+    return rng.uniform(0.0, backoff_cap_seconds(backoff, attempt))  # full jitter

@@ -1,0 +1,101 @@
+"""The local control plane starts from the built binaries, is reused, and stops without leftovers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, REPO
+from undolog.control_plane import LocalControlPlane
+from undolog.control_plane.local import PROCESSES
+
+pytestmark = pytest.mark.skipif(bool(os.environ.get("KUBECONFIG")), reason="tests the local control plane")
+
+
+def undolog_cluster(*args: str, state_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "undolog.cli",
+            "cluster",
+            *args,
+            "--state-dir",
+            str(state_dir),
+            "--bin-dir",
+            str(BIN),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def test_up_reuse_down_leaves_no_process(tmp_path: Path) -> None:
+    started = undolog_cluster("up", state_dir=tmp_path)
+    assert started.returncode == 0, started.stderr
+    assert f"export KUBECONFIG={tmp_path / 'kubeconfig'}" in started.stdout
+    print(started.stderr.strip())  # "control plane ready in N s" for the note
+    pids = LocalControlPlane(tmp_path, BIN).running_pids()
+    assert sorted(pids) == sorted(PROCESSES)
+
+    again = undolog_cluster("up", state_dir=tmp_path)
+    assert again.returncode == 0
+    assert "already running" in again.stderr
+    assert LocalControlPlane(tmp_path, BIN).running_pids() == pids
+
+    namespaces = subprocess.run(
+        [
+            str(BIN / "kubectl"),
+            f"--kubeconfig={tmp_path / 'kubeconfig'}",
+            "get",
+            "namespace",
+            "default",
+            "-o",
+            "name",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert namespaces.stdout.strip() == "namespace/default"
+
+    stopped = undolog_cluster("down", state_dir=tmp_path)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "stopped 3 processes" in stopped.stderr
+    assert all(not Path(f"/proc/{pid}").exists() or _zombie(pid) for pid in pids.values())
+    assert LocalControlPlane(tmp_path, BIN).running_pids() == {}
+
+
+def _zombie(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_missing_binaries_are_named(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "undolog.cli",
+            "cluster",
+            "up",
+            "--state-dir",
+            str(tmp_path),
+            "--bin-dir",
+            "/nonexistent",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    assert result.returncode == 1
+    assert "etcd, kube-apiserver, kube-controller-manager not found in /nonexistent: run `make tools` first" in (
+        result.stderr
+    )
