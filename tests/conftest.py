@@ -18,6 +18,8 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
+from tests.support.operator_process import OperatorProcess
+from tests.support.participants import Participant
 from undolog.control_plane import LocalControlPlane
 from undolog.kube import Kube
 
@@ -85,3 +87,20 @@ async def namespace(kube: Kube) -> AsyncIterator[str]:
     await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
     await core.delete_namespace(name)
+
+
+@pytest.fixture
+def participant() -> Iterator[Participant]:
+    """A real HTTP server on loopback that records what it receives."""
+    server = Participant()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def operator(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """`undolog operator` as a subprocess watching the test's namespace."""
+    process = OperatorProcess(cluster.kubeconfig, namespace, tmp_path)
+    process.start()
+    yield process
+    process.stop()

@@ -4,65 +4,16 @@ message that names the field and the fix."""
 from __future__ import annotations
 
 import copy
-import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
 from tests.conftest import Cluster
+from tests.support.manifests import API, call, saga, step, undo_entry, webhook
 from undolog.kube import ApiException, Kube, Plural, refusal
 
 pytestmark = pytest.mark.cluster
-
-API = "undolog.io/v1alpha1"
-
-
-def call(function: str, **args: Any) -> dict[str, Any]:
-    return {"function": function, "args": args}
-
-
-def step(name: str, type_: str = "Compensatable", compensation: bool | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"name": name, "type": type_, "action": call(f"{name.replace('_', '-')}-do")}
-    if compensation if compensation is not None else type_ == "Compensatable":
-        body["compensation"] = call(f"{name.replace('_', '-')}-undo")
-    return body
-
-
-def saga(name: str = "order-1", steps: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"apiVersion": API, "kind": "Saga", "metadata": {"name": name}, "spec": dict(spec)}
-    if steps is not None:
-        body["spec"]["steps"] = steps
-    return body
-
-
-def undo_entry(saga_name: str = "order-1", position: int = 1, **overrides: Any) -> dict[str, Any]:
-    spec = {
-        "saga": saga_name,
-        "undoId": str(uuid.uuid4()),
-        "stackPosition": position,
-        "effectId": f"uid:step{position}:fwd",
-        "step": f"step{position}",
-        "compensation": call("delete-user", user_id="u-1"),
-        "registeredAt": datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
-    }
-    spec.update(overrides)
-    return {
-        "apiVersion": API,
-        "kind": "UndoEntry",
-        "metadata": {"name": f"{saga_name}-{position}"},
-        "spec": spec,
-    }
-
-
-def webhook(name: str = "create-user", **version: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": API,
-        "kind": "Webhook",
-        "metadata": {"name": name},
-        "spec": {"versions": [{"name": "v1", **(version or {"url": "http://127.0.0.1:9/create"})}]},
-    }
-
 
 ORDERED = [step("reserve_stock"), step("authorize"), step("capture", "Pivot"), step("confirm", "Retriable")]
 

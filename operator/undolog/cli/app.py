@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from undolog.cli import cluster
+from undolog.cli.operator import operator
 
 app = typer.Typer(
     name="undolog",
@@ -13,6 +14,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(cluster.app, name="cluster")
+app.command()(operator)
 
 
 def main() -> None:

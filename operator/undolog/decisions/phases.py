@@ -316,13 +316,16 @@ def condition(
     now: datetime,
     generation: int,
 ) -> Condition:
+    """A condition after a transition: reason, message and time change only when the status does,
+    so Succeeded=False keeps saying why the saga failed while it is compensated."""
     before = next((c for c in previous if c.type == type_), None)
-    moved = before is None or before.status != value
+    if before is not None and before.status == value:
+        return before.model_copy(update={"observed_generation": generation})
     return Condition(
         type=type_,
         status=value,
         reason=reason,
         message=message,
-        last_transition_time=now if moved or before is None else before.last_transition_time,
+        last_transition_time=now,
         observed_generation=generation,
     )

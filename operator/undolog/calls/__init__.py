@@ -1,0 +1,1 @@
+"""Calls to participants over HTTP: the function registry (Webhooks) and the runner."""

@@ -1,0 +1,207 @@
+"""One saga's driver: decide, apply, repeat until the decision is to wait.
+
+Woken by watch events (the saga's or its entries'), by a deadline, or after a failure with
+backoff. It holds no state that matters across restarts: everything it acts on is read from
+the API, and every write is conditional on what it read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from undolog import metrics
+from undolog.api.saga import Saga, SagaPhase, SagaStatus
+from undolog.api.undo_entry import UndoEntry
+from undolog.decisions import lifo, phases
+from undolog.kube import ApiException, Body
+
+if TYPE_CHECKING:
+    from undolog.controller.engine import Engine
+
+log = logging.getLogger("undolog.driver")
+MAX_FAILURE_DELAY = 30.0
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def fresher(a: Body | None, b: Body | None) -> Body | None:
+    """The newer of two copies of a saga; None when they cannot be ordered (read it again).
+
+    resourceVersions are opaque; etcd's are integers, and then an event that arrives while a
+    write is in flight, or a write response older than an event already seen, is ordered.
+    """
+    if a is None or b is None:
+        return a if b is None else b
+    ra, rb = a["metadata"].get("resourceVersion", ""), b["metadata"].get("resourceVersion", "")
+    if ra.isdigit() and rb.isdigit():
+        return a if int(ra) >= int(rb) else b
+    return None
+
+
+class SagaDriver:
+    def __init__(self, engine: Engine, namespace: str, name: str) -> None:
+        self.engine = engine
+        self.namespace, self.name = namespace, name
+        self.latest: Body | None = None
+        self.gone = False
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    def notify(self, body: Body | None) -> None:
+        if body is None:
+            self.gone = True
+        else:
+            self.latest = fresher(body, self.latest)
+        self.wake.set()
+
+    async def run(self) -> None:
+        failures = 0
+        while not self.gone:
+            self.wake.clear()
+            try:
+                wait = await self.reconcile()
+                failures = 0
+            except ApiException as error:
+                if error.status == 404:
+                    return  # deleted: nothing of ours is left to hold
+                if error.status == 409:  # someone wrote first: read again and decide again
+                    self.latest = None
+                    continue
+                failures += 1
+                wait = self._backoff(failures, error)
+            except Exception as error:
+                failures += 1
+                wait = self._backoff(failures, error)
+            if wait.finished and not self.wake.is_set():
+                return
+            timeout = None if wait.until is None else max((wait.until - utcnow()).total_seconds(), 0.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout)
+
+    def _backoff(self, failures: int, error: BaseException) -> phases.Wait:
+        delay = min(2.0 ** (failures - 1), MAX_FAILURE_DELAY)
+        log.exception("saga %s/%s: %s; retrying in %.0f s", self.namespace, self.name, error, delay, exc_info=error)
+        return phases.Wait(until=utcnow() + timedelta(seconds=delay))
+
+    async def reconcile(self) -> phases.Wait:
+        ledger = self.engine.ledger
+        saga_body = self.latest or await ledger.saga(self.namespace, self.name)
+        entries = {e["metadata"]["name"]: e for e in await ledger.entries(self.namespace, self.name)}
+        while True:
+            saga = Saga.model_validate(saga_body)
+            parsed = [UndoEntry.model_validate(e) for e in entries.values()]
+            move = phases.decide(saga, parsed, utcnow())
+            log.debug("saga %s/%s: %s", self.namespace, self.name, type(move).__name__)
+            if isinstance(move, phases.Wait):
+                self.latest = fresher(saga_body, self.latest)
+                return move
+            written = await self.apply(move, saga, saga_body, parsed, entries)
+            # An event may have brought a newer copy while the write was in flight.
+            saga_body = fresher(written, self.latest) or await ledger.saga(self.namespace, self.name)
+            self.latest = saga_body
+
+    # -- applying moves ----------------------------------------------------------------------
+
+    async def apply(
+        self,
+        move: phases.Move,
+        saga: Saga,
+        saga_body: Body,
+        parsed: list[UndoEntry],
+        entries: dict[str, Body],
+    ) -> Body:
+        ledger, timeline = self.engine.ledger, self.engine.timeline
+        match move:
+            case phases.Initialize():
+                return await self.enter(saga_body, saga, parsed, "Active", "Started", "the operator took charge")
+            case phases.SyncMetadata(labels=labels, finalizers=finalizers):
+                return await ledger.write_saga_metadata(saga_body, labels=labels, finalizers=finalizers)
+            case phases.UpdateDepth(stack_depth=depth):
+                status = saga.status.model_copy(update={"stack_depth": depth})
+                return await ledger.write_saga_status(saga_body, status)
+            case phases.Fail(reason=reason, message=message, failed_step=failed_step):
+                return await self.enter(saga_body, saga, parsed, "Failed", reason, message, failed_step=failed_step)
+            case phases.Complete(reason=reason, message=message):
+                return await self.enter(saga_body, saga, parsed, "Completed", reason, message)
+            case phases.StartCompensating(reason=reason, message=message):
+                return await self.enter(saga_body, saga, parsed, "Compensating", reason, message)
+            case phases.CompensateEntry(entry=entry):
+                outputs = {e.spec.step: e.status.output for e in parsed}
+                name = entry.metadata.name
+                entries[name] = await self.engine.compensator.compensate(saga, saga_body, entries[name], outputs)
+                return await self.counted(saga_body, saga, entries)
+            case phases.FinishCompensation(phase=phase, reason=reason, message=message):
+                return await self.enter(saga_body, saga, parsed, phase, reason, message)
+            case phases.Retry(request=request):
+                for entry in parsed:
+                    if entry.status.state == "Failed":
+                        name = entry.metadata.name
+                        entries[name] = await ledger.write_entry_status(
+                            entries[name], {"state": "Pending", "retryCount": 0}
+                        )
+                parsed = [UndoEntry.model_validate(e) for e in entries.values()]
+                saga_body = await self.enter(
+                    saga_body, saga, parsed, "Compensating", "RetryRequested", f"retry requested: {request}"
+                )
+                return await ledger.drop_annotation("sagas", saga_body, phases.RETRY_ANNOTATION)
+            case phases.SkipEntry(entry=entry, reason=reason):
+                name = entry.metadata.name
+                skipped = await ledger.write_entry_status(entries[name], {"state": "Skipped", "skipReason": reason})
+                entries[name] = await ledger.drop_annotation("undoentries", skipped, phases.SKIP_ANNOTATION)
+                timeline.record(entries[name], "Skipped", f"skipped by a person: {reason}", warning=True)
+                parsed = [UndoEntry.model_validate(e) for e in entries.values()]
+                return await self.enter(
+                    saga_body, saga, parsed, "Compensating", "EntrySkipped", f"{name} skipped: {reason}"
+                )
+            case phases.RefuseAnnotation(entry=entry, key=key, message=message):
+                if entry is None:
+                    timeline.record(saga_body, "AnnotationIgnored", message, warning=True)
+                    return await ledger.drop_annotation("sagas", saga_body, key)
+                name = entry.metadata.name
+                entries[name] = await ledger.drop_annotation("undoentries", entries[name], key)
+                timeline.record(saga_body, "AnnotationIgnored", message, warning=True)
+                return saga_body
+            case phases.Release():
+                finalizers = [f for f in saga.metadata.finalizers if f != phases.FINALIZER]
+                return await ledger.write_saga_metadata(saga_body, finalizers=finalizers)
+        raise AssertionError(f"unhandled move {move!r}")
+
+    async def enter(
+        self,
+        saga_body: Body,
+        saga: Saga,
+        parsed: list[UndoEntry],
+        phase: SagaPhase,
+        reason: str,
+        message: str,
+        **extra: Any,
+    ) -> Body:
+        """Write the saga's new phase (conditions, counters), then post the Event."""
+        status = phases.with_phase(
+            saga.status, phase, reason=reason, message=message, now=utcnow(), generation=saga.metadata.generation
+        )
+        status = _with_counters(status, parsed).model_copy(update=extra)
+        written = await self.engine.ledger.write_saga_status(saga_body, status)
+        metrics.saga_transitions.labels(phase, reason).inc()
+        self.engine.phase_seen(self.namespace, self.name, phase)
+        warning = phase in ("Failed", "Halted")
+        self.engine.timeline.record(written, phase, f"{reason}: {message}", warning=warning)
+        return written
+
+    async def counted(self, saga_body: Body, saga: Saga, entries: dict[str, Body]) -> Body:
+        """Refresh stackDepth and compensatedCount after an entry moved."""
+        parsed = [UndoEntry.model_validate(e) for e in entries.values()]
+        status = _with_counters(saga.status, parsed)
+        if status == saga.status:
+            return saga_body
+        return await self.engine.ledger.write_saga_status(saga_body, status)
+
+
+def _with_counters(status: SagaStatus, entries: list[UndoEntry]) -> SagaStatus:
+    return status.model_copy(update={"stack_depth": len(entries), "compensated_count": lifo.settled_count(entries)})

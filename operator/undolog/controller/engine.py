@@ -1,0 +1,109 @@
+"""The drivers of every saga that needs work, fed by the watch events kopf delivers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+from undolog import metrics
+from undolog.api.saga import Saga
+from undolog.controller.compensation import Compensator
+from undolog.controller.driver import SagaDriver
+from undolog.controller.ledger import Ledger
+from undolog.controller.timeline import Timeline
+from undolog.decisions import phases
+from undolog.kube import Body
+
+SagaKey = tuple[str, str]
+
+
+def needs_driver(saga: Saga) -> bool:
+    """Work is (or may be) left: not final, a finalizer to release, a request to answer."""
+    meta = saga.metadata
+    return (
+        saga.status.phase not in phases.TERMINAL
+        or phases.FINALIZER in meta.finalizers
+        or phases.RETRY_ANNOTATION in meta.annotations
+        or phases.metadata_move(saga) is not None
+    )
+
+
+def entry_needs_saga(entry: Body) -> bool:
+    """An entry event that may give its saga work: one still owed, or a person's annotation."""
+    state = entry.get("status", {}).get("state", "Pending")
+    annotations = entry["metadata"].get("annotations") or {}
+    return state in ("Pending", "Running") or phases.SKIP_ANNOTATION in annotations
+
+
+@dataclass
+class Engine:
+    ledger: Ledger
+    compensator: Compensator
+    timeline: Timeline
+    drivers: dict[SagaKey, SagaDriver] = field(default_factory=dict)
+    phases: dict[SagaKey, str] = field(default_factory=dict)
+    phase_counts: Counter[str] = field(default_factory=Counter)
+
+    def saga_event(self, event_type: str | None, body: Body) -> None:
+        key: SagaKey = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if event_type == "DELETED":
+            self._forget(key)
+            driver = self.drivers.get(key)
+            if driver is not None:
+                driver.notify(None)
+            return
+        saga = Saga.model_validate(body)
+        self.phase_seen(*key, saga.status.phase or "New")
+        driver = self.drivers.get(key)
+        if driver is not None:
+            driver.notify(body)
+        elif needs_driver(saga):
+            self._start(key, body)
+
+    def entry_event(self, body: Body) -> None:
+        key: SagaKey = (body["metadata"]["namespace"], body["spec"]["saga"])
+        driver = self.drivers.get(key)
+        if driver is not None:
+            driver.wake.set()
+        elif self.phases.get(key) != "Completed" and entry_needs_saga(body):
+            self._start(key, None)
+
+    def phase_seen(self, namespace: str, name: str, phase: str) -> None:
+        before = self.phases.get((namespace, name))
+        if before != phase:
+            self.phases[(namespace, name)] = phase
+            self._count(before, phase)
+
+    def _forget(self, key: SagaKey) -> None:
+        self._count(self.phases.pop(key, None), None)
+
+    def _count(self, before: str | None, after: str | None) -> None:
+        for phase, change in ((before, -1), (after, 1)):
+            if phase is not None:
+                self.phase_counts[phase] += change
+                metrics.sagas_by_phase.labels(phase).set(self.phase_counts[phase])
+        metrics.halted_sagas.set(self.phase_counts["Halted"])
+
+    def _start(self, key: SagaKey, body: Body | None) -> None:
+        driver = SagaDriver(self, *key)
+        if body is not None:
+            driver.notify(body)
+        self.drivers[key] = driver
+        driver.task = asyncio.create_task(self._run(key, driver), name=f"saga {key[0]}/{key[1]}")
+
+    async def _run(self, key: SagaKey, driver: SagaDriver) -> None:
+        try:
+            await driver.run()
+        finally:
+            if self.drivers.get(key) is driver:
+                del self.drivers[key]
+
+    async def stop(self) -> None:
+        tasks = [d.task for d in self.drivers.values() if d.task is not None]
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.drivers.clear()

@@ -1,0 +1,109 @@
+"""The `undolog operator` process: kopf watches Sagas and UndoEntries and feeds the engine.
+
+Only kopf's event handlers are used: they write nothing to the objects (no progress or
+diff-base annotations, no kopf finalizer), so the CRDs' status holds UndoLog's fields alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from prometheus_client import start_http_server
+
+from undolog.api.common import GROUP, VERSION
+from undolog.calls.runner import Runner
+from undolog.controller.compensation import Compensator
+from undolog.controller.engine import Engine
+from undolog.controller.ledger import Ledger
+from undolog.controller.timeline import Timeline
+from undolog.kube import Kube
+
+log = logging.getLogger("undolog.operator")
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    namespaces: list[str] = field(default_factory=list)  # empty: all namespaces
+    liveness_port: int | None = 8080
+    metrics_port: int | None = 9090
+    kubeconfig: str | None = None
+
+
+def connection_info(kube: Kube) -> kopf.ConnectionInfo:
+    """kopf logs in with exactly the credentials our own client loaded (kubeconfig or in-cluster)."""
+    configuration = kube.api.configuration
+    token = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken")
+    if token and token.lower().startswith("bearer "):
+        token = token[7:]
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        token=token,
+    )
+
+
+def build_registry(engine: Engine, kube: Kube) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=registry)
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False  # UndoLog posts its own Events (controller.timeline)
+        settings.watching.server_timeout = 300  # reconnect streams that go quiet (kopf #1276)
+        settings.watching.client_timeout = 330
+        settings.watching.connect_timeout = 10
+        settings.queueing.batch_window = 0.01  # event handlers: react within milliseconds
+        settings.networking.request_timeout = 60
+
+    @kopf.on.login(registry=registry)
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(kube)
+
+    @kopf.on.event(GROUP, VERSION, "sagas", registry=registry)
+    async def saga_changed(event: kopf.RawEvent, **_: Any) -> None:
+        engine.saga_event(event.get("type"), dict(event["object"]))
+
+    @kopf.on.event(GROUP, VERSION, "undoentries", registry=registry)
+    async def entry_changed(event: kopf.RawEvent, **_: Any) -> None:
+        if event.get("type") != "DELETED":
+            engine.entry_event(dict(event["object"]))
+
+    return registry
+
+
+async def run(options: OperatorOptions) -> None:
+    # The generated client logs whole response bodies at DEBUG, Secrets included: never.
+    logging.getLogger("kubernetes_asyncio").setLevel(logging.WARNING)
+    kube = await Kube.connect(options.kubeconfig)
+    runner = Runner()
+    ledger = Ledger(kube)
+    timeline = Timeline(kube)
+    timeline.start()
+    engine = Engine(ledger, Compensator(ledger, runner, timeline), timeline)
+    if options.metrics_port:
+        start_http_server(options.metrics_port)
+    liveness = f"http://0.0.0.0:{options.liveness_port}/healthz" if options.liveness_port else None
+    log.info("watching %s", ", ".join(options.namespaces) or "all namespaces")
+    try:
+        await kopf.operator(
+            registry=build_registry(engine, kube),
+            clusterwide=not options.namespaces,
+            namespaces=options.namespaces,
+            liveness_endpoint=liveness,
+            standalone=True,
+        )
+    finally:
+        await engine.stop()
+        await timeline.stop()
+        await runner.close()
+        await kube.close()
+
+
+def main(options: OperatorOptions) -> None:
+    asyncio.run(run(options))

@@ -1,0 +1,68 @@
+"""Kubernetes Events for every transition and every call attempt, so `kubectl describe saga`
+reads as a timeline. Posted from a bounded queue by a few workers: a slow or failing Events
+API never slows compensation down, and a full queue drops (and logs) rather than blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from undolog.kube import Body, Kube
+
+log = logging.getLogger("undolog.timeline")
+WORKERS = 4
+
+
+@dataclass(frozen=True)
+class Event:
+    regarding: Body
+    reason: str
+    message: str
+    warning: bool
+
+
+class Timeline:
+    def __init__(self, kube: Kube, capacity: int = 10_000) -> None:
+        self._kube = kube
+        self._queue: asyncio.Queue[Event] = asyncio.Queue(capacity)
+        self._workers: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._workers = [asyncio.create_task(self._post(), name=f"timeline-{i}") for i in range(WORKERS)]
+
+    def record(self, regarding: Body, reason: str, message: str, *, warning: bool = False) -> None:
+        meta = regarding["metadata"]
+        log.log(
+            logging.WARNING if warning else logging.INFO,
+            "%s %s/%s: %s: %s",
+            regarding.get("kind", "Object"),
+            meta["namespace"],
+            meta["name"],
+            reason,
+            message,
+        )
+        try:
+            self._queue.put_nowait(Event(regarding, reason, message, warning))
+        except asyncio.QueueFull:
+            log.warning("event queue full; dropped %s event for %s", reason, meta["name"])
+
+    async def stop(self, drain_seconds: float = 5.0) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._queue.join(), drain_seconds)
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+
+    async def _post(self) -> None:
+        while True:
+            event = await self._queue.get()
+            try:
+                await self._kube.emit_event(
+                    event.regarding, reason=event.reason, message=event.message, warning=event.warning
+                )
+            except Exception as error:  # an Event is best effort; the objects hold the truth
+                log.debug("could not post event %s: %s", event.reason, error)
+            finally:
+                self._queue.task_done()

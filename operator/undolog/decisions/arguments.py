@@ -1,0 +1,89 @@
+"""Resolving `${steps.<name>.output.<path>}` references in a Call's args.
+
+A string that is exactly one reference takes the referenced JSON value (object, number...);
+a reference inside longer text is replaced by its text. Paths walk objects by key and lists
+by index. Pure: outputs come in as data, errors name the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+REFERENCE = re.compile(r"\$\{([^}]*)\}")
+STEP_REFERENCE = re.compile(r"^steps\.([a-z0-9][-_a-z0-9]*)\.output(?:\.(.+))?$")
+
+
+class UnresolvedReference(ValueError):
+    """A reference that cannot be resolved; the message names it."""
+
+
+def references(value: Any) -> list[str]:
+    """Every `${...}` expression in a JSON value, in document order."""
+    if isinstance(value, str):
+        return REFERENCE.findall(value)
+    if isinstance(value, Mapping):
+        return [r for v in value.values() for r in references(v)]
+    if isinstance(value, list):
+        return [r for v in value for r in references(v)]
+    return []
+
+
+def referenced_steps(value: Any) -> list[str]:
+    """Names of the steps a value refers to (malformed references raise)."""
+    steps = []
+    for expression in references(value):
+        match = STEP_REFERENCE.match(expression.strip())
+        if not match:
+            raise UnresolvedReference(
+                f"${{{expression}}} is not a reference of the form ${{steps.<name>.output.<path>}}"
+            )
+        steps.append(match.group(1))
+    return steps
+
+
+def resolve(value: Any, outputs: Mapping[str, Mapping[str, Any] | None], *, missing_as_null: bool = False) -> Any:
+    """`value` with every reference replaced from `outputs` (step name -> forward output).
+
+    A step present in `outputs` with output None never answered (say, a crash in flight); with
+    `missing_as_null` its references become null, so a compensation still runs and the
+    participant finds the effect by its Undolog-Forward-Key.
+    """
+    if isinstance(value, str):
+        whole = REFERENCE.fullmatch(value)
+        if whole:
+            return _lookup(whole.group(1), outputs, missing_as_null)
+        return REFERENCE.sub(lambda m: _text(_lookup(m.group(1), outputs, missing_as_null)), value)
+    if isinstance(value, Mapping):
+        return {k: resolve(v, outputs, missing_as_null=missing_as_null) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve(v, outputs, missing_as_null=missing_as_null) for v in value]
+    return value
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def _lookup(expression: str, outputs: Mapping[str, Mapping[str, Any] | None], missing_as_null: bool) -> Any:
+    match = STEP_REFERENCE.match(expression.strip())
+    if not match:
+        raise UnresolvedReference(f"${{{expression}}} is not a reference of the form ${{steps.<name>.output.<path>}}")
+    step, path = match.group(1), match.group(2)
+    if step not in outputs:
+        raise UnresolvedReference(f"${{{expression}}} refers to step {step!r}, which has not run before this call")
+    current: Any = outputs[step]
+    if current is None:
+        if missing_as_null:
+            return None
+        raise UnresolvedReference(f"${{{expression}}}: step {step!r} returned no output")
+    for part in path.split(".") if path else []:
+        if isinstance(current, Mapping) and part in current:
+            current = current[part]
+        elif isinstance(current, list) and part.isdigit() and int(part) < len(current):
+            current = current[int(part)]
+        else:
+            raise UnresolvedReference(f"${{{expression}}}: the output of step {step!r} has no {part!r}")
+    return current

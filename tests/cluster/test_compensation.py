@@ -1,0 +1,278 @@
+"""The compensation engine end to end: the operator as a process, real participants on
+loopback, a real apiserver. External sagas: entries written as an agent would."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from tests.support.manifests import call, saga, undo_entry, webhook
+from tests.support.operator_process import OperatorProcess
+from tests.support.participants import Participant, Received, Reply
+from tests.support.waiting import eventually, saga_phase
+from undolog.kube import Body, Kube
+
+pytestmark = pytest.mark.cluster
+
+
+async def external_saga(
+    kube: Kube, namespace: str, name: str, calls: list[dict[str, Any]], **spec: Any
+) -> tuple[Body, list[Body]]:
+    """A saga and one committed entry per call, positions 1..n, as the SDK writes them."""
+    created = await kube.create("sagas", namespace, saga(name, **spec))
+    entries = []
+    for position, compensation in enumerate(calls, start=1):
+        body = undo_entry(name, position, owner_uid=created["metadata"]["uid"], compensation=compensation)
+        body["spec"]["effectId"] = f"{created['metadata']['uid']}:step{position}:fwd"
+        entry = await kube.create("undoentries", namespace, body)
+        entries.append(
+            await kube.patch_status(
+                "undoentries", namespace, entry["metadata"]["name"], {"status": {"effect": "Committed"}}
+            )
+        )
+    return created, entries
+
+
+async def register(kube: Kube, namespace: str, participant: Participant, *functions: str) -> None:
+    for function in functions:
+        await kube.create("webhooks", namespace, webhook(function, url=participant.url(f"/{function}")))
+
+
+async def abort(kube: Kube, namespace: str, name: str) -> None:
+    await kube.patch("sagas", namespace, name, {"spec": {"outcome": "Abort"}})
+
+
+async def entry_states(kube: Kube, namespace: str, name: str) -> dict[int, str]:
+    entries = await kube.list("undoentries", namespace, field_selector=f"spec.saga={name}")
+    return {e["spec"]["stackPosition"]: e.get("status", {}).get("state", "Pending") for e in entries}
+
+
+async def test_abort_compensates_newest_first_under_a_dependent_participant(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    # The identity provider refuses to delete a user who still has permissions: only the
+    # LIFO order (revoke, then delete) succeeds.
+    permissions: set[str] = {"u-1"}
+
+    def revoke(request: Received) -> Reply:
+        permissions.discard(request.body["user_id"])
+        return Reply(200, {"revoked": True})
+
+    def delete_user(request: Received) -> Reply:
+        if request.body["user_id"] in permissions:
+            return Reply(409, {"error": "user still has permissions"})
+        return Reply(200, {"deleted": True})
+
+    participant.handle("/revoke-permissions", revoke)
+    participant.handle("/delete-user", delete_user)
+    await register(kube, namespace, participant, "delete-user", "revoke-permissions", "unsend-email")
+    created, _ = await external_saga(
+        kube,
+        namespace,
+        "onboard",
+        [
+            call("delete-user", user_id="u-1"),
+            call("revoke-permissions", user_id="u-1"),
+            call("unsend-email", user_id="u-1"),
+        ],
+    )
+    await saga_phase(kube, namespace, "onboard", "Active")
+    await abort(kube, namespace, "onboard")
+    final = await saga_phase(kube, namespace, "onboard", "Compensated")
+
+    received = participant.received()
+    assert [r.path for r in received] == ["/unsend-email", "/revoke-permissions", "/delete-user"]
+    uid = created["metadata"]["uid"]
+    for position, request in zip((3, 2, 1), received, strict=True):
+        assert request.headers["idempotency-key"].startswith("undo-")
+        assert request.headers["undolog-forward-key"] == f"{uid}:step{position}:fwd"
+        assert request.headers["undolog-saga"] == f"{namespace}/onboard"
+        assert request.headers["undolog-step"] == f"step{position}"
+        assert request.headers["undolog-attempt"] == "1"
+    status = final["status"]
+    assert status["compensatedCount"] == 3
+    assert status["stackDepth"] == 3
+    assert status["reason"] == "Compensated"
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions == {"Succeeded": "False", "Compensated": "True", "Halted": "False"}
+    assert final["metadata"]["labels"]["undolog.io/phase"] == "compensated"
+    assert "undolog.io/compensate-before-delete" not in final["metadata"].get("finalizers", [])
+    assert await entry_states(kube, namespace, "onboard") == {1: "Compensated", 2: "Compensated", 3: "Compensated"}
+
+
+async def test_transient_failures_retry_under_one_key(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    participant.script("/refund", Reply(503), Reply(502, {"error": "upstream"}), Reply(200, {"refunded": True}))
+    await register(kube, namespace, participant, "refund")
+    await external_saga(kube, namespace, "pay", [call("refund", amount=10)])
+    await abort(kube, namespace, "pay")
+    await saga_phase(kube, namespace, "pay", "Compensated")
+    requests = participant.received("/refund")
+    assert len(requests) == 3
+    assert len({r.key for r in requests}) == 1
+    assert [r.headers["undolog-attempt"] for r in requests] == ["1", "2", "3"]
+    assert all(r.body == {"amount": 10} for r in requests)
+    entry = await kube.get("undoentries", namespace, "pay-1")
+    assert entry["status"]["retryCount"] == 2
+    assert [a.get("statusCode") for a in entry["status"]["attempts"]] == [503, 502, 200]
+    assert entry["status"]["lastError"].startswith("HTTP 502")
+
+
+async def test_429_waits_for_retry_after(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    participant.script("/refund", Reply(429, headers={"Retry-After": "2"}))
+    await register(kube, namespace, participant, "refund")
+    await external_saga(kube, namespace, "pay", [call("refund")])
+    await abort(kube, namespace, "pay")
+    await saga_phase(kube, namespace, "pay", "Compensated")
+    first, second = participant.received("/refund")
+    # Backoff alone would retry within 100 ms; the participant asked for 2 s.
+    assert second.at - first.at >= 1.9
+    assert first.key == second.key
+
+
+async def test_permanent_4xx_halts_and_leaves_lower_entries_pending(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Any
+) -> None:
+    participant.script("/revoke", Reply(400, {"error": "unknown grant"}))
+    await register(kube, namespace, participant, "delete-user", "revoke", "unsend")
+    await external_saga(kube, namespace, "halt", [call("delete-user"), call("revoke"), call("unsend")])
+    await abort(kube, namespace, "halt")
+    halted = await saga_phase(kube, namespace, "halt", "Halted")
+    assert [r.path for r in participant.received()] == ["/unsend", "/revoke"]  # 400 is not retried
+    assert await entry_states(kube, namespace, "halt") == {1: "Pending", 2: "Failed", 3: "Compensated"}
+    status = halted["status"]
+    assert status["reason"] == "CompensationFailed"
+    for fragment in ("halt-2", "revoke v1", "HTTP 400", "unknown grant", "undolog.io/retry", "undolog.io/skip"):
+        assert fragment in status["message"]
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Halted"] == "True"
+    halted_list = cluster.kubectl("get", "sagas", "-n", namespace, "-l", "undolog.io/phase=halted", "-o", "name")
+    assert halted_list.stdout.split() == ["saga.undolog.io/halt"]
+
+    # A person fixed the participant (its script is used up: it answers 200 now) and retries.
+    await kube.patch("sagas", namespace, "halt", {"metadata": {"annotations": {"undolog.io/retry": "fixed grant"}}})
+    done = await saga_phase(kube, namespace, "halt", "Compensated")
+    assert "undolog.io/retry" not in done["metadata"].get("annotations", {})
+    assert [r.path for r in participant.received()] == ["/unsend", "/revoke", "/revoke", "/delete-user"]
+    revokes = participant.received("/revoke")
+    assert revokes[0].key == revokes[1].key
+    assert await entry_states(kube, namespace, "halt") == {1: "Compensated", 2: "Compensated", 3: "Compensated"}
+
+
+async def test_skip_resolves_a_halted_saga(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    participant.script("/revoke", Reply(403, {"error": "forbidden"}))
+    await register(kube, namespace, participant, "delete-user", "revoke")
+    await external_saga(kube, namespace, "skip", [call("delete-user"), call("revoke")])
+    await abort(kube, namespace, "skip")
+    await saga_phase(kube, namespace, "skip", "Halted")
+    await kube.patch(
+        "undoentries", namespace, "skip-2", {"metadata": {"annotations": {"undolog.io/skip": "revoked by hand, INC-7"}}}
+    )
+    done = await saga_phase(kube, namespace, "skip", "Compensated")
+    entry = await kube.get("undoentries", namespace, "skip-2")
+    assert entry["status"]["state"] == "Skipped"
+    assert entry["status"]["skipReason"] == "revoked by hand, INC-7"
+    assert "undolog.io/skip" not in entry["metadata"].get("annotations", {})
+    assert done["status"]["compensatedCount"] == 2
+    assert [r.path for r in participant.received()] == ["/revoke", "/delete-user"]
+
+
+async def test_continue_compensates_the_rest_then_halts(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    participant.script("/revoke", Reply(422, {"error": "cannot"}))
+    await register(kube, namespace, participant, "delete-user", "revoke", "unsend")
+    await external_saga(
+        kube,
+        namespace,
+        "cont",
+        [call("delete-user"), call("revoke"), call("unsend")],
+        compensationPolicy={"onFailure": "Continue"},
+    )
+    await abort(kube, namespace, "cont")
+    halted = await saga_phase(kube, namespace, "cont", "Halted")
+    assert [r.path for r in participant.received()] == ["/unsend", "/revoke", "/delete-user"]
+    assert await entry_states(kube, namespace, "cont") == {1: "Compensated", 2: "Failed", 3: "Compensated"}
+    assert halted["status"]["compensatedCount"] == 2
+
+
+async def test_unregistered_function_is_function_not_found_and_nothing_is_sent(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    await register(kube, namespace, participant, "refund")
+    await external_saga(kube, namespace, "nf", [call("refund"), {**call("refund"), "version": "v2"}, call("nowhere")])
+    await abort(kube, namespace, "nf")
+    halted = await saga_phase(kube, namespace, "nf", "Halted")
+    assert halted["status"]["reason"] == "FunctionNotFound"
+    assert "no Webhook 'nowhere'" in halted["status"]["message"]
+    assert participant.received() == []
+    entry = await kube.get("undoentries", namespace, "nf-3")
+    assert entry["status"]["lastError"].startswith("FunctionNotFound")
+    # The person registers the function, skips nothing, retries: the missing version still fails.
+    await register(kube, namespace, participant, "nowhere")
+    await kube.patch("sagas", namespace, "nf", {"metadata": {"annotations": {"undolog.io/retry": "registered"}}})
+    again = await eventually(
+        lambda: kube.get("undoentries", namespace, "nf-2"),
+        lambda e: e.get("status", {}).get("state") == "Failed",
+        30,
+        "nf-2 Failed",
+    )
+    assert "has no version 'v2' (it has v1)" in again["status"]["lastError"]
+    assert [r.path for r in participant.received()] == ["/nowhere"]
+
+
+async def test_deadline_fails_and_compensates(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    await register(kube, namespace, participant, "refund")
+    await external_saga(kube, namespace, "late", [call("refund")], activeDeadlineSeconds=2)
+    done = await saga_phase(kube, namespace, "late", "Compensated")
+    succeeded = next(c for c in done["status"]["conditions"] if c["type"] == "Succeeded")
+    assert succeeded["status"] == "False"
+    assert succeeded["reason"] == "DeadlineExceeded"
+    assert "spec.activeDeadlineSeconds=2" in succeeded["message"]
+    request = participant.received("/refund")[0]
+    assert len(participant.received("/refund")) == 1
+    started = datetime.fromisoformat(done["status"]["startTime"])
+    failed_at = datetime.fromisoformat(succeeded["lastTransitionTime"])
+    assert 2.0 <= (failed_at - started).total_seconds() < 5.0
+    assert request.headers["undolog-saga"] == f"{namespace}/late"
+
+
+async def test_commit_completes_without_calls(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    await register(kube, namespace, participant, "refund")
+    await external_saga(kube, namespace, "ok", [call("refund"), call("refund")])
+    await kube.patch("sagas", namespace, "ok", {"spec": {"outcome": "Commit"}})
+    done = await saga_phase(kube, namespace, "ok", "Completed")
+    assert done["status"]["stackDepth"] == 2
+    assert done["metadata"]["labels"]["undolog.io/phase"] == "completed"
+    assert "undolog.io/compensate-before-delete" not in done["metadata"].get("finalizers", [])
+    assert participant.received() == []
+    assert {c["type"]: c["status"] for c in done["status"]["conditions"]}["Succeeded"] == "True"
+
+
+async def test_deleting_an_active_saga_compensates_before_it_goes(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    await register(kube, namespace, participant, "refund", "release")
+    await external_saga(kube, namespace, "gone", [call("release"), call("refund")])
+    await saga_phase(kube, namespace, "gone", "Active")
+    await kube.delete("sagas", namespace, "gone")
+
+    async def saga_exists() -> bool:
+        try:
+            await kube.get("sagas", namespace, "gone")
+        except Exception:
+            return False
+        return True
+
+    await eventually(saga_exists, lambda exists: not exists, 30, "saga deleted")
+    assert [r.path for r in participant.received()] == ["/refund", "/release"]

@@ -1,0 +1,85 @@
+"""The operator as a real subprocess (`undolog operator`), as in production: killable with -9."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class OperatorProcess:
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, extra_args: tuple[str, ...] = ()) -> None:
+        self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
+        self.extra_args = extra_args
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.metrics_port = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"operator-{self.namespace}-{self.starts}.log"
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.starts += 1
+        liveness, self.metrics_port = free_port(), free_port()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "undolog.cli",
+                    "operator",
+                    "--namespace",
+                    self.namespace,
+                    "--liveness-port",
+                    str(liveness),
+                    "--metrics-port",
+                    str(self.metrics_port),
+                    "--verbose",
+                    *self.extra_args,
+                ],
+                env={**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"operator exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{liveness}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"operator not live after {timeout} s:\n{self.log()}")
+
+    def kill(self) -> None:
+        """kill -9: no cleanup, no goodbye, exactly like a crashed pod."""
+        if self.process and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-20_000:] if self.log_path.exists() else ""

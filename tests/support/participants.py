@@ -1,0 +1,136 @@
+"""Real HTTP participants on loopback that record every request and answer by script.
+
+A participant is a ThreadingHTTPServer in the test process: the operator (a separate
+process) calls it over TCP exactly as it would call a real service.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: Any
+    at: float  # time.monotonic() when the request arrived
+
+    @property
+    def key(self) -> str:
+        return self.headers.get("idempotency-key", "")
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int = 200
+    body: Any = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0  # seconds before answering (longer than the timeout: a timeout)
+
+
+Handler = Callable[[Received], Reply]
+
+
+class Participant:
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._received: list[Received] = []
+        self._scripts: dict[str, deque[Reply]] = defaultdict(deque)
+        self._handlers: dict[str, Handler] = {}
+        participant = self
+
+        class RequestHandler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = raw.decode(errors="replace")
+                request = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body, time.monotonic())
+                reply = participant._answer(request)
+                if reply.delay:
+                    time.sleep(reply.delay)
+                payload = json.dumps(reply.body).encode()
+                try:
+                    self.send_response(reply.status)
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the caller timed out and went away
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), RequestHandler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def script(self, path: str, *replies: Reply | int) -> None:
+        """Answer the next requests to `path` with these replies, then 200 {} (or the handler)."""
+        with self._lock:
+            self._scripts[path].extend(r if isinstance(r, Reply) else Reply(r) for r in replies)
+
+    def handle(self, path: str, handler: Handler) -> None:
+        """Answer requests to `path` (once its script is used up) with `handler`."""
+        self._handlers[path] = handler
+
+    def _answer(self, request: Received) -> Reply:
+        with self._lock:
+            self._received.append(request)
+            self._lock.notify_all()
+            script = self._scripts.get(request.path)
+            if script:
+                return script.popleft()
+        handler = self._handlers.get(request.path)
+        return handler(request) if handler else Reply()
+
+    def received(self, path: str | None = None) -> list[Received]:
+        with self._lock:
+            return [r for r in self._received if path is None or r.path == path]
+
+    def wait_for(self, predicate: Callable[[list[Received]], bool], timeout: float = 30.0) -> list[Received]:
+        """Block until `predicate(all received)` holds; fail the test after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while not predicate(self._received):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"participant: condition not met in {timeout} s; received {self._summary()}")
+                self._lock.wait(remaining)
+            return list(self._received)
+
+    def _summary(self) -> list[tuple[str, str]]:
+        return [(r.path, r.key) for r in self._received]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def serve() -> Iterator[Participant]:
+    participant = Participant()
+    try:
+        yield participant
+    finally:
+        participant.close()
