@@ -139,10 +139,11 @@ class Kube:
         message: str,
         warning: bool = False,
         component: str = "undolog",
+        at: datetime | None = None,
     ) -> None:
         """A core/v1 Event about an object, so `kubectl describe` reads as a timeline."""
         meta = regarding["metadata"]
-        now = datetime.now(UTC)
+        now = at or datetime.now(UTC)
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
             involved_object=client.V1ObjectReference(

@@ -3,6 +3,7 @@ loopback, a real apiserver. External sagas: entries written as an agent would.""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -276,3 +277,136 @@ async def test_deleting_an_active_saga_compensates_before_it_goes(
 
     await eventually(saga_exists, lambda exists: not exists, 30, "saga deleted")
     assert [r.path for r in participant.received()] == ["/refund", "/release"]
+
+
+async def test_kill_9_mid_compensation_then_a_new_operator_finishes_exactly_once(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    participant.script("/slow-undo", Reply(200, {"undone": True}, delay=3.0))  # in flight when killed
+    await register(kube, namespace, participant, "delete-user", "slow-undo", "unsend")
+    await external_saga(kube, namespace, "crash", [call("delete-user"), call("slow-undo"), call("unsend")])
+    await abort(kube, namespace, "crash")
+    await participant.until(lambda received: any(r.path == "/slow-undo" for r in received))
+    operator.kill()
+    assert (await kube.get("undoentries", namespace, "crash-2"))["status"]["state"] == "Running"
+
+    operator.start()
+    await saga_phase(kube, namespace, "crash", "Compensated")
+    received = participant.received()
+    # Every effect undone once in net: duplicates only under the same key, order still LIFO.
+    assert [r.path for r in received] == ["/unsend", "/slow-undo", "/slow-undo", "/delete-user"]
+    slow = participant.received("/slow-undo")
+    assert slow[0].key == slow[1].key
+    assert slow[0].headers["undolog-forward-key"] == slow[1].headers["undolog-forward-key"]
+    assert len({r.key for r in received}) == 3
+    assert await entry_states(kube, namespace, "crash") == {1: "Compensated", 2: "Compensated", 3: "Compensated"}
+
+
+async def test_keys_are_new_for_a_recreated_saga_and_entries_go_with_their_saga(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    await register(kube, namespace, participant, "refund")
+    first, _ = await external_saga(kube, namespace, "again", [call("refund")])
+    await abort(kube, namespace, "again")
+    await saga_phase(kube, namespace, "again", "Compensated")
+    await kube.delete("sagas", namespace, "again")
+    # The UndoEntry is owned by the saga: the garbage collector removes it.
+    await eventually(
+        lambda: kube.list("undoentries", namespace, field_selector="spec.saga=again"), lambda items: not items, 60, "GC"
+    )
+    second, _ = await external_saga(kube, namespace, "again", [call("refund")])
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    await abort(kube, namespace, "again")
+    await saga_phase(kube, namespace, "again", "Compensated")
+    before, after = participant.received("/refund")
+    assert before.key != after.key
+    assert before.headers["undolog-forward-key"].startswith(first["metadata"]["uid"])
+    assert after.headers["undolog-forward-key"].startswith(second["metadata"]["uid"])
+
+
+async def test_describe_reads_as_a_timeline(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Any
+) -> None:
+    participant.script("/refund", Reply(503))
+    await register(kube, namespace, participant, "refund")
+    await external_saga(kube, namespace, "story", [call("refund")], orgId="acme")
+    await abort(kube, namespace, "story")
+    await saga_phase(kube, namespace, "story", "Compensated")
+    wanted = ["Active", "Failed", "Compensating", "CompensationRetry", "Compensated"]
+
+    async def reasons() -> list[str]:
+        listed = json.loads(cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)["items"]
+        ours = sorted((e for e in listed if e["involvedObject"]["name"] == "story"), key=lambda e: e["eventTime"])
+        return [e["reason"] for e in ours]
+
+    seen = await eventually(reasons, lambda r: all(w in r for w in wanted), 30, "events")
+    assert seen.index("Failed") < seen.index("Compensating") < seen.index("CompensationRetry")
+    described = cluster.kubectl("describe", "saga", "story", "-n", namespace).stdout
+    for fragment in (
+        "Aborted: spec.outcome is Abort",
+        "attempt 1: HTTP 503",
+        "retrying in",
+        "story-1 (step step1, refund v1)",
+    ):
+        assert fragment in described
+    saga_body = await kube.get("sagas", namespace, "story")
+    assert saga_body["metadata"]["labels"]["undolog.io/org"] == "acme"
+    assert participant.received("/refund")[0].headers["undolog-org"] == "acme"
+
+
+async def test_headers_from_a_secret_are_sent_and_never_recorded(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Any
+) -> None:
+    from kubernetes_asyncio import client
+
+    secret = client.V1Secret(
+        metadata=client.V1ObjectMeta(name="refund-auth"), string_data={"Authorization": "Bearer s3cr3t-token"}
+    )
+    await client.CoreV1Api(kube.api).create_namespaced_secret(namespace, secret)
+    participant.script("/refund", Reply(500, {"error": "boom"}))
+    hook = webhook("refund", url=participant.url("/refund"))
+    hook["spec"]["headersFrom"] = {"secretRef": {"name": "refund-auth"}}
+    await kube.create("webhooks", namespace, hook)
+    await external_saga(kube, namespace, "auth", [call("refund")])
+    await abort(kube, namespace, "auth")
+    await saga_phase(kube, namespace, "auth", "Compensated")
+    assert all(r.headers["authorization"] == "Bearer s3cr3t-token" for r in participant.received("/refund"))
+    recorded = "".join(
+        cluster.kubectl("get", kind, "-n", namespace, "-o", "yaml").stdout for kind in ("sagas", "undo", "events")
+    )
+    assert "Retry" in recorded  # the retry was recorded...
+    assert "s3cr3t" not in recorded  # ...without the secret header
+    assert "s3cr3t" not in operator.log()
+
+
+async def test_https_participant_verified_with_ca_bundle(
+    kube: Kube, namespace: str, operator: OperatorProcess, tmp_path: Any
+) -> None:
+    import base64
+    import ssl
+
+    from undolog.control_plane.pki import certificate_authority, serving_certificate
+
+    ca = certificate_authority("participant-ca")
+    served = serving_certificate(ca, "participant")
+    (tmp_path / "tls.crt").write_bytes(served.certificate_pem)
+    (tmp_path / "tls.key").write_bytes(served.key_pem)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    secure = Participant(tls=context)
+    try:
+        trusted = webhook("refund", url=secure.url("/refund"), caBundle=base64.b64encode(ca.certificate_pem).decode())
+        await kube.create("webhooks", namespace, trusted)
+        await kube.create("webhooks", namespace, webhook("untrusted", url=secure.url("/untrusted")))
+        await external_saga(kube, namespace, "tls", [call("refund"), {**call("untrusted"), "maxRetries": 0}])
+        await abort(kube, namespace, "tls")
+        halted = await saga_phase(kube, namespace, "tls", "Halted")
+        assert "certificate verify failed" in halted["status"]["message"]
+        assert [r.path for r in secure.received()] == []  # the handshake failed: nothing was delivered
+        await kube.patch(
+            "undoentries", namespace, "tls-2", {"metadata": {"annotations": {"undolog.io/skip": "no trust"}}}
+        )
+        await saga_phase(kube, namespace, "tls", "Compensated")
+        assert [r.path for r in secure.received()] == ["/refund"]
+    finally:
+        secure.close()

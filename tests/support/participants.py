@@ -6,11 +6,13 @@ process) calls it over TCP exactly as it would call a real service.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import ssl
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -40,7 +42,7 @@ Handler = Callable[[Received], Reply]
 
 
 class Participant:
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self._lock = threading.Condition()
         self._received: list[Received] = []
         self._scripts: dict[str, deque[Reply]] = defaultdict(deque)
@@ -76,6 +78,10 @@ class Participant:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), RequestHandler)
         self._server.daemon_threads = True
+        self.scheme = "http"
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
+            self.scheme = "https"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -84,7 +90,7 @@ class Participant:
         return int(self._server.server_address[1])
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"{self.scheme}://127.0.0.1:{self.port}{path}"
 
     def script(self, path: str, *replies: Reply | int) -> None:
         """Answer the next requests to `path` with these replies, then 200 {} (or the handler)."""
@@ -120,17 +126,13 @@ class Participant:
                 self._lock.wait(remaining)
             return list(self._received)
 
+    async def until(self, predicate: Callable[[list[Received]], bool], within: float = 30.0) -> list[Received]:
+        """`wait_for` without blocking the test's event loop."""
+        return await asyncio.to_thread(self.wait_for, predicate, within)
+
     def _summary(self) -> list[tuple[str, str]]:
         return [(r.path, r.key) for r in self._received]
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
-
-
-def serve() -> Iterator[Participant]:
-    participant = Participant()
-    try:
-        yield participant
-    finally:
-        participant.close()

@@ -131,7 +131,9 @@ def write_pki(directory: Path) -> dict[str, Issued]:
         "client-ca": client_ca,
         "apiserver": serving_certificate(serving_ca),
         "admin": client_certificate(client_ca, "undolog-admin", "system:masters"),
-        "controller-manager": client_certificate(client_ca, "system:kube-controller-manager"),
+        # Without service-account credentials (no token controller here) the controller manager
+        # acts as itself; its garbage collector must delete any owned object, custom ones included.
+        "controller-manager": client_certificate(client_ca, "system:kube-controller-manager", "system:masters"),
     }
     for name, item in issued.items():
         _write(directory / f"{name}.crt", item.certificate_pem)

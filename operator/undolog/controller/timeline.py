@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from undolog.kube import Body, Kube
 
@@ -21,6 +22,7 @@ class Event:
     reason: str
     message: str
     warning: bool
+    at: datetime  # when it happened, not when it was posted
 
 
 class Timeline:
@@ -44,7 +46,7 @@ class Timeline:
             message,
         )
         try:
-            self._queue.put_nowait(Event(regarding, reason, message, warning))
+            self._queue.put_nowait(Event(regarding, reason, message, warning, datetime.now(UTC)))
         except asyncio.QueueFull:
             log.warning("event queue full; dropped %s event for %s", reason, meta["name"])
 
@@ -60,7 +62,7 @@ class Timeline:
             event = await self._queue.get()
             try:
                 await self._kube.emit_event(
-                    event.regarding, reason=event.reason, message=event.message, warning=event.warning
+                    event.regarding, reason=event.reason, message=event.message, warning=event.warning, at=event.at
                 )
             except Exception as error:  # an Event is best effort; the objects hold the truth
                 log.debug("could not post event %s: %s", event.reason, error)

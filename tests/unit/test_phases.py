@@ -1,0 +1,175 @@
+"""The saga state machine and LIFO planning, driven to the end with simulated outcomes."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from undolog.api.saga import Saga
+from undolog.api.undo_entry import UndoEntry
+from undolog.decisions import lifo, phases
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def make_saga(phase: str | None = "Active", **spec: Any) -> Saga:
+    labels = {phases.PHASE_LABEL: phase.lower()} if phase else {}
+    return Saga.model_validate(
+        {
+            "metadata": {
+                "name": "s",
+                "namespace": "ns",
+                "uid": "uid-1",
+                "labels": labels,
+                "finalizers": [phases.FINALIZER],
+                "creationTimestamp": NOW.isoformat(),
+            },
+            "spec": spec,
+            "status": {"phase": phase, "startTime": NOW.isoformat()} if phase else {},
+        }
+    )
+
+
+def make_entry(
+    position: int, state: str = "Pending", compensation: bool = True, effect: str = "Committed"
+) -> UndoEntry:
+    spec: dict[str, Any] = {
+        "saga": "s",
+        "undoId": str(uuid.uuid4()),
+        "stackPosition": position,
+        "effectId": f"uid-1:step{position}:fwd",
+        "step": f"step{position}",
+        "registeredAt": NOW.isoformat(),
+    }
+    if compensation:
+        spec["compensation"] = {"function": "undo"}
+    return UndoEntry.model_validate(
+        {"metadata": {"name": f"s-{position}"}, "spec": spec, "status": {"state": state, "effect": effect}}
+    )
+
+
+def with_state(entry: UndoEntry, state: str) -> UndoEntry:
+    return entry.model_copy(update={"status": entry.status.model_copy(update={"state": state})})
+
+
+def test_first_sight_initializes_then_labels_and_finalizer() -> None:
+    fresh = make_saga(None)
+    assert isinstance(phases.decide(fresh, [], NOW), phases.Initialize)
+    active = make_saga("Active").model_copy(update={"metadata": fresh.metadata})
+    move = phases.decide(active, [], NOW)
+    assert move == phases.SyncMetadata({phases.PHASE_LABEL: "active"}, [phases.FINALIZER])
+
+
+def test_active_saga_moves() -> None:
+    assert phases.decide(make_saga(outcome="Abort"), [], NOW) == phases.Fail("Aborted", "spec.outcome is Abort")
+    assert isinstance(phases.decide(make_saga(outcome="Commit"), [], NOW), phases.Complete)
+    assert phases.decide(make_saga(), [make_entry(1)], NOW) == phases.UpdateDepth(1)
+    late = make_saga(activeDeadlineSeconds=5)
+    assert phases.decide(late, [], NOW + timedelta(seconds=4)) == phases.Wait(until=NOW + timedelta(seconds=5))
+    assert isinstance(phases.decide(late, [], NOW + timedelta(seconds=5)), phases.Fail)
+
+
+def test_deleting_an_active_saga_fails_it_first() -> None:
+    saga = make_saga()
+    saga.metadata.deletion_timestamp = NOW
+    move = phases.decide(saga, [], NOW)
+    assert isinstance(move, phases.Fail)
+    assert move.reason == "Deleted"
+
+
+entry_sets = st.lists(
+    st.tuples(st.booleans(), st.sampled_from(["Pending", "Running", "Compensated", "Skipped"])),
+    min_size=0,
+    max_size=12,
+)
+
+
+@given(entry_sets, st.sets(st.integers(1, 12)), st.sampled_from(["Halt", "Continue"]), st.randoms())
+def test_compensation_is_lifo_complete_and_halts_as_the_policy_says(
+    specs: list[tuple[bool, str]], failing: set[int], policy: str, rng: Any
+) -> None:
+    positions = sorted(rng.sample(range(1, 1000), len(specs)))
+    entries = {p: make_entry(p, state, compensation) for p, (compensation, state) in zip(positions, specs, strict=True)}
+    owed_at_start = {p for p, e in entries.items() if e.status.state in lifo.OWED}
+    saga = make_saga("Compensating", compensationPolicy={"onFailure": policy})
+    order: list[int] = []
+    for _ in range(100):
+        move = phases.decide(saga, list(entries.values()), NOW)
+        if not isinstance(move, phases.CompensateEntry):
+            break
+        position = move.entry.spec.stack_position
+        order.append(position)
+        fails = position in failing and move.entry.spec.compensation is not None
+        entries[position] = with_state(move.entry, "Failed" if fails else "Compensated")
+    assert isinstance(move, phases.FinishCompensation)
+    assert order == sorted(order, reverse=True)  # strictly newest first, each once
+    assert len(set(order)) == len(order)
+    failed = [p for p in order if entries[p].status.state == "Failed"]
+    if not failed:
+        assert move.phase == "Compensated"
+        assert set(order) == owed_at_start
+    elif policy == "Halt":
+        assert move.phase == "Halted"
+        assert order[-1] == failed[0]  # nothing below the failure was touched
+        assert all(
+            entries[p].status.state == "Pending" or entries[p].status.state == "Running"
+            for p in owed_at_start - set(order)
+        )
+    else:
+        assert move.phase == "Halted"
+        assert set(order) == owed_at_start  # Continue: everything owed was tried
+
+
+def test_halt_message_names_entry_function_and_error() -> None:
+    failed = make_entry(2, "Failed")
+    failed.status.last_error = "HTTP 400: nope"
+    move = phases.decide(make_saga("Compensating"), [make_entry(1), failed], NOW)
+    assert isinstance(move, phases.FinishCompensation)
+    assert move.phase == "Halted"
+    assert move.reason == "CompensationFailed"
+    assert "entry s-2 (step step2, undo v1) could not be compensated: HTTP 400: nope" in move.message
+
+
+def test_resolutions_apply_only_to_halted_sagas() -> None:
+    halted = make_saga("Halted")
+    halted.metadata.annotations[phases.RETRY_ANNOTATION] = "ticket 9"
+    assert phases.decide(halted, [], NOW) == phases.Retry("ticket 9")
+    active = make_saga("Active")
+    active.metadata.annotations[phases.RETRY_ANNOTATION] = "x"
+    assert isinstance(phases.decide(active, [], NOW), phases.RefuseAnnotation)
+
+    entry = make_entry(1, "Failed")
+    entry.metadata.annotations[phases.SKIP_ANNOTATION] = "done by hand"
+    assert phases.decide(make_saga("Halted"), [entry], NOW) == phases.SkipEntry(entry, "done by hand")
+    compensated = with_state(entry, "Compensated")
+    move = phases.decide(make_saga("Halted"), [compensated], NOW)
+    assert isinstance(move, phases.RefuseAnnotation)
+    assert "only a Pending or Failed entry of a Halted saga" in move.message
+
+
+def test_final_sagas_release_their_finalizer_then_rest() -> None:
+    assert phases.decide(make_saga("Compensated"), [make_entry(1, "Compensated")], NOW) == phases.Release()
+    done = make_saga("Completed")
+    done.metadata.finalizers.clear()
+    assert phases.decide(done, [make_entry(1)], NOW) == phases.Wait(finished=True)
+
+
+def test_an_entry_registered_after_compensation_reopens_it() -> None:
+    move = phases.decide(make_saga("Compensated"), [make_entry(1, "Compensated"), make_entry(2)], NOW)
+    assert move == phases.StartCompensating("LateEntry", "entry s-2 was registered after compensation")
+
+
+def test_conditions_keep_the_failure_reason_while_compensating() -> None:
+    saga = make_saga("Active")
+    failed = phases.with_phase(saga.status, "Failed", reason="Aborted", message="m", now=NOW, generation=2)
+    later = NOW + timedelta(seconds=3)
+    compensated = phases.with_phase(failed, "Compensated", reason="Compensated", message="ok", now=later, generation=2)
+    by_type = {c.type: c for c in compensated.conditions}
+    assert (by_type["Succeeded"].status, by_type["Succeeded"].reason) == ("False", "Aborted")
+    assert by_type["Succeeded"].last_transition_time == NOW
+    assert (by_type["Compensated"].status, by_type["Compensated"].reason) == ("True", "Compensated")
+    assert compensated.completion_time == later
