@@ -46,3 +46,6 @@ cluster-down: venv
 
 clean: cluster-down
 	rm -rf .cluster
+
+demo: venv tools
+	$(PY) -m examples.onboarding.demo

@@ -140,12 +140,15 @@ class Kube:
         warning: bool = False,
         component: str = "undolog",
         at: datetime | None = None,
+        name: str | None = None,
     ) -> None:
         """A core/v1 Event about an object, so `kubectl describe` reads as a timeline."""
         meta = regarding["metadata"]
         now = at or datetime.now(UTC)
         event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
+            metadata=client.V1ObjectMeta(
+                name=name, generate_name=None if name else f"{meta['name']}.", namespace=meta["namespace"]
+            ),
             involved_object=client.V1ObjectReference(
                 api_version=regarding.get("apiVersion", f"{GROUP}/{VERSION}"),
                 kind=regarding.get("kind"),

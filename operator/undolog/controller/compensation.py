@@ -118,7 +118,7 @@ class Compensator:
         if result.verdict == "Succeeded":
             self.timeline.record(
                 saga_body,
-                "Compensated",
+                "EntryCompensated",
                 f"{name} (step {entry.spec.step}, {function}): HTTP {last.outcome.status_code} "
                 f"in {last.duration_milliseconds} ms, attempt {last.number}",
             )

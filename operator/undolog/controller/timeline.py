@@ -1,12 +1,15 @@
 """Kubernetes Events for every transition and every call attempt, so `kubectl describe saga`
 reads as a timeline. Posted from a bounded queue by a few workers: a slow or failing Events
-API never slows compensation down, and a full queue drops (and logs) rather than blocks."""
+API never slows compensation down, and a full queue drops (and logs) rather than blocks.
+Names are <object>.<hex nanoseconds>, as client-go names them, so listings follow the timeline
+even within one second (Event timestamps only keep seconds)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -23,6 +26,7 @@ class Event:
     message: str
     warning: bool
     at: datetime  # when it happened, not when it was posted
+    sequence: int  # nanoseconds, strictly increasing: event names sort in the order things happened
 
 
 class Timeline:
@@ -30,6 +34,7 @@ class Timeline:
         self._kube = kube
         self._queue: asyncio.Queue[Event] = asyncio.Queue(capacity)
         self._workers: list[asyncio.Task[None]] = []
+        self._last_sequence = 0
 
     def start(self) -> None:
         self._workers = [asyncio.create_task(self._post(), name=f"timeline-{i}") for i in range(WORKERS)]
@@ -45,8 +50,9 @@ class Timeline:
             reason,
             message,
         )
+        self._last_sequence = max(time.time_ns(), self._last_sequence + 1)
         try:
-            self._queue.put_nowait(Event(regarding, reason, message, warning, datetime.now(UTC)))
+            self._queue.put_nowait(Event(regarding, reason, message, warning, datetime.now(UTC), self._last_sequence))
         except asyncio.QueueFull:
             log.warning("event queue full; dropped %s event for %s", reason, meta["name"])
 
@@ -62,7 +68,12 @@ class Timeline:
             event = await self._queue.get()
             try:
                 await self._kube.emit_event(
-                    event.regarding, reason=event.reason, message=event.message, warning=event.warning, at=event.at
+                    event.regarding,
+                    reason=event.reason,
+                    message=event.message,
+                    warning=event.warning,
+                    at=event.at,
+                    name=f"{event.regarding['metadata']['name']}.{event.sequence:x}",
                 )
             except Exception as error:  # an Event is best effort; the objects hold the truth
                 log.debug("could not post event %s: %s", event.reason, error)

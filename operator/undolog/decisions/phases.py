@@ -20,6 +20,8 @@ FINALIZER = "undolog.io/compensate-before-delete"
 PHASE_LABEL = "undolog.io/phase"
 ORG_LABEL = "undolog.io/org"
 RETRY_ANNOTATION = "undolog.io/retry"
+ABORT_REASON_ANNOTATION = "undolog.io/abort-reason"  # why the agent or person aborted (SDK, CLI)
+FAILED_STEP_ANNOTATION = "undolog.io/failed-step"  # the step whose failure made the agent abort
 SKIP_ANNOTATION = "undolog.io/skip"
 TERMINAL: frozenset[SagaPhase] = frozenset({"Completed", "Compensated"})
 
@@ -165,7 +167,9 @@ def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime) -> Move:
 def active_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime) -> Move:
     spec, meta, status = saga.spec, saga.metadata, saga.status
     if spec.outcome == "Abort":
-        return Fail("Aborted", "spec.outcome is Abort")
+        why = meta.annotations.get(ABORT_REASON_ANNOTATION)
+        message = f"spec.outcome is Abort: {why}" if why else "spec.outcome is Abort"
+        return Fail("Aborted", message, meta.annotations.get(FAILED_STEP_ANNOTATION))
     if meta.deletion_timestamp is not None:
         return Fail("Deleted", "the saga was deleted while Active; its effects are undone before it goes")
     deadline = deadline_of(saga)

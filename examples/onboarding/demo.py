@@ -1,0 +1,212 @@
+"""`make demo`: the onboarding story on a real control plane, end to end.
+
+1. Start (or reuse) the local control plane, install the CRDs, start the operator and three
+   small services, and register their undo endpoints as Webhooks.
+2. The agent onboards a user; the email provider answers too late, the agent aborts, and the
+   operator undoes the work newest-first. Nothing is left behind in any service.
+3. Again with a broken compensation: the saga stops in Halted, where a person finds it with
+   `kubectl get sagas -l undolog.io/phase=halted`, fixes the Webhook and retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from examples.onboarding.agent import onboard
+from undolog.control_plane import LocalControlPlane
+from undolog.control_plane.local import free_port
+from undolog.kube import Kube
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("UNDOLOG_BIN_DIR", ROOT / "bin"))
+
+
+def banner(text: str) -> None:
+    print(f"\n=== {text}", flush=True)
+
+
+def kubectl(*args: str) -> str:
+    binary = str(BIN / "kubectl") if (BIN / "kubectl").exists() else "kubectl"
+    return subprocess.run([binary, *args], check=True, capture_output=True, text=True).stdout
+
+
+def show(*args: str) -> None:
+    print(f"$ kubectl {' '.join(args)}")
+    print(kubectl(*args).rstrip(), flush=True)
+
+
+def wait_http(url: str, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} did not answer within {within:.0f} s")
+
+
+def state(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/state", timeout=5) as answer:
+        return dict(json.load(answer))
+
+
+async def wait_phase(kube: Kube, namespace: str, name: str, phase: str, within: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + within
+    while True:
+        body = await kube.get("sagas", namespace, name)
+        if body.get("status", {}).get("phase") == phase:
+            return body
+        if time.monotonic() > deadline:
+            raise SystemExit(f"saga {name} is {body.get('status', {}).get('phase')}, expected {phase}")
+        await asyncio.sleep(0.2)
+
+
+def webhook(name: str, url: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "undolog.io/v1alpha1",
+        "kind": "Webhook",
+        "metadata": {"name": name},
+        "spec": {"versions": [{"name": "v1", "url": url}], "timeoutSeconds": 5},
+    }
+
+
+async def story(namespace: str, urls: dict[str, str]) -> None:
+    kube = await Kube.connect()
+    try:
+        for name, url in (
+            ("delete-user", f"{urls['identity']}/users/delete"),
+            ("revoke-permissions", f"{urls['authorization']}/permissions/revoke"),
+            ("recall-email", f"{urls['email']}/emails/recall"),
+        ):
+            await kube.create("webhooks", namespace, webhook(name, url))
+        show("get", "webhooks", "-n", namespace)
+
+        banner("Run 1: the agent onboards ada@example.com; the email provider answers too late")
+        saga = await run_agent(namespace, urls, "ada@example.com")
+        done = await wait_phase(kube, namespace, saga, "Compensated")
+        print(f"saga {saga}: {done['status']['phase']} ({done['status']['message']})")
+        show("get", "sagas,undo", "-n", namespace, "-o", "wide")
+        left = report(urls)
+        if left:
+            raise SystemExit(f"something was left behind: {left}")
+        print("nothing left behind: no user, no permission, the delivered email recalled")
+
+        banner("Run 2: the revoke endpoint is misconfigured (404): the saga halts for a person")
+        broken = webhook("revoke-permissions", f"{urls['authorization']}/permissions/revoke-everything")
+        await kube.patch("webhooks", namespace, "revoke-permissions", {"spec": broken["spec"]})
+        saga = await run_agent(namespace, urls, "grace@example.com")
+        halted = await wait_phase(kube, namespace, saga, "Halted")
+        show("get", "sagas", "-n", namespace, "-l", "undolog.io/phase=halted")
+        print(f"\nwhy: {halted['status']['message']}")
+        show("get", "undo", "-n", namespace, "--field-selector", f"spec.saga={saga}")
+
+        banner("A person fixes the Webhook and retries the halted saga")
+        fixed = webhook("revoke-permissions", f"{urls['authorization']}/permissions/revoke")
+        await kube.patch("webhooks", namespace, "revoke-permissions", {"spec": fixed["spec"]})
+        print(f"$ kubectl annotate saga {saga} undolog.io/retry='fixed the revoke URL' -n {namespace}")
+        kubectl("annotate", "saga", saga, "undolog.io/retry=fixed the revoke URL", "-n", namespace)
+        await wait_phase(kube, namespace, saga, "Compensated")
+        show("get", "sagas", "-n", namespace)
+        left = report(urls)
+        if left:
+            raise SystemExit(f"something was left behind: {left}")
+        print("nothing left behind")
+        banner(f"Timeline of {saga}")
+        show("describe", "saga", saga, "-n", namespace)
+    finally:
+        await kube.close()
+
+
+async def run_agent(namespace: str, urls: dict[str, str], email: str) -> str:
+    try:
+        await onboard(
+            email,
+            identity=urls["identity"],
+            authorization=urls["authorization"],
+            mailer=urls["email"],
+            namespace=namespace,
+        )
+    except Exception as error:
+        print(f"  the agent failed: {type(error).__name__}; the SDK aborted its saga", flush=True)
+    kube = await Kube.connect()
+    try:
+        sagas = await kube.list("sagas", namespace)
+    finally:
+        await kube.close()
+    newest = max(sagas, key=lambda s: s["metadata"]["creationTimestamp"] + s["metadata"]["name"])
+    return str(newest["metadata"]["name"])
+
+
+def report(urls: dict[str, str]) -> dict[str, Any]:
+    identity, authorization, email = (state(urls[s]) for s in ("identity", "authorization", "email"))
+    print(f"identity users:        {identity['users']}")
+    print(f"authorization grants:  {authorization['permissions']}")
+    print(f"email delivered:       {email['delivered']}  recalled: {email['recalled']}")
+    left = {"users": identity["users"], "permissions": authorization["permissions"], "emails": email["delivered"]}
+    return {k: v for k, v in left.items() if v}
+
+
+def main() -> None:
+    banner("Control plane")
+    if os.environ.get("KUBECONFIG"):
+        print(f"using KUBECONFIG={os.environ['KUBECONFIG']}")
+    else:
+        endpoints = LocalControlPlane(ROOT / ".cluster", BIN, durable=True).up()
+        verb = "reused" if endpoints.reused else f"started in {endpoints.started_in_seconds:.1f} s"
+        print(f"local control plane {verb} at {endpoints.server}")
+        os.environ["KUBECONFIG"] = str(endpoints.kubeconfig)
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(ROOT / "crds"))
+    namespace = f"undolog-demo-{secrets.token_hex(2)}"
+    kubectl("create", "namespace", namespace)
+    print(f"CRDs installed; namespace {namespace}")
+
+    ports = {name: free_port() for name in ("identity", "authorization", "email")}
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    logs = ROOT / ".cluster" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    liveness = free_port()
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "examples.onboarding.services", "--slow-send", "5"]
+            + [f"--{name}-port={port}" for name, port in ports.items()],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(
+            [
+                *(sys.executable, "-m", "undolog.cli", "operator", "--namespace", namespace),
+                *(f"--liveness-port={liveness}", "--metrics-port=0"),
+            ],
+            stdout=(logs / "demo-operator.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        ),
+    ]
+    try:
+        for name in ports:
+            wait_http(f"{urls[name]}/state")
+        wait_http(f"http://127.0.0.1:{liveness}/healthz")
+        print(f"operator running (log: {logs / 'demo-operator.log'}); services at {', '.join(urls.values())}")
+        asyncio.run(story(namespace, urls))
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+    banner("Done")
+    print(f"The control plane is still up: export KUBECONFIG={os.environ['KUBECONFIG']}; `make cluster-down` stops it.")
+
+
+if __name__ == "__main__":
+    main()

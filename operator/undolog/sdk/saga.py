@@ -1,0 +1,239 @@
+"""An agent's handle on one external saga (async)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any
+
+from undolog.api.common import API_VERSION, Call
+from undolog.api.saga import CompensationPolicy, SagaPhase
+from undolog.calls.protocol import forward_key
+from undolog.controller.ledger import capped_output
+from undolog.decisions.phases import ABORT_REASON_ANNOTATION, FAILED_STEP_ANNOTATION, TERMINAL
+from undolog.kube import Body, Kube
+
+
+class SagaEnded(RuntimeError):
+    """The saga is no longer Active: no step may be registered or run."""
+
+
+def describe_error(error: BaseException) -> str:
+    """`Type: message`, or just the type when the message is empty (httpx timeouts)."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _timestamp() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+@dataclass
+class StepRun:
+    """One registered tool call. Use `forward_key` as the call's Idempotency-Key; set `output`."""
+
+    saga: SagaRun
+    name: str
+    position: int
+    undo_id: str
+    entry: Body
+    output: dict[str, Any] | None = None
+
+    @property
+    def forward_key(self) -> str:
+        return forward_key(self.saga.uid, self.name)
+
+    @property
+    def entry_name(self) -> str:
+        return str(self.entry["metadata"]["name"])
+
+
+@dataclass
+class SagaRun:
+    kube: Kube
+    body: Body
+    owns_client: bool = False
+    _positions: int = 0
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _ended: str | None = None
+    _failed_step: str | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.body["metadata"]["namespace"])
+
+    @property
+    def uid(self) -> str:
+        return str(self.body["metadata"]["uid"])
+
+    # -- steps -------------------------------------------------------------------------------
+
+    async def register(self, step: str, compensation: Call | None) -> StepRun:
+        """Write the step's UndoEntry (write-ahead) and mark its effect Executing.
+
+        Positions come from a lock-guarded counter, so concurrent tool calls get distinct,
+        strictly increasing positions; AlreadyExists on a position is never retried silently.
+        """
+        if self._ended:
+            raise SagaEnded(f"saga {self.namespace}/{self.name} is {self._ended}: step {step!r} was not registered")
+        async with self._lock:
+            self._positions += 1
+            position = self._positions
+        undo_id = str(uuid.uuid4())
+        spec: Body = {
+            "saga": self.name,
+            "undoId": undo_id,
+            "stackPosition": position,
+            "effectId": forward_key(self.uid, step),
+            "step": step,
+            "registeredAt": _timestamp(),
+        }
+        if compensation is not None:
+            spec["compensation"] = compensation.to_api()
+        entry = await self.kube.create(
+            "undoentries",
+            self.namespace,
+            {
+                "apiVersion": API_VERSION,
+                "kind": "UndoEntry",
+                "metadata": {
+                    "name": f"{self.name}-{position}",
+                    "ownerReferences": [
+                        {
+                            "apiVersion": API_VERSION,
+                            "kind": "Saga",
+                            "name": self.name,
+                            "uid": self.uid,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
+                },
+                "spec": spec,
+            },
+        )
+        entry = await self.kube.patch_status(
+            "undoentries", self.namespace, entry["metadata"]["name"], {"status": {"effect": "Executing"}}
+        )
+        return StepRun(self, step, position, undo_id, entry)
+
+    async def finish(self, run: StepRun, error: BaseException | None = None) -> None:
+        """Record the effect's outcome: Committed with its output, or Failed with the error."""
+        status: Body = {"executedAt": _timestamp()}
+        if error is None:
+            status["effect"] = "Committed"
+            output = capped_output(run.output)
+            if output is not None:
+                status["output"] = output
+        else:
+            status["effect"] = "Failed"
+            status["lastError"] = describe_error(error)[:4096]
+        run.entry = await self.kube.patch_status("undoentries", self.namespace, run.entry_name, {"status": status})
+
+    @asynccontextmanager
+    async def step(self, name: str, compensation: Call | None = None) -> AsyncIterator[StepRun]:
+        """Register, run the body, record the outcome. An exception marks the effect Failed
+        (its outcome may be partial, so it is still compensated) and propagates."""
+        run = await self.register(name, compensation)
+        try:
+            yield run
+        except BaseException as error:
+            self._failed_step = self._failed_step or name
+            await self.finish(run, error)
+            raise
+        await self.finish(run)
+
+    # -- ending ------------------------------------------------------------------------------
+
+    async def commit(self) -> None:
+        await self._end("Commit", {})
+
+    async def abort(self, reason: str, failed_step: str | None = None) -> None:
+        annotations = {ABORT_REASON_ANNOTATION: reason[:1024]}
+        if failed_step:
+            annotations[FAILED_STEP_ANNOTATION] = failed_step
+        await self._end("Abort", annotations)
+
+    async def _end(self, outcome: str, annotations: dict[str, str]) -> None:
+        if self._ended:
+            return
+        self._ended = outcome
+        patch: Body = {"spec": {"outcome": outcome}}
+        if annotations:
+            patch["metadata"] = {"annotations": annotations}
+        self.body = await self.kube.patch("sagas", self.namespace, self.name, patch)
+
+    async def wait(self, phases: tuple[SagaPhase, ...] = (*TERMINAL, "Halted"), within: float = 60.0) -> Body:
+        """Poll until the saga reaches one of `phases`; TimeoutError after `within` seconds."""
+        deadline = time.monotonic() + within
+        while True:
+            self.body = await self.kube.get("sagas", self.namespace, self.name)
+            if self.body.get("status", {}).get("phase") in phases:
+                return self.body
+            if time.monotonic() > deadline:
+                phase = self.body.get("status", {}).get("phase")
+                raise TimeoutError(f"saga {self.namespace}/{self.name} is {phase}, not {' or '.join(phases)}")
+            await asyncio.sleep(0.2)
+
+    async def close(self) -> None:
+        if self.owns_client:
+            await self.kube.close()
+
+    async def __aenter__(self) -> SagaRun:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: TracebackType | None
+    ) -> None:
+        """Leaving the block commits; an exception aborts (and propagates)."""
+        try:
+            if error is None:
+                await self.commit()
+            else:
+                await self.abort(describe_error(error), self._failed_step)
+        finally:
+            await self.close()
+
+
+async def open_saga(
+    name: str | None = None,
+    *,
+    generate_name: str | None = None,
+    namespace: str = "default",
+    org: str | None = None,
+    deadline_seconds: int | None = None,
+    policy: CompensationPolicy | None = None,
+    kube: Kube | None = None,
+    kubeconfig: str | None = None,
+) -> SagaRun:
+    """Create an Active external saga (from KUBECONFIG, or in-cluster when unset)."""
+    if (name is None) == (generate_name is None):
+        raise ValueError("give exactly one of name or generate_name")
+    owns = kube is None
+    client = kube or await Kube.connect(kubeconfig)
+    spec: Body = {}
+    if org:
+        spec["orgId"] = org
+    if deadline_seconds:
+        spec["activeDeadlineSeconds"] = deadline_seconds
+    if policy:
+        spec["compensationPolicy"] = policy.to_api()
+    metadata: Body = {"name": name} if name else {"generateName": generate_name}
+    try:
+        body = await client.create(
+            "sagas", namespace, {"apiVersion": API_VERSION, "kind": "Saga", "metadata": metadata, "spec": spec}
+        )
+    except BaseException:
+        if owns:
+            await client.close()
+        raise
+    return SagaRun(client, body, owns_client=owns)
