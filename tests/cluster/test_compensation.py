@@ -13,7 +13,7 @@ from tests.support.manifests import call, saga, undo_entry, webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Received, Reply
 from tests.support.waiting import eventually, saga_phase
-from undolog.kube import Body, Kube
+from undolog.kube import ApiException, Body, Kube
 
 pytestmark = pytest.mark.cluster
 
@@ -271,8 +271,10 @@ async def test_deleting_an_active_saga_compensates_before_it_goes(
     async def saga_exists() -> bool:
         try:
             await kube.get("sagas", namespace, "gone")
-        except Exception:
-            return False
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
         return True
 
     await eventually(saga_exists, lambda exists: not exists, 30, "saga deleted")

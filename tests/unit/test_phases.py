@@ -56,12 +56,13 @@ def with_state(entry: UndoEntry, state: str) -> UndoEntry:
     return entry.model_copy(update={"status": entry.status.model_copy(update={"state": state})})
 
 
-def test_first_sight_initializes_then_labels_and_finalizer() -> None:
+def test_first_sight_holds_the_finalizer_then_initializes_then_labels() -> None:
     fresh = make_saga(None)
     assert isinstance(phases.decide(fresh, [], NOW), phases.Initialize)
-    active = make_saga("Active").model_copy(update={"metadata": fresh.metadata})
-    move = phases.decide(active, [], NOW)
-    assert move == phases.SyncMetadata({phases.PHASE_LABEL: "active"}, [phases.FINALIZER])
+    fresh.metadata.finalizers.clear()
+    assert phases.decide(fresh, [], NOW) == phases.SyncMetadata({}, [phases.FINALIZER])
+    active = make_saga("Active").model_copy(update={"metadata": make_saga(None).metadata})
+    assert phases.decide(active, [], NOW) == phases.SyncMetadata({phases.PHASE_LABEL: "active"}, [phases.FINALIZER])
 
 
 def test_active_saga_moves() -> None:
@@ -152,7 +153,8 @@ def test_resolutions_apply_only_to_halted_sagas() -> None:
 
 
 def test_final_sagas_release_their_finalizer_then_rest() -> None:
-    assert phases.decide(make_saga("Compensated"), [make_entry(1, "Compensated")], NOW) == phases.Release()
+    move = phases.decide(make_saga("Compensated"), [make_entry(1, "Compensated")], NOW)
+    assert move == phases.SyncMetadata({}, [])  # the label is right; only the finalizer goes
     done = make_saga("Completed")
     done.metadata.finalizers.clear()
     assert phases.decide(done, [make_entry(1)], NOW) == phases.Wait(finished=True)

@@ -167,9 +167,6 @@ class SagaDriver:
                 entries[name] = await ledger.drop_annotation("undoentries", entries[name], key)
                 timeline.record(saga_body, "AnnotationIgnored", message, warning=True)
                 return saga_body
-            case phases.Release():
-                finalizers = [f for f in saga.metadata.finalizers if f != phases.FINALIZER]
-                return await ledger.write_saga_metadata(saga_body, finalizers=finalizers)
         raise AssertionError(f"unhandled move {move!r}")
 
     async def enter(

@@ -107,11 +107,6 @@ class RefuseAnnotation:
 
 
 @dataclass(frozen=True)
-class Release:
-    """The saga is final: drop the finalizer so deleting it needs no operator."""
-
-
-@dataclass(frozen=True)
 class Wait:
     """Nothing to do until an event arrives, or until `until` (a deadline)."""
 
@@ -131,7 +126,6 @@ Move = (
     | Retry
     | SkipEntry
     | RefuseAnnotation
-    | Release
     | Wait
 )
 
@@ -140,16 +134,25 @@ Move = (
 
 
 def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime) -> Move:
-    status, meta = saga.status, saga.metadata
-    phase = status.phase
-    if phase is None:
+    meta = saga.metadata
+    if saga.status.phase is None:
+        # The finalizer first: from the moment the saga is Active, deleting it compensates it.
+        if FINALIZER not in meta.finalizers and meta.deletion_timestamp is None:
+            return SyncMetadata({}, [*meta.finalizers, FINALIZER])
         return Initialize()
-    metadata = metadata_move(saga)
-    if metadata is not None:
-        return metadata
     annotation = annotation_move(saga, entries)
     if annotation is not None:
         return annotation
+    move = phase_move(saga, entries, now)
+    # Labels and finalizer follow the phase, but not through phases passed in a few
+    # milliseconds: they are written before anything slow (a call, waiting).
+    if isinstance(move, (CompensateEntry, Wait)):
+        return metadata_move(saga) or move
+    return move
+
+
+def phase_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime) -> Move:
+    phase = saga.status.phase
     if phase == "Active":
         return active_move(saga, entries, now)
     if phase == "Failed":
@@ -160,7 +163,7 @@ def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime) -> Move:
         late = lifo.plan(entries)[0]
         return StartCompensating("LateEntry", f"entry {late.metadata.name} was registered after compensation")
     if phase in TERMINAL:
-        return Release() if FINALIZER in meta.finalizers else Wait(finished=True)
+        return Wait(finished=True)
     return Wait()  # Halted: a person resolves it (retry or skip annotations)
 
 
@@ -239,15 +242,17 @@ def annotation_move(saga: Saga, entries: Sequence[UndoEntry]) -> Move | None:
 
 
 def metadata_move(saga: Saga) -> SyncMetadata | None:
+    """Labels follow the phase; the finalizer is held until the saga is final, then released
+    so that deleting a finished saga needs no operator."""
     meta = saga.metadata
-    wanted = desired_labels(saga)
-    labels = {k: v for k, v in wanted.items() if meta.labels.get(k) != v}
-    keep_finalizer = saga.status.phase not in TERMINAL
+    labels = {k: v for k, v in desired_labels(saga).items() if meta.labels.get(k) != v}
     has_finalizer = FINALIZER in meta.finalizers
-    if keep_finalizer and not has_finalizer and meta.deletion_timestamp is None:
+    if saga.status.phase in TERMINAL:
+        finalizers = [f for f in meta.finalizers if f != FINALIZER]
+    elif not has_finalizer and meta.deletion_timestamp is None:
         finalizers = [*meta.finalizers, FINALIZER]
     else:
-        finalizers = meta.finalizers  # released by Release once the saga is final
+        finalizers = meta.finalizers
     if not labels and finalizers == meta.finalizers:
         return None
     return SyncMetadata(labels, finalizers)

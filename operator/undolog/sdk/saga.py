@@ -16,7 +16,7 @@ from undolog.api.common import API_VERSION, Call
 from undolog.api.saga import CompensationPolicy, SagaPhase
 from undolog.calls.protocol import forward_key
 from undolog.controller.ledger import capped_output
-from undolog.decisions.phases import ABORT_REASON_ANNOTATION, FAILED_STEP_ANNOTATION, TERMINAL
+from undolog.decisions.phases import ABORT_REASON_ANNOTATION, FAILED_STEP_ANNOTATION, FINALIZER, TERMINAL
 from undolog.kube import Body, Kube
 
 
@@ -227,7 +227,9 @@ async def open_saga(
         spec["activeDeadlineSeconds"] = deadline_seconds
     if policy:
         spec["compensationPolicy"] = policy.to_api()
+    # Created with the operator's finalizer: deleting it at any moment compensates it first.
     metadata: Body = {"name": name} if name else {"generateName": generate_name}
+    metadata["finalizers"] = [FINALIZER]
     try:
         body = await client.create(
             "sagas", namespace, {"apiVersion": API_VERSION, "kind": "Saga", "metadata": metadata, "spec": spec}
