@@ -31,8 +31,8 @@ crds: venv
 	$(PY) -m undolog.crds crds
 
 lint: venv
-	$(VENV)/bin/ruff check operator tests
-	$(VENV)/bin/ruff format --check operator tests
+	$(VENV)/bin/ruff check operator tests bench examples
+	$(VENV)/bin/ruff format --check operator tests bench examples
 	$(VENV)/bin/mypy -p undolog
 
 test: venv tools lint

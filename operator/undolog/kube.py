@@ -124,6 +124,15 @@ class Kube:
     async def delete(self, plural: Plural, namespace: str, name: str) -> None:
         await self._custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
 
+    async def raw_get(self, path: str) -> str:
+        """GET a non-resource path (such as /metrics) with this client's credentials."""
+        configuration = self.api.configuration
+        headers = {"Accept": "text/plain"}
+        for setting in (await configuration.auth_settings()).values():
+            headers[setting["key"]] = setting["value"]
+        response = await self.api.rest_client.request("GET", f"{configuration.host}{path}", headers=headers)
+        return str(response.data.decode() if isinstance(response.data, bytes) else response.data)
+
     # -- core objects ------------------------------------------------------------------------
 
     async def secret_data(self, namespace: str, name: str) -> dict[str, str]:

@@ -20,7 +20,13 @@ def free_port() -> int:
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        log_dir: Path,
+        extra_args: tuple[str, ...] = ("--verbose",),
+    ) -> None:
         self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
         self.extra_args = extra_args
         self.process: subprocess.Popen[bytes] | None = None
@@ -48,7 +54,6 @@ class OperatorProcess:
                     str(liveness),
                     "--metrics-port",
                     str(self.metrics_port),
-                    "--verbose",
                     *self.extra_args,
                 ],
                 env={**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"},

@@ -7,6 +7,7 @@ and the next operator sends it again under the same Idempotency-Key.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,6 +23,8 @@ from undolog.controller.timeline import Timeline
 from undolog.decisions.arguments import UnresolvedReference, resolve
 from undolog.decisions.retry import classify
 from undolog.kube import Body
+
+RUNNING_MARK_AFTER = 0.5  # seconds a call may take before its entry is marked Running
 
 
 def attempt_status(record: AttemptRecord, kind: AttemptKind) -> dict[str, Any]:
@@ -59,8 +62,6 @@ class Compensator:
             )
             self.timeline.record(saga_body, "EntrySkipped", f"{name} (step {entry.spec.step}) has no compensation")
             return body
-        if entry.status.state != "Running":
-            entry_body = await self.ledger.write_entry_status(entry_body, {"state": "Running"})
         function = f"{call.function} {call.version}"
         try:
             args = resolve(call.args, outputs, missing_as_null=True)
@@ -76,6 +77,12 @@ class Compensator:
 
         attempts = [a.to_api() for a in entry.status.attempts]
         saga_ref = f"{saga.metadata.namespace}/{saga.metadata.name}"
+        writing = asyncio.Lock()  # the lazy Running mark and the attempt records share one copy
+
+        async def write(changes: Body) -> None:
+            nonlocal entry_body
+            async with writing:
+                entry_body = await self.ledger.write_entry_status(entry_body, changes)
 
         def headers(number: int) -> dict[str, str]:
             return protocol.headers(
@@ -88,15 +95,14 @@ class Compensator:
             )
 
         async def on_attempt(record: AttemptRecord, delay: float | None) -> None:
-            nonlocal entry_body
             attempts.append(attempt_status(record, "Compensation"))
             del attempts[:-MAX_ATTEMPTS]
             metrics.compensation_seconds.labels(call.function).observe(record.duration_milliseconds / 1000)
             metrics.compensation_attempts.labels(call.function, classify(record.outcome).lower()).inc()
             if delay is None:
                 return
-            entry_body = await self.ledger.write_entry_status(
-                entry_body, {"retryCount": record.number, "lastError": record.error, "attempts": attempts}
+            await write(
+                {"state": "Running", "retryCount": record.number, "lastError": record.error, "attempts": attempts}
             )
             self.timeline.record(
                 saga_body,
@@ -105,15 +111,26 @@ class Compensator:
                 warning=True,
             )
 
-        result = await self.runner.call(
-            target,
-            args,
-            headers,
-            backoff=saga.spec.compensation_policy.backoff,
-            max_retries=call.max_retries,
-            on_attempt=on_attempt,
-            first_attempt=entry.status.retry_count + 1,
+        calling = asyncio.create_task(
+            self.runner.call(
+                target,
+                args,
+                headers,
+                backoff=saga.spec.compensation_policy.backoff,
+                max_retries=call.max_retries,
+                on_attempt=on_attempt,
+                first_attempt=entry.status.retry_count + 1,
+            )
         )
+        try:
+            # Running is for people watching (after a crash Pending and Running are sent again
+            # alike, under the same key), so it is written only for a call not over at once.
+            finished, _ = await asyncio.wait({calling}, timeout=RUNNING_MARK_AFTER)
+            if not finished and entry.status.state != "Running":
+                await write({"state": "Running"})
+            result = await calling
+        finally:
+            calling.cancel()
         last = result.last
         if result.verdict == "Succeeded":
             self.timeline.record(
@@ -122,25 +139,25 @@ class Compensator:
                 f"{name} (step {entry.spec.step}, {function}): HTTP {last.outcome.status_code} "
                 f"in {last.duration_milliseconds} ms, attempt {last.number}",
             )
-            return await self.ledger.write_entry_status(
-                entry_body,
+            await write(
                 {
                     "state": "Compensated",
                     "compensatedAt": now_text(),
                     "retryCount": last.number - 1,
                     "attempts": attempts,
-                },
+                }
             )
+            return entry_body
         why = "permanent failure" if result.verdict == "Permanent" else f"gave up after {last.number} attempts"
         self.timeline.record(
             saga_body, "CompensationFailed", f"{name} ({function}): {last.error} ({why})", warning=True
         )
-        return await self.ledger.write_entry_status(
-            entry_body,
+        await write(
             {
                 "state": "Failed",
                 "lastError": f"{last.error} ({why})",
                 "retryCount": last.number - 1,
                 "attempts": attempts,
-            },
+            }
         )
+        return entry_body

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("undolog.driver")
 MAX_FAILURE_DELAY = 30.0
+COUNTER_INTERVAL = 1.0  # seconds between progress writes of compensatedCount
 
 
 def utcnow() -> datetime:
@@ -39,7 +41,7 @@ def fresher(a: Body | None, b: Body | None) -> Body | None:
     if a is None or b is None:
         return a if b is None else b
     ra, rb = a["metadata"].get("resourceVersion", ""), b["metadata"].get("resourceVersion", "")
-    if ra.isdigit() and rb.isdigit():
+    if ra.isascii() and rb.isascii() and ra.isdigit() and rb.isdigit():
         return a if int(ra) >= int(rb) else b
     return None
 
@@ -52,6 +54,7 @@ class SagaDriver:
         self.gone = False
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.last_status_write = 0.0
 
     def notify(self, body: Body | None) -> None:
         if body is None:
@@ -123,8 +126,7 @@ class SagaDriver:
             case phases.SyncMetadata(labels=labels, finalizers=finalizers):
                 return await ledger.write_saga_metadata(saga_body, labels=labels, finalizers=finalizers)
             case phases.UpdateDepth(stack_depth=depth):
-                status = saga.status.model_copy(update={"stack_depth": depth})
-                return await ledger.write_saga_status(saga_body, status)
+                return await self.write_status(saga_body, saga.status.model_copy(update={"stack_depth": depth}))
             case phases.Fail(reason=reason, message=message, failed_step=failed_step):
                 return await self.enter(saga_body, saga, parsed, "Failed", reason, message, failed_step=failed_step)
             case phases.Complete(reason=reason, message=message):
@@ -184,7 +186,7 @@ class SagaDriver:
             saga.status, phase, reason=reason, message=message, now=utcnow(), generation=saga.metadata.generation
         )
         status = _with_counters(status, parsed).model_copy(update=extra)
-        written = await self.engine.ledger.write_saga_status(saga_body, status)
+        written = await self.write_status(saga_body, status)
         metrics.saga_transitions.labels(phase, reason).inc()
         self.engine.phase_seen(self.namespace, self.name, phase)
         warning = phase in ("Failed", "Halted")
@@ -192,12 +194,21 @@ class SagaDriver:
         return written
 
     async def counted(self, saga_body: Body, saga: Saga, entries: dict[str, Body]) -> Body:
-        """Refresh stackDepth and compensatedCount after an entry moved."""
+        """Refresh stackDepth and compensatedCount after an entry moved, at most once per
+        COUNTER_INTERVAL: fast compensations show their count with the final phase, slow ones
+        show progress (UNDONE in `kubectl get sagas`) while they run."""
+        if time.monotonic() - self.last_status_write < COUNTER_INTERVAL:
+            return saga_body
         parsed = [UndoEntry.model_validate(e) for e in entries.values()]
         status = _with_counters(saga.status, parsed)
         if status == saga.status:
             return saga_body
-        return await self.engine.ledger.write_saga_status(saga_body, status)
+        return await self.write_status(saga_body, status)
+
+    async def write_status(self, saga_body: Body, status: SagaStatus) -> Body:
+        written = await self.engine.ledger.write_saga_status(saga_body, status)
+        self.last_status_write = time.monotonic()
+        return written
 
 
 def _with_counters(status: SagaStatus, entries: list[UndoEntry]) -> SagaStatus:

@@ -54,12 +54,11 @@ class Engine:
             if driver is not None:
                 driver.notify(None)
             return
-        saga = Saga.model_validate(body)
-        self.phase_seen(*key, saga.status.phase or "New")
+        self.phase_seen(*key, body.get("status", {}).get("phase") or "New")
         driver = self.drivers.get(key)
         if driver is not None:
             driver.notify(body)
-        elif needs_driver(saga):
+        elif needs_driver(Saga.model_validate(body)):
             self._start(key, body)
 
     def entry_event(self, body: Body) -> None:

@@ -49,6 +49,19 @@ def connection_info(kube: Kube) -> kopf.ConnectionInfo:
     )
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """Event handlers need no diff base; kopf would still deep-copy every body to build one."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        raise AssertionError("UndoLog registers no change handlers, so kopf never stores a diff base")
+
+
 def build_registry(engine: Engine, kube: Kube) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
@@ -60,6 +73,7 @@ def build_registry(engine: Engine, kube: Kube) -> kopf.OperatorRegistry:
         settings.watching.connect_timeout = 10
         settings.queueing.batch_window = 0.01  # event handlers: react within milliseconds
         settings.networking.request_timeout = 60
+        settings.persistence.diffbase_storage = NoDiffBase()
 
     @kopf.on.login(registry=registry)
     async def login(**_: Any) -> kopf.ConnectionInfo:

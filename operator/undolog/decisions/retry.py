@@ -44,7 +44,7 @@ def retry_after_seconds(header: str | None, now: datetime) -> float | None:
     if header is None:
         return None
     value = header.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return min(float(value), MAX_RETRY_AFTER_SECONDS)
     try:
         when = parsedate_to_datetime(value)

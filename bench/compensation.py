@@ -1,0 +1,185 @@
+"""Abort-to-compensation benchmark (issue 3).
+
+N external sagas with 3 committed entries each are aborted together. Reported per N:
+- latency from the abort (the API accepted spec.outcome=Abort) to the saga's first
+  compensation call arriving at the participant: p50 and p99;
+- compensations per second, from the first abort to the last compensation call;
+- API writes the operator made (the apiserver's own request counts), per saga;
+- the raw ceiling: the same number of writes made by a plain client with no operator, and
+  how long the operator took compared with that.
+
+    python -m bench.compensation --sizes 1 10 100 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from tests.support.manifests import call, saga, undo_entry, webhook
+from tests.support.participants import Participant
+
+from bench.harness import Bench, bench_cluster, cpu_seconds, delta
+from undolog.kube import Kube
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+async def bounded(jobs: Iterable[Callable[[], Awaitable[Any]]], limit: int = 100) -> list[Any]:
+    gate = asyncio.Semaphore(limit)
+
+    async def one(job: Callable[[], Awaitable[Any]]) -> Any:
+        async with gate:
+            return await job()
+
+    return await asyncio.gather(*(one(j) for j in jobs))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def phases(kube: Kube, namespace: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for body in await kube.list("sagas", namespace):
+        phase = body.get("status", {}).get("phase", "New")
+        counts[phase] = counts.get(phase, 0) + 1
+    return counts
+
+
+async def until(probe: Callable[[], Awaitable[bool]], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not await probe():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached in {within} s")
+        await asyncio.sleep(0.2)
+
+
+async def make_saga(kube: Kube, namespace: str, name: str) -> None:
+    created = await kube.create("sagas", namespace, saga(name))
+    uid = created["metadata"]["uid"]
+    for position in (1, 2, 3):
+        body = undo_entry(name, position, owner_uid=uid, compensation=call("undo", position=position))
+        body["spec"]["effectId"] = f"{uid}:step{position}:fwd"
+        await kube.create("undoentries", namespace, body)
+        await kube.patch_status("undoentries", namespace, f"{name}-{position}", {"status": {"effect": "Committed"}})
+
+
+async def raw_ceiling(kube: Kube, namespace: str, writes: int, concurrency: int) -> float:
+    """Seconds a plain client needs for `writes` status patches at the same concurrency."""
+    entries = [e["metadata"]["name"] for e in await kube.list("undoentries", namespace)]
+    began = time.monotonic()
+    await bounded(
+        (
+            lambda i=i: kube.patch_status(
+                "undoentries", namespace, entries[i % len(entries)], {"status": {"retryCount": i}}
+            )
+            for i in range(writes)
+        ),
+        limit=concurrency,
+    )
+    return time.monotonic() - began
+
+
+async def measure(bench: Bench, n: int) -> dict[str, Any]:
+    kube = bench.kube
+    namespace = await bench.namespace(f"comp{n}")
+    participant = Participant()
+    await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
+    operator = bench.operator(namespace)
+    try:
+        names = [f"s{i:05d}" for i in range(n)]
+        await bounded(lambda name=name: make_saga(kube, namespace, name) for name in names)  # type: ignore[misc]
+        await until(lambda: _all(kube, namespace, "Active", n), 600, f"{n} sagas Active")
+        # Let the operator settle (stackDepth writes for the entries) before counting writes.
+        await asyncio.sleep(1.0)
+        before = await bench.writes()
+        assert operator.process is not None
+        cpu_before = (cpu_seconds(operator.process.pid), bench.control_plane_cpu())
+        aborted_at: dict[str, float] = {}
+
+        async def abort(name: str) -> None:
+            await kube.patch("sagas", namespace, name, {"spec": {"outcome": "Abort"}})
+            aborted_at[name] = time.monotonic()
+
+        first_abort = time.monotonic()
+        await bounded(lambda name=name: abort(name) for name in names)  # type: ignore[misc]
+        # Wait on the participant first: polling the API would take the apiserver's CPU.
+        await asyncio.to_thread(participant.wait_for, lambda received: len(received) >= 3 * n, 900)
+        await until(lambda: _all(kube, namespace, "Compensated", n), 900, f"{n} sagas Compensated")
+        after = await bench.writes()
+        cpu = (cpu_seconds(operator.process.pid) - cpu_before[0], bench.control_plane_cpu() - cpu_before[1])
+        received = participant.received()
+        first_call: dict[str, float] = {}
+        for request in received:
+            name = request.headers["undolog-saga"].split("/", 1)[1]
+            first_call.setdefault(name, request.at)
+        latencies = [first_call[name] - aborted_at[name] for name in names]
+        span = max(r.at for r in received) - first_abort
+        writes = delta(after, before)
+        total_writes = sum(writes.values())
+        ceiling = await raw_ceiling(kube, namespace, total_writes, min(n, 100))
+        return {
+            "sagas": n,
+            "compensations": len(received),
+            "abort_to_first_call_p50_ms": round(percentile(latencies, 0.5) * 1000, 1),
+            "abort_to_first_call_p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
+            "compensations_per_second": round(len(received) / span, 1),
+            "operator_seconds": round(span, 2),
+            "api_writes": writes,
+            "api_writes_per_saga": round(total_writes / n, 1),
+            "raw_ceiling_seconds": round(ceiling, 2),
+            "raw_writes_per_second": round(total_writes / ceiling, 1),
+            "operator_vs_ceiling": round(span / ceiling, 2),
+            "mean_latency_ms": round(statistics.fmean(latencies) * 1000, 1),
+            "operator_cpu_seconds": round(cpu[0], 2),
+            "control_plane_cpu_seconds": round(cpu[1], 2),
+        }
+    finally:
+        operator.stop()
+        participant.close()
+
+
+async def _all(kube: Kube, namespace: str, phase: str, n: int) -> bool:
+    return (await phases(kube, namespace)).get(phase, 0) == n
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    header = (
+        "| sagas | compensations | abort->1st call p50 | p99 | compensations/s | writes/saga "
+        "| raw writes/s | operator / ceiling |"
+    )
+    lines = [header, "|" + "---|" * 8]
+    for r in rows:
+        lines.append(
+            f"| {r['sagas']} | {r['compensations']} | {r['abort_to_first_call_p50_ms']} ms | "
+            f"{r['abort_to_first_call_p99_ms']} ms | {r['compensations_per_second']} | {r['api_writes_per_saga']} | "
+            f"{r['raw_writes_per_second']} | {r['operator_vs_ceiling']}x |"
+        )
+    return "\n".join(lines)
+
+
+async def main(sizes: list[int]) -> None:
+    rows = []
+    async with bench_cluster() as bench:
+        for n in sizes:
+            print(f"N={n} ...", flush=True)
+            row = await measure(bench, n)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    print(table(rows))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "compensation.json").write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 10, 100, 1000])
+    asyncio.run(main(parser.parse_args().sizes))

@@ -1,0 +1,102 @@
+"""What every benchmark needs: a cluster (local control plane or KUBECONFIG), the CRDs, a
+namespace, the operator as a process, and the apiserver's own count of write requests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubernetes_asyncio import client
+from prometheus_client.parser import text_string_to_metric_families
+from tests.support.operator_process import OperatorProcess
+
+from undolog.control_plane import LocalControlPlane
+from undolog.kube import Kube
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(os.environ.get("UNDOLOG_BIN_DIR", ROOT / "bin"))
+WRITE_VERBS = {"POST", "PATCH", "PUT", "DELETE"}
+
+
+@dataclass
+class Bench:
+    kube: Kube
+    kubeconfig: Path
+    work: Path
+    local: LocalControlPlane | None = None
+
+    def control_plane_cpu(self) -> float:
+        """CPU seconds used so far by etcd and kube-apiserver (0 when KUBECONFIG is used)."""
+        if self.local is None:
+            return 0.0
+        pids = self.local.running_pids()
+        return sum(cpu_seconds(pids[name]) for name in ("etcd", "kube-apiserver") if name in pids)
+
+    async def namespace(self, prefix: str = "bench") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        namespace = client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
+        await client.CoreV1Api(self.kube.api).create_namespace(namespace)
+        return name
+
+    def operator(self, namespace: str) -> OperatorProcess:
+        process = OperatorProcess(self.kubeconfig, namespace, self.work / "logs", extra_args=())
+        process.start()
+        return process
+
+    async def writes(self) -> dict[str, int]:
+        """Write requests the apiserver has served, by resource (from its /metrics)."""
+        counts: dict[str, int] = {}
+        for family in text_string_to_metric_families(await self.kube.raw_get("/metrics")):
+            if family.name != "apiserver_request":
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.labels.get("verb") in WRITE_VERBS:
+                    resource = sample.labels.get("resource", "")
+                    counts[resource] = counts.get(resource, 0) + int(sample.value)
+        return counts
+
+
+def install_crds(kubeconfig: Path) -> None:
+    kubectl = [str(BIN / "kubectl"), f"--kubeconfig={kubeconfig}"]
+    crds = str(ROOT / "crds")
+    subprocess.run([*kubectl, "apply", "--server-side", "-f", crds], check=True, capture_output=True)
+    subprocess.run([*kubectl, "wait", "--for=condition=Established", "-f", crds], check=True, capture_output=True)
+
+
+@asynccontextmanager
+async def bench_cluster() -> AsyncIterator[Bench]:
+    with tempfile.TemporaryDirectory(prefix="undolog-bench-") as scratch:
+        work = Path(scratch)
+        local: LocalControlPlane | None = None
+        if os.environ.get("KUBECONFIG"):
+            kubeconfig = Path(os.environ["KUBECONFIG"])
+        else:
+            local = LocalControlPlane(work / "control-plane", BIN)
+            kubeconfig = local.up().kubeconfig
+        try:
+            await asyncio.to_thread(install_crds, kubeconfig)
+            kube = await Kube.connect(str(kubeconfig))
+            try:
+                yield Bench(kube, kubeconfig, work, local)
+            finally:
+                await kube.close()
+        finally:
+            if local is not None:
+                local.down()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
