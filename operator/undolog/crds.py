@@ -19,8 +19,10 @@ import yaml
 from pydantic import BaseModel
 
 from undolog.api.common import GROUP, VERSION
+from undolog.api.saga import ROOT_RULES as SAGA_ROOT_RULES
 from undolog.api.saga import SagaSpec, SagaStatus
-from undolog.api.undo_entry import ROOT_RULES, UndoEntrySpec, UndoEntryStatus
+from undolog.api.undo_entry import ROOT_RULES as ENTRY_ROOT_RULES
+from undolog.api.undo_entry import UndoEntrySpec, UndoEntryStatus
 from undolog.api.webhook import WebhookSpec
 
 JsonSchema = dict[str, Any]
@@ -170,6 +172,7 @@ def definitions() -> dict[str, JsonSchema]:
             _column("Failed-Step", ".status.failedStep", priority=1),
         ],
         spec_required=False,
+        root_rules=SAGA_ROOT_RULES,
     )
     undo_entry = _definition(
         kind="UndoEntry",
@@ -188,7 +191,7 @@ def definitions() -> dict[str, JsonSchema]:
             _column("Function", ".spec.compensation.function", priority=1),
             _column("Last-Error", ".status.lastError", priority=1),
         ],
-        root_rules=ROOT_RULES,
+        root_rules=ENTRY_ROOT_RULES,
         selectable=[".spec.saga"],
     )
     webhook = _definition(

@@ -8,6 +8,8 @@ from undolog.api.common import GROUP, VERSION, Call, Condition, ConditionStatus
 from undolog.api.saga import (
     Backoff,
     CompensationPolicy,
+    Effect,
+    EffectStatus,
     OnFailure,
     Outcome,
     Saga,
@@ -43,7 +45,9 @@ __all__ = [
     "CompensationPolicy",
     "Condition",
     "ConditionStatus",
+    "Effect",
     "EffectState",
+    "EffectStatus",
     "HeadersFrom",
     "OnFailure",
     "Outcome",

@@ -51,6 +51,21 @@ STEP_RULES: list[JsonValue] = [
 ]
 
 
+# On the whole Saga: setting Abort after the pivot committed is refused at admission. It is a
+# transition rule (oldSelf), so the operator's own status writes are never refused by it.
+ROOT_RULES: list[JsonValue] = [
+    {
+        "rule": "!has(self.spec.outcome) || self.spec.outcome != 'Abort'"
+        " || (has(oldSelf.spec.outcome) && oldSelf.spec.outcome == 'Abort')"
+        " || !has(self.status) || !has(self.status.pivotCommitted) || !self.status.pivotCommitted",
+        "message": (
+            "spec.outcome Abort is refused: the saga's Pivot step has committed, so it can only go forward "
+            "(its Retriable steps are retried until they succeed)"
+        ),
+    }
+]
+
+
 class Step(Model):
     """One step of an orchestrated saga: a forward call and, if Compensatable, its undo."""
 
@@ -92,6 +107,26 @@ class Step(Model):
             ]
         }
     }
+
+
+class Effect(Model):
+    """A call made only if the saga commits (transactional outbox): an email, a notification."""
+
+    name: str = Field(max_length=63, pattern=STEP_NAME, description="Unique within the saga.")
+    call: Call = Field(description="Sent after the saga is Completed, never after an abort.")
+
+
+EffectDeliveryState = Literal["Pending", "Delivered", "Failed"]
+
+
+class EffectStatus(Model):
+    """Delivery of one post-commit effect."""
+
+    name: str = Field(max_length=63, description="The effect's name in spec.effects.")
+    state: EffectDeliveryState = Field(default="Pending", description="Pending, Delivered or Failed.")
+    attempts: int = Field(default=0, ge=0, description="Calls made so far.")
+    last_error: str | None = Field(default=None, max_length=MAX_MESSAGE, description="Last failure, if any.")
+    delivered_at: datetime | None = Field(default=None, description="When the participant accepted it.")
 
 
 class Backoff(Model):
@@ -141,6 +176,22 @@ class SagaSpec(Model):
         ge=1,
         description="An Active saga older than this fails with reason DeadlineExceeded and is compensated.",
     )
+    effects: list[Effect] | None = Field(
+        default=None,
+        max_length=20,
+        description=(
+            "Post-commit effects: sent once the saga is Completed, each with Idempotency-Key "
+            "<saga uid>:effect:<name>, retried until delivered; never sent for an aborted saga."
+        ),
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.all(i, e, self.all(j, f, j >= i || f.name != e.name))",
+                    "message": "spec.effects[].name must be unique",
+                }
+            ]
+        },
+    )
     outcome: Outcome | None = Field(
         default=None,
         description="Set by the agent or a person: Abort compensates an Active saga; Commit completes it.",
@@ -187,6 +238,12 @@ class SagaStatus(Model):
     reason: str | None = Field(default=None, max_length=128, description="CamelCase reason of the current phase.")
     message: str | None = Field(default=None, max_length=MAX_MESSAGE, description="Details of the current phase.")
     stack_depth: int = Field(default=0, ge=0, description="UndoEntries registered for this saga.")
+    pivot_committed: bool | None = Field(
+        default=None, description="The Pivot step has committed: the saga can only go forward now."
+    )
+    effects: list[EffectStatus] = Field(
+        default_factory=list, max_length=20, description="Delivery of spec.effects after the saga completed."
+    )
     compensated_count: int = Field(default=0, ge=0, description="UndoEntries compensated or skipped.")
     start_time: datetime | None = Field(default=None, description="When the operator first saw the saga.")
     completion_time: datetime | None = Field(default=None, description="When the saga reached a final phase.")

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("undolog.driver")
 MAX_FAILURE_DELAY = 30.0
-COUNTER_INTERVAL = 1.0  # seconds between progress writes of compensatedCount
+COUNTER_INTERVAL = 5.0  # seconds between progress writes of compensatedCount
 
 
 def utcnow() -> datetime:

@@ -82,7 +82,7 @@ def _lookup(expression: str, outputs: Mapping[str, Mapping[str, Any] | None], mi
     for part in path.split(".") if path else []:
         if isinstance(current, Mapping) and part in current:
             current = current[part]
-        elif isinstance(current, list) and part.isdigit() and int(part) < len(current):
+        elif isinstance(current, list) and part.isascii() and part.isdigit() and int(part) < len(current):
             current = current[int(part)]
         else:
             raise UnresolvedReference(f"${{{expression}}}: the output of step {step!r} has no {part!r}")
