@@ -7,6 +7,7 @@ so retries on conflicts, content types and error messages are decided in one pla
 from __future__ import annotations
 
 import base64
+import builtins
 import json
 import os
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ Plural = Literal["sagas", "undoentries", "webhooks"]
 Body = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 
-__all__ = ["ApiException", "Body", "Kube", "Plural", "is_conflict", "is_not_found", "refusal"]
+__all__ = ["ApiException", "Body", "Kube", "Plural", "default_namespace", "is_conflict", "is_not_found", "refusal"]
 
 
 def is_conflict(error: BaseException) -> bool:
@@ -31,6 +32,22 @@ def is_conflict(error: BaseException) -> bool:
 
 def is_not_found(error: BaseException) -> bool:
     return isinstance(error, ApiException) and error.status == 404
+
+
+def default_namespace(kubeconfig: str | None = None) -> str:
+    """The current context's namespace, or the in-cluster one, or "default"."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not (kubeconfig or os.environ.get("KUBECONFIG")):
+        try:
+            with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as file:
+                return file.read().strip()
+        except OSError:
+            return "default"
+    path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
+    try:
+        _, current = config.list_kube_config_contexts(path)
+    except Exception:
+        return "default"
+    return str((current or {}).get("context", {}).get("namespace") or "default")
 
 
 def refusal(error: ApiException) -> str:
@@ -132,6 +149,21 @@ class Kube:
             headers[setting["key"]] = setting["value"]
         response = await self.api.rest_client.request("GET", f"{configuration.host}{path}", headers=headers)
         return str(response.data.decode() if isinstance(response.data, bytes) else response.data)
+
+    async def whoami(self) -> str:
+        """The user the API sees (a SelfSubjectReview), for recording who resolved what."""
+        review = await client.AuthenticationV1Api(self.api).create_self_subject_review(
+            client.V1SelfSubjectReview(api_version="authentication.k8s.io/v1", kind="SelfSubjectReview")
+        )
+        return str(review.status.user_info.username)
+
+    async def events_about(self, namespace: str, name: str, uid: str | None = None) -> builtins.list[Any]:
+        """core/v1 Events about one object, oldest first (names sort by creation for ours)."""
+        selector = f"involvedObject.name={name}" + (f",involvedObject.uid={uid}" if uid else "")
+        listed = await client.CoreV1Api(self.api).list_namespaced_event(namespace, field_selector=selector)
+        return sorted(
+            listed.items, key=lambda e: (e.event_time or e.last_timestamp or e.first_timestamp, e.metadata.name)
+        )
 
     # -- core objects ------------------------------------------------------------------------
 

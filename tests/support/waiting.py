@@ -24,9 +24,10 @@ async def eventually(probe: Callable[[], Awaitable[T]], accept: Callable[[T], bo
 
 
 async def saga_phase(kube: Kube, namespace: str, name: str, phase: str, within: float = 30.0) -> Body:
-    return await eventually(
-        lambda: kube.get("sagas", namespace, name),
-        lambda body: body.get("status", {}).get("phase") == phase,
-        within,
-        f"saga {name} phase {phase}",
-    )
+    """The saga in `phase` with its labels caught up (the label follows the status by one write)."""
+
+    def settled(body: Body) -> bool:
+        labels = body["metadata"].get("labels") or {}
+        return body.get("status", {}).get("phase") == phase and labels.get("undolog.io/phase") == phase.lower()
+
+    return await eventually(lambda: kube.get("sagas", namespace, name), settled, within, f"saga {name} phase {phase}")

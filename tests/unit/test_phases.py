@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from undolog.api.saga import Saga
 from undolog.api.undo_entry import UndoEntry
-from undolog.decisions import lifo, phases
+from undolog.decisions import lifo, moves, phases
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -58,28 +58,34 @@ def with_state(entry: UndoEntry, state: str) -> UndoEntry:
 
 def test_first_sight_holds_the_finalizer_then_initializes_then_labels() -> None:
     fresh = make_saga(None)
-    assert isinstance(phases.decide(fresh, [], NOW), phases.Initialize)
+    assert isinstance(phases.decide(fresh, [], NOW), moves.Initialize)
     fresh.metadata.finalizers.clear()
-    assert phases.decide(fresh, [], NOW) == phases.SyncMetadata({}, [phases.FINALIZER])
+    assert phases.decide(fresh, [], NOW) == moves.SyncMetadata({}, [phases.FINALIZER])
     active = make_saga("Active").model_copy(update={"metadata": make_saga(None).metadata})
-    assert phases.decide(active, [], NOW) == phases.SyncMetadata({phases.PHASE_LABEL: "active"}, [phases.FINALIZER])
+    assert phases.decide(active, [], NOW) == moves.SyncMetadata({phases.PHASE_LABEL: "active"}, [phases.FINALIZER])
 
 
 def test_active_saga_moves() -> None:
-    assert phases.decide(make_saga(outcome="Abort"), [], NOW) == phases.Fail("Aborted", "spec.outcome is Abort")
-    assert isinstance(phases.decide(make_saga(outcome="Commit"), [], NOW), phases.Complete)
-    assert phases.decide(make_saga(), [make_entry(1)], NOW) == phases.UpdateDepth(1)
+    assert phases.decide(make_saga(outcome="Abort"), [], NOW) == moves.Transition(
+        "Failed", "Aborted", "spec.outcome is Abort"
+    )
+    assert phases.decide(make_saga(outcome="Commit"), [], NOW) == moves.Transition(
+        "Completed", "Committed", "spec.outcome is Commit"
+    )
+    assert phases.decide(make_saga(), [make_entry(1)], NOW) == moves.UpdateDepth(1)
     late = make_saga(activeDeadlineSeconds=5)
-    assert phases.decide(late, [], NOW + timedelta(seconds=4)) == phases.Wait(until=NOW + timedelta(seconds=5))
-    assert isinstance(phases.decide(late, [], NOW + timedelta(seconds=5)), phases.Fail)
+    assert phases.decide(late, [], NOW + timedelta(seconds=4)) == moves.Wait(until=NOW + timedelta(seconds=5))
+    expired = phases.decide(late, [], NOW + timedelta(seconds=5))
+    assert isinstance(expired, moves.Transition)
+    assert (expired.phase, expired.reason) == ("Failed", "DeadlineExceeded")
 
 
 def test_deleting_an_active_saga_fails_it_first() -> None:
     saga = make_saga()
     saga.metadata.deletion_timestamp = NOW
     move = phases.decide(saga, [], NOW)
-    assert isinstance(move, phases.Fail)
-    assert move.reason == "Deleted"
+    assert isinstance(move, moves.Transition)
+    assert (move.phase, move.reason) == ("Failed", "Deleted")
 
 
 entry_sets = st.lists(
@@ -100,13 +106,13 @@ def test_compensation_is_lifo_complete_and_halts_as_the_policy_says(
     order: list[int] = []
     for _ in range(100):
         move = phases.decide(saga, list(entries.values()), NOW)
-        if not isinstance(move, phases.CompensateEntry):
+        if not isinstance(move, moves.CompensateEntry):
             break
         position = move.entry.spec.stack_position
         order.append(position)
         fails = position in failing and move.entry.spec.compensation is not None
         entries[position] = with_state(move.entry, "Failed" if fails else "Compensated")
-    assert isinstance(move, phases.FinishCompensation)
+    assert isinstance(move, moves.Transition)
     assert order == sorted(order, reverse=True)  # strictly newest first, each once
     assert len(set(order)) == len(order)
     failed = [p for p in order if entries[p].status.state == "Failed"]
@@ -129,7 +135,7 @@ def test_halt_message_names_entry_function_and_error() -> None:
     failed = make_entry(2, "Failed")
     failed.status.last_error = "HTTP 400: nope"
     move = phases.decide(make_saga("Compensating"), [make_entry(1), failed], NOW)
-    assert isinstance(move, phases.FinishCompensation)
+    assert isinstance(move, moves.Transition)
     assert move.phase == "Halted"
     assert move.reason == "CompensationFailed"
     assert "entry s-2 (step step2, undo v1) could not be compensated: HTTP 400: nope" in move.message
@@ -138,31 +144,31 @@ def test_halt_message_names_entry_function_and_error() -> None:
 def test_resolutions_apply_only_to_halted_sagas() -> None:
     halted = make_saga("Halted")
     halted.metadata.annotations[phases.RETRY_ANNOTATION] = "ticket 9"
-    assert phases.decide(halted, [], NOW) == phases.Retry("ticket 9")
+    assert phases.decide(halted, [], NOW) == moves.Retry("ticket 9", "Compensating")
     active = make_saga("Active")
     active.metadata.annotations[phases.RETRY_ANNOTATION] = "x"
-    assert isinstance(phases.decide(active, [], NOW), phases.RefuseAnnotation)
+    assert isinstance(phases.decide(active, [], NOW), moves.RefuseAnnotation)
 
     entry = make_entry(1, "Failed")
     entry.metadata.annotations[phases.SKIP_ANNOTATION] = "done by hand"
-    assert phases.decide(make_saga("Halted"), [entry], NOW) == phases.SkipEntry(entry, "done by hand")
+    assert phases.decide(make_saga("Halted"), [entry], NOW) == moves.SkipEntry(entry, "done by hand", "Compensating")
     compensated = with_state(entry, "Compensated")
     move = phases.decide(make_saga("Halted"), [compensated], NOW)
-    assert isinstance(move, phases.RefuseAnnotation)
+    assert isinstance(move, moves.RefuseAnnotation)
     assert "only a Pending or Failed entry of a Halted saga" in move.message
 
 
 def test_final_sagas_release_their_finalizer_then_rest() -> None:
     move = phases.decide(make_saga("Compensated"), [make_entry(1, "Compensated")], NOW)
-    assert move == phases.SyncMetadata({}, [])  # the label is right; only the finalizer goes
+    assert move == moves.SyncMetadata({}, [])  # the label is right; only the finalizer goes
     done = make_saga("Completed")
     done.metadata.finalizers.clear()
-    assert phases.decide(done, [make_entry(1)], NOW) == phases.Wait(finished=True)
+    assert phases.decide(done, [make_entry(1)], NOW) == moves.Wait(finished=True)
 
 
 def test_an_entry_registered_after_compensation_reopens_it() -> None:
     move = phases.decide(make_saga("Compensated"), [make_entry(1, "Compensated"), make_entry(2)], NOW)
-    assert move == phases.StartCompensating("LateEntry", "entry s-2 was registered after compensation")
+    assert move == moves.Transition("Compensating", "LateEntry", "entry s-2 was registered after compensation")
 
 
 def test_conditions_keep_the_failure_reason_while_compensating() -> None:

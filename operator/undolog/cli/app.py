@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from undolog.cli import cluster
+from undolog.cli import cluster, triage
 from undolog.cli.operator import operator
 
 app = typer.Typer(
@@ -15,6 +15,9 @@ app = typer.Typer(
 )
 app.add_typer(cluster.app, name="cluster")
 app.command()(operator)
+app.command("list")(triage.list_sagas)
+for command in (triage.show, triage.plan, triage.retry, triage.skip, triage.abort, triage.wait):
+    app.command()(command)
 
 
 def main() -> None:

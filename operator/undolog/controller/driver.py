@@ -15,9 +15,10 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from undolog import metrics
-from undolog.api.saga import Saga, SagaPhase, SagaStatus
+from undolog.api.saga import EffectStatus, Saga, SagaPhase, SagaStatus
 from undolog.api.undo_entry import UndoEntry
-from undolog.decisions import lifo, phases
+from undolog.controller.forward import owned_by
+from undolog.decisions import lifo, moves, phases
 from undolog.kube import ApiException, Body
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("undolog.driver")
 MAX_FAILURE_DELAY = 30.0
-COUNTER_INTERVAL = 5.0  # seconds between progress writes of compensatedCount
+COUNTER_INTERVAL = 5.0  # seconds between progress writes of stackDepth and compensatedCount
 
 
 def utcnow() -> datetime:
@@ -87,21 +88,24 @@ class SagaDriver:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout)
 
-    def _backoff(self, failures: int, error: BaseException) -> phases.Wait:
+    def _backoff(self, failures: int, error: BaseException) -> moves.Wait:
         delay = min(2.0 ** (failures - 1), MAX_FAILURE_DELAY)
-        log.exception("saga %s/%s: %s; retrying in %.0f s", self.namespace, self.name, error, delay, exc_info=error)
-        return phases.Wait(until=utcnow() + timedelta(seconds=delay))
+        log.error("saga %s/%s: %s; retrying in %.0f s", self.namespace, self.name, error, delay, exc_info=error)
+        return moves.Wait(until=utcnow() + timedelta(seconds=delay))
 
-    async def reconcile(self) -> phases.Wait:
+    async def reconcile(self) -> moves.Wait:
         ledger = self.engine.ledger
         saga_body = self.latest or await ledger.saga(self.namespace, self.name)
-        entries = {e["metadata"]["name"]: e for e in await ledger.entries(self.namespace, self.name)}
+        uid = saga_body["metadata"]["uid"]
+        # Entries of an earlier saga with the same name, not yet collected, are not ours.
+        listed = await ledger.entries(self.namespace, self.name)
+        entries = {e["metadata"]["name"]: e for e in listed if owned_by(e, uid)}
         while True:
             saga = Saga.model_validate(saga_body)
             parsed = [UndoEntry.model_validate(e) for e in entries.values()]
             move = phases.decide(saga, parsed, utcnow())
             log.debug("saga %s/%s: %s", self.namespace, self.name, type(move).__name__)
-            if isinstance(move, phases.Wait):
+            if isinstance(move, moves.Wait):
                 self.latest = fresher(saga_body, self.latest)
                 return move
             written = await self.apply(move, saga, saga_body, parsed, entries)
@@ -112,64 +116,86 @@ class SagaDriver:
     # -- applying moves ----------------------------------------------------------------------
 
     async def apply(
-        self,
-        move: phases.Move,
-        saga: Saga,
-        saga_body: Body,
-        parsed: list[UndoEntry],
-        entries: dict[str, Body],
+        self, move: moves.Move, saga: Saga, saga_body: Body, parsed: list[UndoEntry], entries: dict[str, Body]
     ) -> Body:
-        ledger, timeline = self.engine.ledger, self.engine.timeline
+        engine = self.engine
+        ledger, timeline = engine.ledger, engine.timeline
+        outputs = {e.spec.step: e.status.output for e in parsed}
         match move:
-            case phases.Initialize():
+            case moves.Initialize():
                 return await self.enter(saga_body, saga, parsed, "Active", "Started", "the operator took charge")
-            case phases.SyncMetadata(labels=labels, finalizers=finalizers):
+            case moves.SyncMetadata(labels=labels, finalizers=finalizers):
                 return await ledger.write_saga_metadata(saga_body, labels=labels, finalizers=finalizers)
-            case phases.UpdateDepth(stack_depth=depth):
+            case moves.UpdateDepth(stack_depth=depth):
                 return await self.write_status(saga_body, saga.status.model_copy(update={"stack_depth": depth}))
-            case phases.Fail(reason=reason, message=message, failed_step=failed_step):
-                return await self.enter(saga_body, saga, parsed, "Failed", reason, message, failed_step=failed_step)
-            case phases.Complete(reason=reason, message=message):
-                return await self.enter(saga_body, saga, parsed, "Completed", reason, message)
-            case phases.StartCompensating(reason=reason, message=message):
-                return await self.enter(saga_body, saga, parsed, "Compensating", reason, message)
-            case phases.CompensateEntry(entry=entry):
-                outputs = {e.spec.step: e.status.output for e in parsed}
-                name = entry.metadata.name
-                entries[name] = await self.engine.compensator.compensate(saga, saga_body, entries[name], outputs)
+            case moves.Transition(phase=phase, reason=reason, message=message, failed_step=failed_step):
+                extra = {"failed_step": failed_step} if failed_step else {}
+                return await self.enter(saga_body, saga, parsed, phase, reason, message, **extra)
+            case moves.RegisterStep(position=position, step=step):
+                body = await engine.forwarder.register(saga, position, step)
+                entries[body["metadata"]["name"]] = body
                 return await self.counted(saga_body, saga, entries)
-            case phases.FinishCompensation(phase=phase, reason=reason, message=message):
-                return await self.enter(saga_body, saga, parsed, phase, reason, message)
-            case phases.Retry(request=request):
-                for entry in parsed:
-                    if entry.status.state == "Failed":
-                        name = entry.metadata.name
-                        entries[name] = await ledger.write_entry_status(
-                            entries[name], {"state": "Pending", "retryCount": 0}
-                        )
-                parsed = [UndoEntry.model_validate(e) for e in entries.values()]
-                saga_body = await self.enter(
-                    saga_body, saga, parsed, "Compensating", "RetryRequested", f"retry requested: {request}"
-                )
-                return await ledger.drop_annotation("sagas", saga_body, phases.RETRY_ANNOTATION)
-            case phases.SkipEntry(entry=entry, reason=reason):
+            case moves.ExecuteStep(entry=entry, step=step):
+                name = entry.metadata.name
+                entries[name] = await engine.forwarder.execute(saga, saga_body, entries[name], step, outputs)
+                return await self.counted(saga_body, saga, entries)
+            case moves.MarkPivot():
+                timeline.record(saga_body, "PivotCommitted", "the Pivot step committed: the saga only goes forward now")
+                return await self.write_status(saga_body, saga.status.model_copy(update={"pivot_committed": True}))
+            case moves.RefuseAbort(message=message):
+                timeline.record(saga_body, "AbortRefused", message, warning=True)
+                status = saga.status.model_copy(update={"reason": "AbortRefused", "message": message})
+                return await self.write_status(saga_body, status)
+            case moves.CompensateEntry(entry=entry):
+                name = entry.metadata.name
+                entries[name] = await engine.compensator.compensate(saga, saga_body, entries[name], outputs)
+                return await self.counted(saga_body, saga, entries)
+            case moves.DeliverEffect(effect=effect):
+                delivered = await engine.forwarder.deliver(saga, saga_body, effect, outputs)
+                return await self.write_status(saga_body, _with_effect(saga.status, delivered))
+            case moves.Retry(request=request, resume=resume):
+                return await self.retry(saga, saga_body, entries, request, resume)
+            case moves.SkipEntry(entry=entry, reason=reason, resume=resume):
                 name = entry.metadata.name
                 skipped = await ledger.write_entry_status(entries[name], {"state": "Skipped", "skipReason": reason})
                 entries[name] = await ledger.drop_annotation("undoentries", skipped, phases.SKIP_ANNOTATION)
                 timeline.record(entries[name], "Skipped", f"skipped by a person: {reason}", warning=True)
                 parsed = [UndoEntry.model_validate(e) for e in entries.values()]
-                return await self.enter(
-                    saga_body, saga, parsed, "Compensating", "EntrySkipped", f"{name} skipped: {reason}"
-                )
-            case phases.RefuseAnnotation(entry=entry, key=key, message=message):
+                return await self.enter(saga_body, saga, parsed, resume, "EntrySkipped", f"{name} skipped: {reason}")
+            case moves.RefuseAnnotation(entry=entry, key=key, message=message):
+                timeline.record(saga_body, "AnnotationIgnored", message, warning=True)
                 if entry is None:
-                    timeline.record(saga_body, "AnnotationIgnored", message, warning=True)
                     return await ledger.drop_annotation("sagas", saga_body, key)
                 name = entry.metadata.name
                 entries[name] = await ledger.drop_annotation("undoentries", entries[name], key)
-                timeline.record(saga_body, "AnnotationIgnored", message, warning=True)
                 return saga_body
         raise AssertionError(f"unhandled move {move!r}")
+
+    async def retry(
+        self, saga: Saga, saga_body: Body, entries: dict[str, Body], request: str, resume: SagaPhase
+    ) -> Body:
+        """A person's retry: what failed goes back to Pending, and the saga resumes."""
+        ledger = self.engine.ledger
+        if resume == "Completed":
+            effects = [
+                e.model_copy(update={"state": "Pending"}) if e.state == "Failed" else e for e in saga.status.effects
+            ]
+            status = saga.status.model_copy(
+                update={"effects": effects, "reason": "RetryRequested", "message": f"retry requested: {request}"}
+            )
+            saga_body = await self.write_status(saga_body, status)
+        else:
+            for name, body in list(entries.items()):
+                entry = UndoEntry.model_validate(body)
+                if resume == "Active" and entry.status.effect == "Failed" and entry.status.state != "Skipped":
+                    entries[name] = await ledger.write_entry_status(body, {"effect": "Pending"})
+                elif resume == "Compensating" and entry.status.state == "Failed":
+                    entries[name] = await ledger.write_entry_status(body, {"state": "Pending", "retryCount": 0})
+            parsed = [UndoEntry.model_validate(e) for e in entries.values()]
+            saga_body = await self.enter(
+                saga_body, saga, parsed, resume, "RetryRequested", f"retry requested: {request}"
+            )
+        return await ledger.drop_annotation("sagas", saga_body, phases.RETRY_ANNOTATION)
 
     async def enter(
         self,
@@ -195,8 +221,8 @@ class SagaDriver:
 
     async def counted(self, saga_body: Body, saga: Saga, entries: dict[str, Body]) -> Body:
         """Refresh stackDepth and compensatedCount after an entry moved, at most once per
-        COUNTER_INTERVAL: fast compensations show their count with the final phase, slow ones
-        show progress (UNDONE in `kubectl get sagas`) while they run."""
+        COUNTER_INTERVAL: fast sagas show their counts with the next phase, slow ones show
+        progress (STEPS and UNDONE in `kubectl get sagas`) while they run."""
         if time.monotonic() - self.last_status_write < COUNTER_INTERVAL:
             return saga_body
         parsed = [UndoEntry.model_validate(e) for e in entries.values()]
@@ -213,3 +239,11 @@ class SagaDriver:
 
 def _with_counters(status: SagaStatus, entries: list[UndoEntry]) -> SagaStatus:
     return status.model_copy(update={"stack_depth": len(entries), "compensated_count": lifo.settled_count(entries)})
+
+
+def _with_effect(status: SagaStatus, delivered: EffectStatus) -> SagaStatus:
+    previous = next((e for e in status.effects if e.name == delivered.name), None)
+    if previous is not None:
+        delivered = delivered.model_copy(update={"attempts": previous.attempts + delivered.attempts})
+    effects = [e for e in status.effects if e.name != delivered.name] + [delivered]
+    return status.model_copy(update={"effects": effects})

@@ -11,6 +11,7 @@ from undolog import metrics
 from undolog.api.saga import Saga
 from undolog.controller.compensation import Compensator
 from undolog.controller.driver import SagaDriver
+from undolog.controller.forward import Forwarder
 from undolog.controller.ledger import Ledger
 from undolog.controller.timeline import Timeline
 from undolog.decisions import phases
@@ -41,6 +42,7 @@ def entry_needs_saga(entry: Body) -> bool:
 class Engine:
     ledger: Ledger
     compensator: Compensator
+    forwarder: Forwarder
     timeline: Timeline
     drivers: dict[SagaKey, SagaDriver] = field(default_factory=dict)
     phases: dict[SagaKey, str] = field(default_factory=dict)

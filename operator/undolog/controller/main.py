@@ -18,7 +18,9 @@ from undolog.api.common import GROUP, VERSION
 from undolog.calls.runner import Runner
 from undolog.controller.compensation import Compensator
 from undolog.controller.engine import Engine
+from undolog.controller.forward import Forwarder
 from undolog.controller.ledger import Ledger
+from undolog.controller.recorded_call import CallRecorder
 from undolog.controller.timeline import Timeline
 from undolog.kube import Kube
 
@@ -99,7 +101,8 @@ async def run(options: OperatorOptions) -> None:
     ledger = Ledger(kube)
     timeline = Timeline(kube)
     timeline.start()
-    engine = Engine(ledger, Compensator(ledger, runner, timeline), timeline)
+    recorder = CallRecorder(ledger, runner, timeline)
+    engine = Engine(ledger, Compensator(recorder), Forwarder(recorder), timeline)
     if options.metrics_port:
         start_http_server(options.metrics_port)
     liveness = f"http://0.0.0.0:{options.liveness_port}/healthz" if options.liveness_port else None

@@ -7,6 +7,16 @@ async with await undolog.sdk.open_saga(generate_name="onboard-", namespace="agen
 """
 
 from undolog.api.common import Call
-from undolog.sdk.saga import SagaEnded, SagaRun, StepRun, open_saga
+from undolog.sdk.saga import NoSaga, SagaEnded, SagaRun, StepRun, current_saga, current_step, open_saga, undoable
 
-__all__ = ["Call", "SagaEnded", "SagaRun", "StepRun", "open_saga"]
+__all__ = [
+    "Call",
+    "NoSaga",
+    "SagaEnded",
+    "SagaRun",
+    "StepRun",
+    "current_saga",
+    "current_step",
+    "open_saga",
+    "undoable",
+]

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from undolog.api.common import API_VERSION, Call
 from undolog.api.saga import CompensationPolicy, SagaPhase
@@ -22,6 +24,29 @@ from undolog.kube import Body, Kube
 
 class SagaEnded(RuntimeError):
     """The saga is no longer Active: no step may be registered or run."""
+
+
+class NoSaga(RuntimeError):
+    """An @undoable tool was called outside `async with saga:`."""
+
+
+_current_saga: contextvars.ContextVar[SagaRun] = contextvars.ContextVar("undolog_saga")
+_current_step: contextvars.ContextVar[StepRun] = contextvars.ContextVar("undolog_step")
+
+
+def current_saga() -> SagaRun:
+    try:
+        return _current_saga.get()
+    except LookupError:
+        raise NoSaga("no saga is open here: call @undoable tools inside `async with saga:`") from None
+
+
+def current_step() -> StepRun:
+    """The step being run: its `forward_key` is the Idempotency-Key for the tool's own call."""
+    try:
+        return _current_step.get()
+    except LookupError:
+        raise NoSaga("no step is running here: current_step() works inside a saga step or @undoable tool") from None
 
 
 def describe_error(error: BaseException) -> str:
@@ -63,6 +88,8 @@ class SagaRun:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _ended: str | None = None
     _failed_step: str | None = None
+    _names: set[str] = field(default_factory=set)
+    _token: contextvars.Token[SagaRun] | None = None
 
     @property
     def name(self) -> str:
@@ -86,9 +113,16 @@ class SagaRun:
         """
         if self._ended:
             raise SagaEnded(f"saga {self.namespace}/{self.name} is {self._ended}: step {step!r} was not registered")
+        self.body = await self.kube.get("sagas", self.namespace, self.name)
+        phase = self.body.get("status", {}).get("phase")
+        if phase not in (None, "Active") or self.body["spec"].get("outcome"):
+            raise SagaEnded(f"saga {self.namespace}/{self.name} is {phase}: step {step!r} was not registered or run")
         async with self._lock:
             self._positions += 1
             position = self._positions
+            if step in self._names:  # a tool called twice: each call its own step and forward key
+                step = f"{step}-{position}"
+            self._names.add(step)
         undo_id = str(uuid.uuid4())
         spec: Body = {
             "saga": self.name,
@@ -144,15 +178,44 @@ class SagaRun:
         """Register, run the body, record the outcome. An exception marks the effect Failed
         (its outcome may be partial, so it is still compensated) and propagates."""
         run = await self.register(name, compensation)
+        token = _current_step.set(run)
         try:
             yield run
         except BaseException as error:
-            self._failed_step = self._failed_step or name
+            self.note_failure(run)
             await self.finish(run, error)
             raise
+        finally:
+            _current_step.reset(token)
         await self.finish(run)
 
     # -- ending ------------------------------------------------------------------------------
+
+    def note_failure(self, run: StepRun) -> None:
+        """The first step that raised is the one named when the saga is aborted."""
+        self._failed_step = self._failed_step or run.name
+
+    async def end_block(self, error: BaseException | None) -> None:
+        """Leaving `with saga:`: commit, or abort with the error; then release the client."""
+        try:
+            if error is None:
+                await self.commit()
+            else:
+                await self.abort(describe_error(error), self._failed_step)
+        finally:
+            await self.close()
+
+    async def stage_effect(self, name: str, call: Call) -> None:
+        """A post-commit effect: sent by the operator once the saga is Completed, never after an
+        abort (the same outbox as orchestrated sagas' spec.effects)."""
+        async with self._lock:
+            self.body = await self.kube.get("sagas", self.namespace, self.name)
+            effects = [*self.body["spec"].get("effects", []), {"name": name, "call": call.to_api()}]
+            patch = {
+                "metadata": {"resourceVersion": self.body["metadata"]["resourceVersion"]},
+                "spec": {"effects": effects},
+            }
+            self.body = await self.kube.patch("sagas", self.namespace, self.name, patch)
 
     async def commit(self) -> None:
         await self._end("Commit", {})
@@ -189,19 +252,17 @@ class SagaRun:
             await self.kube.close()
 
     async def __aenter__(self) -> SagaRun:
+        self._token = _current_saga.set(self)
         return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, _: TracebackType | None
     ) -> None:
         """Leaving the block commits; an exception aborts (and propagates)."""
-        try:
-            if error is None:
-                await self.commit()
-            else:
-                await self.abort(describe_error(error), self._failed_step)
-        finally:
-            await self.close()
+        if self._token is not None:
+            _current_saga.reset(self._token)
+            self._token = None
+        await self.end_block(error)
 
 
 async def open_saga(
@@ -239,3 +300,36 @@ async def open_saga(
             await client.close()
         raise
     return SagaRun(client, body, owns_client=owns)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def undoable(
+    compensation: Callable[..., Call | None] | None = None, *, step: str | None = None
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Make an async tool undoable within the current saga.
+
+    `compensation` gets the tool's own arguments and returns the Call that undoes it; it runs
+    before the tool, so the undo is on the ledger before the effect can happen. A tool that
+    returns a dict has it stored as the step's output (usable in `${steps.<name>.output...}`).
+    Inside the tool, `current_step().forward_key` is the Idempotency-Key for its own call.
+    """
+
+    def wrap(tool: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        name = step or tool.__name__
+
+        @functools.wraps(tool)
+        async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            saga = current_saga()
+            undo = compensation(*args, **kwargs) if compensation else None
+            async with saga.step(name, undo) as running:
+                result = await tool(*args, **kwargs)
+                if isinstance(result, dict):
+                    running.output = result
+                return result
+
+        return run
+
+    return wrap

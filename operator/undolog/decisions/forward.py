@@ -1,0 +1,122 @@
+"""Orchestrated sagas going forward: which step to register or send next, and the post-commit
+effects of a completed saga. Pure: the saga and its entries in, a move out.
+
+Steps run in order, one at a time. A step's entry is created before its call (register before
+execute); an entry whose effect is Pending or Executing is sent (again) under the same key.
+Before the pivot commits, a failure fails the saga and everything registered is compensated;
+after it, Retriable steps are retried until they succeed, and a failure halts the saga.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from undolog.api.saga import Saga, Step
+from undolog.api.undo_entry import UndoEntry
+from undolog.decisions.arguments import UnresolvedReference, referenced_steps
+from undolog.decisions.moves import (
+    DeliverEffect,
+    ExecuteStep,
+    MarkPivot,
+    Move,
+    RefuseAbort,
+    RegisterStep,
+    Transition,
+)
+
+FORWARD_RECOVERY_RETRIES = 30  # a Retriable step's retries unless its Call says otherwise
+EFFECT_RETRIES = 30
+
+
+def reference_problems(steps: Sequence[Step]) -> list[str]:
+    """Every reference that names an unknown step or a step that has not run before the call."""
+    problems = []
+    names = [s.name for s in steps]
+    for index, step in enumerate(steps):
+        calls = [("action", step.action)] + ([("compensation", step.compensation)] if step.compensation else [])
+        for part, call in calls:
+            try:
+                referred = referenced_steps(call.args)
+            except UnresolvedReference as error:
+                problems.append(f"step {step.name!r} {part}: {error}")
+                continue
+            # An action may use earlier steps' outputs; a compensation also its own step's.
+            visible = names[: index + 1] if part == "compensation" else names[:index]
+            for name in referred:
+                if name not in names:
+                    problems.append(f"step {step.name!r} {part} refers to ${{steps.{name}...}}: there is no such step")
+                elif name not in visible:
+                    problems.append(
+                        f"step {step.name!r} {part} refers to ${{steps.{name}...}}, which has not run before it: "
+                        "a call can only use the outputs of steps before it"
+                    )
+    return problems
+
+
+def pivot_committed(steps: Sequence[Step], entries: Sequence[UndoEntry]) -> bool:
+    positions = {e.spec.stack_position: e for e in entries}
+    for position, step in enumerate(steps, start=1):
+        if step.type == "Pivot":
+            entry = positions.get(position)
+            return entry is not None and entry.status.effect == "Committed"
+    return False
+
+
+def forward_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, deadline: datetime | None) -> Move:
+    steps = saga.spec.steps or []
+    meta, status = saga.metadata, saga.status
+    committed_pivot = pivot_committed(steps, entries)
+    if saga.spec.outcome == "Abort":
+        if not committed_pivot:
+            return Transition("Failed", "Aborted", "spec.outcome is Abort")
+        if status.reason != "AbortRefused":
+            return RefuseAbort(
+                "abort refused: the Pivot step has committed, so the saga can only go forward; "
+                "its Retriable steps run until they succeed"
+            )
+    if not committed_pivot:
+        if meta.deletion_timestamp is not None:
+            return Transition("Failed", "Deleted", "the saga was deleted while Active; its effects are undone first")
+        if deadline is not None and now >= deadline:
+            return Transition(
+                "Failed",
+                "DeadlineExceeded",
+                f"not finished within spec.activeDeadlineSeconds={saga.spec.active_deadline_seconds}",
+            )
+    problems = reference_problems(steps)
+    if problems:
+        return Transition("Failed", "InvalidReference", "; ".join(problems))
+    if committed_pivot and not status.pivot_committed:
+        return MarkPivot()
+    by_position = {e.spec.stack_position: e for e in entries}
+    for position, step in enumerate(steps, start=1):
+        entry = by_position.get(position)
+        if entry is None:
+            return RegisterStep(position, step)
+        effect = entry.status.effect
+        if effect in ("Pending", "Executing"):
+            return ExecuteStep(entry, step)
+        if effect == "Failed" and entry.status.state != "Skipped":
+            error = entry.status.last_error or "unknown error"
+            if step.type == "Retriable":
+                return Transition(
+                    "Halted",
+                    "ForwardRecoveryExhausted",
+                    f"Retriable step {step.name!r} ({step.action.function} {step.action.version}) did not succeed: "
+                    f"{error}. The pivot has committed, so nothing is compensated. Fix the cause, then "
+                    f"`kubectl annotate saga {meta.name} undolog.io/retry=now`, or skip the step with "
+                    f'`kubectl annotate undo {entry.metadata.name} undolog.io/skip="<why>"`',
+                    failed_step=step.name,
+                )
+            return Transition("Failed", "StepFailed", f"step {step.name!r} failed: {error}", failed_step=step.name)
+    return Transition("Completed", "Committed", f"all {len(steps)} steps committed")
+
+
+def effects_move(saga: Saga) -> DeliverEffect | None:
+    """The first post-commit effect not yet delivered (nor given up on)."""
+    done = {e.name for e in saga.status.effects if e.state != "Pending"}
+    for effect in saga.spec.effects or []:
+        if effect.name not in done:
+            return DeliverEffect(effect)
+    return None

@@ -1,0 +1,170 @@
+"""The same SDK for synchronous agents: each saga runs its async half on a private event-loop
+thread, so tool calls from several threads get distinct positions just as tasks do.
+
+    with undolog.sdk.sync.open_saga(generate_name="onboard-", namespace="agents") as saga:
+        with saga.step("create_user", compensation=Call(function="delete-user", args={...})) as step:
+            step.output = create_user(idempotency_key=step.forward_key)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from undolog.api.common import Call
+from undolog.api.saga import CompensationPolicy, SagaPhase
+from undolog.decisions.phases import TERMINAL
+from undolog.kube import Body
+from undolog.sdk import saga as async_saga
+from undolog.sdk.saga import NoSaga, StepRun
+
+T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_current: contextvars.ContextVar[Saga] = contextvars.ContextVar("undolog_sync_saga")
+
+
+class _Loop:
+    """An event loop on a daemon thread; `run` blocks the caller until the coroutine is done."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="undolog-sdk", daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        return future.result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        self.loop.close()
+
+
+class Saga:
+    """Synchronous handle on an external saga; same methods as the async SagaRun."""
+
+    def __init__(self, loop: _Loop, run: async_saga.SagaRun) -> None:
+        self._loop, self._run = loop, run
+        self._token: contextvars.Token[Saga] | None = None
+
+    @property
+    def name(self) -> str:
+        return self._run.name
+
+    @property
+    def namespace(self) -> str:
+        return self._run.namespace
+
+    @property
+    def uid(self) -> str:
+        return self._run.uid
+
+    @contextmanager
+    def step(self, name: str, compensation: Call | None = None) -> Iterator[StepRun]:
+        run = self._loop.run(self._run.register(name, compensation))
+        try:
+            yield run
+        except BaseException as error:
+            self._run.note_failure(run)
+            self._loop.run(self._run.finish(run, error))
+            raise
+        self._loop.run(self._run.finish(run))
+
+    def stage_effect(self, name: str, call: Call) -> None:
+        self._loop.run(self._run.stage_effect(name, call))
+
+    def commit(self) -> None:
+        self._loop.run(self._run.commit())
+
+    def abort(self, reason: str, failed_step: str | None = None) -> None:
+        self._loop.run(self._run.abort(reason, failed_step))
+
+    def wait(self, phases: tuple[SagaPhase, ...] = (*TERMINAL, "Halted"), within: float = 60.0) -> Body:
+        return self._loop.run(self._run.wait(phases, within))
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self._run.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> Saga:
+        self._token = _current.set(self)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        if self._token is not None:
+            _current.reset(self._token)
+            self._token = None
+        try:
+            self._loop.run(self._run.end_block(error))
+        finally:
+            self._loop.stop()
+
+
+def open_saga(
+    name: str | None = None,
+    *,
+    generate_name: str | None = None,
+    namespace: str = "default",
+    org: str | None = None,
+    deadline_seconds: int | None = None,
+    policy: CompensationPolicy | None = None,
+    kubeconfig: str | None = None,
+) -> Saga:
+    """Create an Active external saga (from KUBECONFIG, or in-cluster when unset)."""
+    loop = _Loop()
+    try:
+        run = loop.run(
+            async_saga.open_saga(
+                name,
+                generate_name=generate_name,
+                namespace=namespace,
+                org=org,
+                deadline_seconds=deadline_seconds,
+                policy=policy,
+                kubeconfig=kubeconfig,
+            )
+        )
+    except BaseException:
+        loop.stop()
+        raise
+    return Saga(loop, run)
+
+
+def undoable(
+    compensation: Callable[..., Call | None] | None = None, *, step: str | None = None
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """`undolog.sdk.undoable` for synchronous tools, within `with saga:`."""
+
+    def wrap(tool: Callable[P, R]) -> Callable[P, R]:
+        name = step or tool.__name__
+
+        @functools.wraps(tool)
+        def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                saga = _current.get()
+            except LookupError:
+                raise NoSaga("no saga is open here: call @undoable tools inside `with saga:`") from None
+            undo = compensation(*args, **kwargs) if compensation else None
+            with saga.step(name, undo) as running:
+                result = tool(*args, **kwargs)
+                if isinstance(result, dict):
+                    running.output = result
+                return result
+
+        return run
+
+    return wrap

@@ -1,0 +1,176 @@
+"""Orchestrated sagas going forward: step order, pivot, forward recovery, effects (pure)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.unit.test_phases import make_entry, make_saga, with_state
+from undolog.api.saga import EffectStatus, Saga, Step
+from undolog.api.undo_entry import UndoEntry
+from undolog.decisions import moves, phases
+from undolog.decisions.forward import reference_problems
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def step(name: str, type_: str = "Compensatable", **args: Any) -> dict[str, Any]:
+    function = name.replace("_", "-")
+    body: dict[str, Any] = {"name": name, "type": type_, "action": {"function": f"{function}-do", "args": args}}
+    if type_ == "Compensatable":
+        body["compensation"] = {"function": f"{function}-undo"}
+    return body
+
+
+ORDER = [step("reserve"), step("authorize"), step("capture", "Pivot"), step("confirm", "Retriable")]
+
+
+def orchestrated(phase: str = "Active", steps: list[dict[str, Any]] = ORDER, **spec: Any) -> Saga:
+    return make_saga(phase, steps=steps, **spec)
+
+
+def entry(position: int, effect: str, state: str = "Pending") -> UndoEntry:
+    made = make_entry(position, state, compensation=position <= 2, effect=effect)
+    return made.model_copy(update={"spec": made.spec.model_copy(update={"step": ORDER[position - 1]["name"]})})
+
+
+def with_effect(made: UndoEntry, effect: str, error: str | None = None) -> UndoEntry:
+    status = made.status.model_copy(update={"effect": effect, "last_error": error})
+    return made.model_copy(update={"status": status})
+
+
+def test_steps_are_registered_then_sent_in_order() -> None:
+    saga = orchestrated()
+    first = phases.decide(saga, [], NOW)
+    assert isinstance(first, moves.RegisterStep)
+    assert (first.position, first.step.name) == (1, "reserve")
+    sent = phases.decide(saga, [entry(1, "Pending")], NOW)
+    assert isinstance(sent, moves.ExecuteStep)
+    assert sent.step.name == "reserve"
+    resent = phases.decide(saga, [entry(1, "Executing")], NOW)  # in flight at a crash: sent again
+    assert isinstance(resent, moves.ExecuteStep)
+    nxt = phases.decide(saga, [entry(1, "Committed")], NOW)
+    assert isinstance(nxt, moves.RegisterStep)
+    assert nxt.position == 2
+
+
+def test_a_failure_before_the_pivot_fails_the_saga_naming_the_step() -> None:
+    failed = with_effect(entry(2, "Failed"), "Failed", "HTTP 402: declined (permanent failure)")
+    move = phases.decide(orchestrated(), [entry(1, "Committed"), failed], NOW)
+    assert move == moves.Transition(
+        "Failed", "StepFailed", "step 'authorize' failed: HTTP 402: declined (permanent failure)", "authorize"
+    )
+
+
+def test_the_pivot_is_recorded_then_abort_is_refused_once() -> None:
+    done = [entry(1, "Committed"), entry(2, "Committed"), entry(3, "Committed")]
+    assert isinstance(phases.decide(orchestrated(), done, NOW), moves.MarkPivot)
+    marked = orchestrated(outcome="Abort")
+    marked.status.pivot_committed = True
+    assert isinstance(phases.decide(marked, done, NOW), moves.RefuseAbort)
+    marked.status.reason = "AbortRefused"
+    move = phases.decide(marked, done, NOW)
+    assert isinstance(move, moves.RegisterStep)  # forward it goes
+    assert move.step.name == "confirm"
+
+
+def test_deadline_and_delete_only_matter_before_the_pivot() -> None:
+    late = NOW + timedelta(seconds=60)
+    before = orchestrated(activeDeadlineSeconds=10)
+    move = phases.decide(before, [entry(1, "Committed")], late)
+    assert isinstance(move, moves.Transition)
+    assert move.reason == "DeadlineExceeded"
+    after = orchestrated(activeDeadlineSeconds=10)
+    after.status.pivot_committed = True
+    done = [entry(1, "Committed"), entry(2, "Committed"), entry(3, "Committed")]
+    assert isinstance(phases.decide(after, done, late), moves.RegisterStep)
+
+
+def test_a_failed_retriable_step_halts_without_compensation() -> None:
+    saga = orchestrated()
+    saga.status.pivot_committed = True
+    done = [entry(1, "Committed"), entry(2, "Committed"), entry(3, "Committed")]
+    move = phases.decide(saga, [*done, with_effect(entry(4, "Failed"), "Failed", "HTTP 503")], NOW)
+    assert isinstance(move, moves.Transition)
+    assert (move.phase, move.reason, move.failed_step) == ("Halted", "ForwardRecoveryExhausted", "confirm")
+    assert "nothing is compensated" in move.message
+
+
+def test_all_steps_committed_completes_then_effects_are_sent() -> None:
+    saga = orchestrated(effects=[{"name": "mail", "call": {"function": "mailer"}}])
+    saga.status.pivot_committed = True
+    done = [entry(p, "Committed") for p in (1, 2, 3, 4)]
+    assert phases.decide(saga, done, NOW) == moves.Transition("Completed", "Committed", "all 4 steps committed")
+    completed = orchestrated("Completed", effects=[{"name": "mail", "call": {"function": "mailer"}}])
+    move = phases.decide(completed, done, NOW)
+    assert isinstance(move, moves.DeliverEffect)
+    assert move.effect.name == "mail"
+    assert phases.holds_finalizer(completed)
+    completed.status.effects = [EffectStatus(name="mail", state="Delivered")]
+    assert phases.decide(completed, done, NOW) == moves.SyncMetadata({}, [])  # finalizer released
+    assert not phases.holds_finalizer(completed)
+
+
+def test_effects_are_never_sent_for_a_saga_that_did_not_complete() -> None:
+    for phase in ("Failed", "Compensating", "Compensated", "Halted"):
+        saga = orchestrated(phase, effects=[{"name": "mail", "call": {"function": "mailer"}}])
+        move = phases.decide(saga, [with_state(entry(1, "Committed"), "Compensated")], NOW)
+        assert not isinstance(move, moves.DeliverEffect), phase
+
+
+def test_references_to_unknown_or_later_steps_are_named() -> None:
+    steps = [
+        Step.model_validate(step("create_user")),
+        Step.model_validate(
+            {
+                **step("grant", user="${steps.create_user.output.id}", later="${steps.mail.output.id}"),
+                "compensation": {"function": "revoke", "args": {"grant": "${steps.grant.output.id}"}},
+            }
+        ),
+        Step.model_validate(step("mail", "Retriable", to="${steps.ghost.output.email}")),
+    ]
+    assert reference_problems(steps) == [
+        "step 'grant' action refers to ${steps.mail...}, which has not run before it: "
+        "a call can only use the outputs of steps before it",
+        "step 'mail' action refers to ${steps.ghost...}: there is no such step",
+    ]
+    move = phases.decide(make_saga(steps=[s.to_api() for s in steps]), [], NOW)
+    assert isinstance(move, moves.Transition)
+    assert (move.phase, move.reason) == ("Failed", "InvalidReference")
+
+
+@given(st.lists(st.sampled_from(["Committed", "Failed"]), min_size=1, max_size=4))
+def test_forward_runs_in_order_until_the_first_failure(outcomes: list[str]) -> None:
+    """Simulate: each registered step ends with the given outcome; check what the saga does."""
+    saga = orchestrated()
+    entries: dict[int, UndoEntry] = {}
+    sent: list[int] = []
+    for _ in range(20):
+        if all(entries.get(p) and entries[p].status.effect == "Committed" for p in (1, 2, 3)):
+            saga.status.pivot_committed = True
+        move = phases.decide(saga, list(entries.values()), NOW)
+        if isinstance(move, moves.RegisterStep):
+            entries[move.position] = entry(move.position, "Pending")
+        elif isinstance(move, moves.ExecuteStep):
+            position = move.entry.spec.stack_position
+            sent.append(position)
+            outcome = outcomes[position - 1] if position <= len(outcomes) else "Committed"
+            entries[position] = with_effect(entries[position], outcome)
+        elif isinstance(move, moves.MarkPivot):
+            saga.status.pivot_committed = True
+        else:
+            break
+    assert sent == sorted(sent)
+    assert sent == list(range(1, len(sent) + 1))  # one at a time, none skipped
+    first_failure = next((i for i, o in enumerate(outcomes, start=1) if o == "Failed"), None)
+    assert isinstance(move, moves.Transition)
+    if first_failure is None:
+        assert move.phase == "Completed"
+    elif first_failure <= 3:
+        assert (move.phase, move.reason) == ("Failed", "StepFailed")
+        assert sent[-1] == first_failure
+    else:
+        assert (move.phase, move.reason) == ("Halted", "ForwardRecoveryExhausted")
