@@ -154,8 +154,10 @@ async def test_post_commit_effects_are_sent_once_after_commit_and_never_after_ab
     committed = await kube.create("sagas", namespace, saga("good", steps, effects=effects))
     done = await eventually(
         lambda: kube.get("sagas", namespace, "good"),
-        lambda s: any(e.get("state") == "Delivered" for e in s.get("status", {}).get("effects", []))
-        and not s["metadata"].get("finalizers"),
+        lambda s: (
+            any(e.get("state") == "Delivered" for e in s.get("status", {}).get("effects", []))
+            and not s["metadata"].get("finalizers")
+        ),
         30,
         "effect delivered, then the finalizer released",
     )

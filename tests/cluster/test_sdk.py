@@ -1,0 +1,155 @@
+"""The agent SDK against the real apiserver with the operator running."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Cluster
+from tests.support.manifests import webhook
+from tests.support.operator_process import OperatorProcess
+from tests.support.participants import Participant
+from tests.support.waiting import eventually, saga_phase
+from undolog.kube import Kube
+from undolog.sdk import Call, SagaEnded, current_step, open_saga, undoable
+from undolog.sdk import sync as sync_sdk
+
+pytestmark = pytest.mark.cluster
+
+
+class ToolFailed(RuntimeError):
+    pass
+
+
+async def register(kube: Kube, namespace: str, participant: Participant, *functions: str) -> None:
+    for function in functions:
+        await kube.create("webhooks", namespace, webhook(function, url=participant.url(f"/{function}")))
+
+
+async def entries(kube: Kube, namespace: str, saga: str) -> list[dict[str, Any]]:
+    listed = await kube.list("undoentries", namespace, field_selector=f"spec.saga={saga}")
+    return sorted(listed, key=lambda e: e["spec"]["stackPosition"])
+
+
+async def test_a_tool_that_raises_aborts_and_is_undone_newest_first(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
+) -> None:
+    await register(kube, namespace, participant, "delete-user", "revoke", "recall")
+    seen_keys: list[str] = []
+
+    @undoable(lambda email: Call(function="delete-user", args={"email": email}))
+    async def create_user(email: str) -> dict[str, Any]:
+        seen_keys.append(current_step().forward_key)
+        return {"user_id": "u-1"}
+
+    @undoable(lambda user: Call(function="revoke", args={"user": user}))
+    async def grant(user: str) -> None:
+        return None
+
+    @undoable(lambda to: Call(function="recall", args={"to": to}))
+    async def send_email(to: str) -> None:
+        raise ToolFailed("mail server said no")
+
+    saga = await open_saga(generate_name="agent-", namespace=namespace, kubeconfig=str(cluster.kubeconfig))
+
+    async def agent() -> None:
+        async with saga:
+            user = await create_user("ada@example.com")
+            await grant(user["user_id"])
+            await send_email("ada@example.com")
+
+    with pytest.raises(ToolFailed):
+        await agent()
+    done = await saga_phase(kube, namespace, saga.name, "Compensated")
+    assert [r.path for r in participant.received()] == ["/recall", "/revoke", "/delete-user"]
+    assert participant.received("/delete-user")[0].body == {"email": "ada@example.com"}
+    assert participant.received("/delete-user")[0].headers["undolog-forward-key"] == seen_keys[0]
+    assert done["status"]["failedStep"] == "send_email"
+    assert "ToolFailed: mail server said no" in done["status"]["conditions"][0]["message"]
+    listed = await entries(kube, namespace, saga.name)
+    assert [e["status"]["effect"] for e in listed] == ["Committed", "Committed", "Failed"]
+    assert listed[0]["status"]["output"] == {"user_id": "u-1"}
+    for entry in listed:
+        assert entry["spec"]["registeredAt"] < entry["status"]["executedAt"]
+
+
+async def test_concurrent_tools_get_distinct_increasing_positions(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
+) -> None:
+    await register(kube, namespace, participant, "undo")
+
+    @undoable(lambda n: Call(function="undo", args={"n": n}))
+    async def tool(n: int) -> dict[str, int]:
+        await asyncio.sleep(0.01 * (n % 3))
+        return {"n": n}
+
+    async with await open_saga(generate_name="many-", namespace=namespace, kubeconfig=str(cluster.kubeconfig)) as saga:
+        results = await asyncio.gather(*(tool(n) for n in range(12)))
+    assert [r["n"] for r in results] == list(range(12))
+    done = await saga_phase(kube, namespace, saga.name, "Completed")
+    listed = await entries(kube, namespace, saga.name)
+    assert [e["spec"]["stackPosition"] for e in listed] == list(range(1, 13))
+    assert len({e["spec"]["step"] for e in listed}) == 12  # one tool, twelve steps, twelve keys
+    assert len({e["spec"]["effectId"] for e in listed}) == 12
+    assert done["status"]["stackDepth"] == 12
+    for entry in listed:
+        assert entry["spec"]["registeredAt"] < entry["status"]["executedAt"]
+    assert participant.received() == []
+
+
+def test_sync_facade_from_threads(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
+) -> None:
+    asyncio.get_event_loop().run_until_complete(register(kube, namespace, participant, "undo", "mail"))
+
+    @sync_sdk.undoable(lambda n: Call(function="undo", args={"n": n}))
+    def tool(n: int) -> dict[str, int]:
+        return {"n": n}
+
+    with sync_sdk.open_saga(generate_name="sync-", namespace=namespace, kubeconfig=str(cluster.kubeconfig)) as saga:
+        name = saga.name
+        with saga.step("first", compensation=Call(function="undo")) as step:
+            step.output = {"ok": True}
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda n: _in_saga(saga, tool, n), range(6)))
+        saga.stage_effect("thanks", Call(function="mail", args={"to": "ada"}))
+    loop = asyncio.get_event_loop()
+    loop.run_until_complete(
+        eventually(
+            lambda: kube.get("sagas", namespace, name),
+            lambda s: (s.get("status", {}).get("effects") or [{}])[0].get("state") == "Delivered",
+            30,
+            "completed with its effect delivered",
+        )
+    )
+    listed = loop.run_until_complete(entries(kube, namespace, name))
+    assert [e["spec"]["stackPosition"] for e in listed] == list(range(1, 8))
+    assert [r.path for r in participant.received()] == ["/mail"]
+
+
+def _in_saga(saga: sync_sdk.Saga, tool: Any, n: int) -> Any:
+    # A worker thread has its own context: enter the saga there, as an agent's tool thread would.
+    with saga.step(f"worker-{n}", compensation=Call(function="undo", args={"n": n})):
+        return tool.__wrapped__(n)
+
+
+async def test_a_step_after_the_end_is_refused_and_not_registered(
+    kube: Kube, namespace: str, operator: OperatorProcess, cluster: Cluster, tmp_path: Path
+) -> None:
+    saga = await open_saga(name="ended", namespace=namespace, kubeconfig=str(cluster.kubeconfig))
+    await saga.abort("changed my mind")
+    with pytest.raises(SagaEnded, match="is Abort"):
+        async with saga.step("late", compensation=Call(function="undo")):
+            pytest.fail("the step body must not run")
+    await saga.close()
+    done = await saga_phase(kube, namespace, "ended", "Compensated")
+    assert done["status"]["stackDepth"] == 0
+    assert (
+        "changed my mind" in done["status"]["message"]
+        or "changed my mind" in done["status"]["conditions"][0]["message"]
+    )
+    assert await entries(kube, namespace, "ended") == []
