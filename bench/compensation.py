@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.manifests import call, saga, undo_entry, webhook
-from tests.support.participants import Participant
 
-from bench.harness import Bench, bench_cluster, cpu_seconds, delta
+from bench.harness import Bench, RemoteParticipant, bench_cluster, cpu_seconds, delta
 from undolog.kube import Kube
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -91,7 +90,7 @@ async def raw_ceiling(kube: Kube, namespace: str, writes: int, concurrency: int)
 async def measure(bench: Bench, n: int) -> dict[str, Any]:
     kube = bench.kube
     namespace = await bench.namespace(f"comp{n}")
-    participant = Participant()
+    participant = RemoteParticipant()
     await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
     operator = bench.operator(namespace)
     try:
@@ -112,7 +111,7 @@ async def measure(bench: Bench, n: int) -> dict[str, Any]:
         first_abort = time.monotonic()
         await bounded(lambda name=name: abort(name) for name in names)  # type: ignore[misc]
         # Wait on the participant first: polling the API would take the apiserver's CPU.
-        await asyncio.to_thread(participant.wait_for, lambda received: len(received) >= 3 * n, 900)
+        await participant.until(lambda received: len(received) >= 3 * n, 900)
         await until(lambda: _all(kube, namespace, "Compensated", n), 900, f"{n} sagas Compensated")
         after = await bench.writes()
         cpu = (cpu_seconds(operator.process.pid) - cpu_before[0], bench.control_plane_cpu() - cpu_before[1])
@@ -151,18 +150,37 @@ async def _all(kube: Kube, namespace: str, phase: str, n: int) -> bool:
     return (await phases(kube, namespace)).get(phase, 0) == n
 
 
+def table_row(*cells: Any) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    header = (
-        "| sagas | compensations | abort->1st call p50 | p99 | compensations/s | writes/saga "
-        "| raw writes/s | operator / ceiling |"
-    )
-    lines = [header, "|" + "---|" * 8]
-    for r in rows:
-        lines.append(
-            f"| {r['sagas']} | {r['compensations']} | {r['abort_to_first_call_p50_ms']} ms | "
-            f"{r['abort_to_first_call_p99_ms']} ms | {r['compensations_per_second']} | {r['api_writes_per_saga']} | "
-            f"{r['raw_writes_per_second']} | {r['operator_vs_ceiling']}x |"
+    lines = [
+        table_row(
+            "sagas",
+            "compensations",
+            "abort->1st call p50",
+            "p99",
+            "compensations/s",
+            "writes/saga",
+            "raw writes/s",
+            "operator / ceiling",
+        ),
+        "|" + "---|" * 8,
+    ]
+    lines += [
+        table_row(
+            r["sagas"],
+            r["compensations"],
+            f"{r['abort_to_first_call_p50_ms']} ms",
+            f"{r['abort_to_first_call_p99_ms']} ms",
+            r["compensations_per_second"],
+            r["api_writes_per_saga"],
+            r["raw_writes_per_second"],
+            f"{r['operator_vs_ceiling']}x",
         )
+        for r in rows
+    ]
     return "\n".join(lines)
 
 

@@ -6,16 +6,20 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 import tempfile
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 from kubernetes_asyncio import client
 from prometheus_client.parser import text_string_to_metric_families
 from tests.support.operator_process import OperatorProcess
+from tests.support.participants import Received
 
 from undolog.control_plane import LocalControlPlane
 from undolog.kube import Kube
@@ -90,6 +94,45 @@ async def bench_cluster() -> AsyncIterator[Bench]:
         finally:
             if local is not None:
                 local.down()
+
+
+class RemoteParticipant:
+    """tests.support.participants.Participant in its own process: the same recording, no GIL
+    shared with the benchmark's client, reports fetched over HTTP."""
+
+    def __init__(self) -> None:
+        from undolog.control_plane.local import free_port
+
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.participants", "--port", str(self.port)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        self.process.stdout.readline()  # "participant on <port>": it is listening
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def received(self) -> list[Received]:
+        answer = httpx.get(self.url("/_received"), timeout=30)
+        return [Received(**r) for r in answer.json()]
+
+    async def until(self, predicate: Callable[[list[Received]], bool], within: float) -> list[Received]:
+        deadline = time.monotonic() + within
+        while True:
+            received = await asyncio.to_thread(self.received)
+            if predicate(received):
+                return received
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"participant: condition not met in {within} s ({len(received)} received)")
+            await asyncio.sleep(0.25)
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -6,7 +6,9 @@ process) calls it over TCP exactly as it would call a real service.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import dataclasses
 import json
 import ssl
 import threading
@@ -41,8 +43,13 @@ class Reply:
 Handler = Callable[[Received], Reply]
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # hundreds of concurrent callers must not be refused at connect
+
+
 class Participant:
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None, port: int = 0, reports: bool = False) -> None:
+        self.reports = reports
         self._lock = threading.Condition()
         self._received: list[Received] = []
         self._scripts: dict[str, deque[Reply]] = defaultdict(deque)
@@ -50,6 +57,21 @@ class Participant:
         participant = self
 
         class RequestHandler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as real services do
+            disable_nagle_algorithm = True  # or keep-alive answers wait out delayed ACKs (40 ms)
+
+            def do_GET(self) -> None:
+                # Only a participant serving in its own process (benchmarks) reports this way.
+                if self.path != "/_received" or not participant.reports:
+                    self.send_error(404)
+                    return
+                payload = json.dumps([dataclasses.asdict(r) for r in participant.received()]).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
@@ -76,7 +98,7 @@ class Participant:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), RequestHandler)
+        self._server = _Server(("127.0.0.1", port), RequestHandler)
         self._server.daemon_threads = True
         self.scheme = "http"
         if tls is not None:
@@ -136,3 +158,16 @@ class Participant:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def main() -> None:
+    """A participant in a process of its own, so a benchmark's client does not share its GIL."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    participant = Participant(port=parser.parse_args().port, reports=True)
+    print(f"participant on {participant.port}", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

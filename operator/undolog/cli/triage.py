@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -43,7 +45,8 @@ from undolog.decisions.phases import (
 from undolog.kube import ApiException, Body, Kube, default_namespace, refusal
 
 T = TypeVar("T")
-console = Console(highlight=False)
+# Colour only on a terminal (rich decides); piped output is wide enough not to wrap tables.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "200")))
 errors = Console(stderr=True, highlight=False)
 
 # Halted first (a person is needed), then what is moving, then what is done.
