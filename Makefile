@@ -30,10 +30,14 @@ tools:
 crds: venv
 	$(PY) -m undolog.crds crds
 
-lint: venv
+lint: venv tools
 	$(VENV)/bin/ruff check operator tests bench examples
 	$(VENV)/bin/ruff format --check operator tests bench examples
 	$(VENV)/bin/mypy -p undolog
+	bin/helm lint --strict charts/undolog
+	bin/helm template undolog charts/undolog --kube-version 1.37.2 > /dev/null
+	bin/helm template undolog charts/undolog --kube-version 1.37.2 --set watchNamespaces='{team-a,team-b}' \
+		--set metrics.serviceMonitor.enabled=true > /dev/null
 
 test: venv tools lint
 	$(VENV)/bin/pytest

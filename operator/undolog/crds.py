@@ -211,20 +211,41 @@ def definitions() -> dict[str, JsonSchema]:
 
 
 HEADER = "# Generated from operator/undolog/api by `make crds`; do not edit.\n"
+CHART_TEMPLATE = Path("charts/undolog/templates/crds.yaml")
 
 
 def render(definition: JsonSchema) -> str:
     return HEADER + yaml.safe_dump(definition, sort_keys=False, width=120)
 
 
-def write(directory: Path) -> list[Path]:
+def render_chart_template() -> str:
+    """The same CRDs as a Helm template: installed and upgraded with the release, kept on uninstall
+    (crds.keep) so that deleting the release never deletes the ledger."""
+    documents = []
+    for definition in definitions().values():
+        text = yaml.safe_dump(definition, sort_keys=False, width=120)
+        name = definition["metadata"]["name"]
+        metadata = (
+            f"metadata:\n  name: {name}\n"
+            '  labels: {{- include "undolog.labels" . | nindent 4 }}\n'
+            "  {{- if .Values.crds.keep }}\n"
+            "  annotations:\n    helm.sh/resource-policy: keep\n"
+            "  {{- end }}\n"
+        )
+        documents.append(text.replace(f"metadata:\n  name: {name}\n", metadata, 1))
+    body = "---\n".join(documents)
+    return "{{- if .Values.crds.enabled }}\n" + HEADER + body + "{{- end }}\n"
+
+
+def write(directory: Path, chart_template: Path = CHART_TEMPLATE) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for file_name, definition in definitions().items():
         path = directory / file_name
         path.write_text(render(definition))
         written.append(path)
-    return written
+    chart_template.write_text(render_chart_template())
+    return [*written, chart_template]
 
 
 if __name__ == "__main__":

@@ -53,3 +53,8 @@ def test_free_form_json_is_preserved_and_bounded() -> None:
     ]["args"]
     assert args["x-kubernetes-preserve-unknown-fields"] is True
     assert args["maxProperties"] == 32
+
+
+def test_chart_template_matches_models() -> None:
+    committed = (REPO / crds.CHART_TEMPLATE).read_text()
+    assert committed == crds.render_chart_template(), "charts/undolog/templates/crds.yaml is stale: run `make crds`"

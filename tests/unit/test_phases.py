@@ -60,7 +60,7 @@ def test_first_sight_holds_the_finalizer_then_initializes_then_labels() -> None:
     fresh = make_saga(None)
     assert isinstance(phases.decide(fresh, [], NOW), moves.Initialize)
     fresh.metadata.finalizers.clear()
-    assert phases.decide(fresh, [], NOW) == moves.SyncMetadata({}, [phases.FINALIZER])
+    assert phases.decide(fresh, [], NOW) == moves.SyncMetadata({phases.PHASE_LABEL: "active"}, [phases.FINALIZER])
     active = make_saga("Active").model_copy(update={"metadata": make_saga(None).metadata})
     assert phases.decide(active, [], NOW) == moves.SyncMetadata({phases.PHASE_LABEL: "active"}, [phases.FINALIZER])
 

@@ -8,7 +8,9 @@ from typing import Annotated
 import kopf
 import typer
 
+from undolog.controller.leadership import LeaseSettings
 from undolog.controller.main import OperatorOptions, main
+from undolog.kube import default_namespace
 
 
 class LogFormat(StrEnum):
@@ -29,6 +31,16 @@ def operator(
     kubeconfig: Annotated[
         str | None, typer.Option(envvar="KUBECONFIG", help="Kubeconfig file; in-cluster config when unset.")
     ] = None,
+    leader_election: Annotated[
+        bool, typer.Option(help="Hold a Lease: with several replicas, only the holder drives sagas.")
+    ] = False,
+    leader_election_namespace: Annotated[
+        str | None,
+        typer.Option(envvar="POD_NAMESPACE", help="Namespace of the Lease (default: the kubeconfig's namespace)."),
+    ] = None,
+    lease_seconds: Annotated[
+        int, typer.Option(min=3, help="Lease duration: how long a standby waits for a dead leader.")
+    ] = 15,
 ) -> None:
     """Run the UndoLog operator: drive sagas through their phases and compensate them LIFO."""
     formats = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
@@ -39,5 +51,8 @@ def operator(
             liveness_port=liveness_port or None,
             metrics_port=metrics_port or None,
             kubeconfig=kubeconfig,
+            lease=LeaseSettings(leader_election_namespace or default_namespace(kubeconfig), lease_seconds=lease_seconds)
+            if leader_election
+            else None,
         )
     )

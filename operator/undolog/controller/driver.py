@@ -19,7 +19,7 @@ from undolog.api.saga import EffectStatus, Saga, SagaPhase, SagaStatus
 from undolog.api.undo_entry import UndoEntry
 from undolog.controller.forward import owned_by
 from undolog.decisions import lifo, moves, phases
-from undolog.kube import ApiException, Body
+from undolog.kube import ApiException, Body, refusal
 
 if TYPE_CHECKING:
     from undolog.controller.engine import Engine
@@ -56,6 +56,7 @@ class SagaDriver:
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.last_status_write = 0.0
+        self.last_error: str | None = None
 
     def notify(self, body: Body | None) -> None:
         if body is None:
@@ -70,7 +71,7 @@ class SagaDriver:
             self.wake.clear()
             try:
                 wait = await self.reconcile()
-                failures = 0
+                failures, self.last_error = 0, None
             except ApiException as error:
                 if error.status == 404:
                     return  # deleted: nothing of ours is left to hold
@@ -91,6 +92,10 @@ class SagaDriver:
     def _backoff(self, failures: int, error: BaseException) -> moves.Wait:
         delay = min(2.0 ** (failures - 1), MAX_FAILURE_DELAY)
         log.error("saga %s/%s: %s; retrying in %.0f s", self.namespace, self.name, error, delay, exc_info=error)
+        text = refusal(error) if isinstance(error, ApiException) else f"{type(error).__name__}: {error}"
+        if text != self.last_error and self.latest is not None:  # say it once, not at every retry
+            self.engine.timeline.record(self.latest, "OperatorError", f"{text}; retrying with backoff", warning=True)
+        self.last_error = text
         return moves.Wait(until=utcnow() + timedelta(seconds=delay))
 
     async def reconcile(self) -> moves.Wait:

@@ -47,6 +47,21 @@ class Engine:
     drivers: dict[SagaKey, SagaDriver] = field(default_factory=dict)
     phases: dict[SagaKey, str] = field(default_factory=dict)
     phase_counts: Counter[str] = field(default_factory=Counter)
+    namespaces: list[str] = field(default_factory=list)  # watched; empty: all
+    leading: bool = True  # False while another operator holds the Lease
+
+    async def lead(self) -> None:
+        """This operator now holds the Lease: pick up every saga that needs work."""
+        self.leading = True
+        targets: list[str | None] = [*self.namespaces] or [None]
+        for namespace in targets:
+            for body in await self.ledger.kube.list("sagas", namespace):
+                self.saga_event(None, body)
+
+    async def follow(self) -> None:
+        """Another operator leads: stop driving (it picks up where this one stopped)."""
+        self.leading = False
+        await self.stop()
 
     def saga_event(self, event_type: str | None, body: Body) -> None:
         key: SagaKey = (body["metadata"]["namespace"], body["metadata"]["name"])
@@ -57,6 +72,8 @@ class Engine:
                 driver.notify(None)
             return
         self.phase_seen(*key, body.get("status", {}).get("phase") or "New")
+        if not self.leading:
+            return
         driver = self.drivers.get(key)
         if driver is not None:
             driver.notify(body)
@@ -65,6 +82,8 @@ class Engine:
 
     def entry_event(self, body: Body) -> None:
         key: SagaKey = (body["metadata"]["namespace"], body["spec"]["saga"])
+        if not self.leading:
+            return
         driver = self.drivers.get(key)
         if driver is not None:
             driver.wake.set()

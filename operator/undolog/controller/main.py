@@ -19,6 +19,7 @@ from undolog.calls.runner import Runner
 from undolog.controller.compensation import Compensator
 from undolog.controller.engine import Engine
 from undolog.controller.forward import Forwarder
+from undolog.controller.leadership import LeaseSettings, campaign
 from undolog.controller.ledger import Ledger
 from undolog.controller.recorded_call import CallRecorder
 from undolog.controller.timeline import Timeline
@@ -33,6 +34,7 @@ class OperatorOptions:
     liveness_port: int | None = 8080
     metrics_port: int | None = 9090
     kubeconfig: str | None = None
+    lease: LeaseSettings | None = None  # None: no leader election (a single operator)
 
 
 def connection_info(kube: Kube) -> kopf.ConnectionInfo:
@@ -96,13 +98,26 @@ def build_registry(engine: Engine, kube: Kube) -> kopf.OperatorRegistry:
 async def run(options: OperatorOptions) -> None:
     # The generated client logs whole response bodies at DEBUG, Secrets included: never.
     logging.getLogger("kubernetes_asyncio").setLevel(logging.WARNING)
+    logging.getLogger("kubernetes_asyncio.leaderelection").setLevel(logging.INFO)
     kube = await Kube.connect(options.kubeconfig)
     runner = Runner()
     ledger = Ledger(kube)
     timeline = Timeline(kube)
     timeline.start()
     recorder = CallRecorder(ledger, runner, timeline)
-    engine = Engine(ledger, Compensator(recorder), Forwarder(recorder), timeline)
+    engine = Engine(
+        ledger,
+        Compensator(recorder),
+        Forwarder(recorder),
+        timeline,
+        namespaces=options.namespaces,
+        leading=options.lease is None,
+    )
+    elections = (
+        asyncio.create_task(campaign(kube, options.lease, engine.lead, engine.follow), name="leader election")
+        if options.lease
+        else None
+    )
     if options.metrics_port:
         start_http_server(options.metrics_port)
     liveness = f"http://0.0.0.0:{options.liveness_port}/healthz" if options.liveness_port else None
@@ -116,6 +131,8 @@ async def run(options: OperatorOptions) -> None:
             standalone=True,
         )
     finally:
+        if elections is not None:
+            elections.cancel()
         await engine.stop()
         await timeline.stop()
         await runner.close()

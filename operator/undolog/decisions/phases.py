@@ -43,8 +43,10 @@ def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime) -> Move:
     meta = saga.metadata
     if saga.status.phase is None:
         # The finalizer first: from the moment the saga is Active, deleting it compensates it.
+        # The same write labels it active, one write early rather than one write more.
         if FINALIZER not in meta.finalizers and meta.deletion_timestamp is None:
-            return SyncMetadata({}, [*meta.finalizers, FINALIZER])
+            labels = {k: v for k, v in desired_labels(saga, "Active").items() if meta.labels.get(k) != v}
+            return SyncMetadata(labels, [*meta.finalizers, FINALIZER])
         return Initialize()
     annotation = annotation_move(saga, entries)
     if annotation is not None:
@@ -176,8 +178,8 @@ def metadata_move(saga: Saga) -> SyncMetadata | None:
     return SyncMetadata(labels, finalizers)
 
 
-def desired_labels(saga: Saga) -> dict[str, str | None]:
-    phase = saga.status.phase
+def desired_labels(saga: Saga, phase: SagaPhase | None = None) -> dict[str, str | None]:
+    phase = phase or saga.status.phase
     return {PHASE_LABEL: phase.lower() if phase else None, ORG_LABEL: saga.spec.org_id}
 
 

@@ -1,0 +1,56 @@
+{{- define "undolog.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "undolog.fullname" -}}
+{{- if contains .Chart.Name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "undolog.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "undolog.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "undolog.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "undolog.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "undolog.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "undolog.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* What the operator does with sagas, entries and webhooks: the same rules in a ClusterRole
+     (all namespaces) or in a Role per watched namespace. No wildcards. */}}
+{{- define "undolog.sagaRules" -}}
+- apiGroups: [undolog.io]
+  resources: [sagas]
+  verbs: [get, list, watch, patch]
+- apiGroups: [undolog.io]
+  resources: [undoentries]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [undolog.io]
+  resources: [sagas/status, undoentries/status]
+  verbs: [get, patch]
+- apiGroups: [undolog.io]
+  resources: [webhooks]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- if .Values.rbac.readWebhookSecrets }}
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+{{- end }}
+{{- end }}

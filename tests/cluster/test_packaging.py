@@ -1,0 +1,275 @@
+"""Production packaging: the Helm chart on a real apiserver, its RBAC proven by running the
+operator as the chart's ServiceAccount, tenancy, HA hand-over and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from kubernetes_asyncio import client
+
+from tests.cluster.test_compensation import abort, external_saga, register
+from tests.conftest import BIN, REPO, Cluster
+from tests.support.identities import service_account_kubeconfig
+from tests.support.manifests import call, saga, webhook
+from tests.support.operator_process import OperatorProcess
+from tests.support.participants import Participant, Reply
+from tests.support.waiting import eventually, saga_phase
+from undolog.kube import Kube
+
+pytestmark = pytest.mark.cluster
+CHART = REPO / "charts" / "undolog"
+
+
+def helm(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "helm"), f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def rendered(*sets: str) -> list[dict[str, Any]]:
+    args = [str(BIN / "helm"), "template", "undolog", str(CHART), "--kube-version", "1.37.2", "-n", "undolog-system"]
+    for value in sets:
+        args += ["--set", value]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def test_chart_rbac_is_least_privilege_without_wildcards() -> None:
+    for documents in (rendered(), rendered("watchNamespaces={team-a,team-b}")):
+        roles = [d for d in documents if d["kind"] in ("Role", "ClusterRole")]
+        assert roles
+        for role in roles:
+            for rule in role["rules"]:
+                for field in ("apiGroups", "resources", "verbs"):
+                    assert "*" not in rule[field], (role["metadata"]["name"], rule)
+                assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+                if "secrets" in rule["resources"]:
+                    assert rule["verbs"] == ["get"]  # never list or watch Secrets
+    scoped = rendered("watchNamespaces={team-a,team-b}")
+    assert sorted(
+        d["metadata"]["namespace"] for d in scoped if d["kind"] == "Role" and "leader" not in d["metadata"]["name"]
+    ) == [
+        "team-a",
+        "team-b",
+    ]
+    assert not [d for d in scoped if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "undolog"]
+    deployment = next(d for d in rendered() if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert "--leader-election" in container["args"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+async def install(cluster: Cluster, kube: Kube, watched: str) -> tuple[str, str]:
+    """helm install into a fresh release namespace; returns (release namespace, service account)."""
+    release_namespace = f"undolog-{uuid.uuid4().hex[:6]}"
+    installed = await asyncio.to_thread(
+        helm,
+        cluster,
+        "install",
+        "undolog",
+        str(CHART),
+        "--namespace",
+        release_namespace,
+        "--create-namespace",
+        "--take-ownership",  # the CRDs the test session applied become the release's
+        "--set",
+        f"watchNamespaces={{{watched}}}",
+        "--wait=false",
+    )
+    assert installed.returncode == 0, installed.stderr
+    assert "kubectl get sagas --all-namespaces -l undolog.io/phase=halted" in installed.stdout  # NOTES.txt
+    return release_namespace, "undolog"
+
+
+async def test_chart_installs_and_the_operator_works_with_only_its_rbac(
+    kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path
+) -> None:
+    release_namespace, account = await install(cluster, kube, namespace)
+    apps = client.AppsV1Api(kube.api)
+    deployment = await apps.read_namespaced_deployment("undolog", release_namespace)
+    assert deployment.spec.replicas == 2
+    identity = await service_account_kubeconfig(
+        kube, cluster.kubeconfig, release_namespace, account, tmp_path / "sa.kubeconfig", create=False
+    )
+    # The operator as a process, authenticated as the chart's ServiceAccount: any permission the
+    # chart lacks makes these sagas stall and the test fail.
+    operator = OperatorProcess(
+        identity,
+        namespace,
+        tmp_path,
+        extra_args=(
+            "--verbose",
+            "--leader-election",
+            f"--leader-election-namespace={release_namespace}",
+            "--lease-seconds=4",
+        ),
+    )
+    operator.start()
+    try:
+        secret = client.V1Secret(metadata=client.V1ObjectMeta(name="auth"), string_data={"Authorization": "Bearer t"})
+        await client.CoreV1Api(kube.api).create_namespaced_secret(namespace, secret)
+        participant.script("/refund", Reply(503))
+        await register(kube, namespace, participant, "release")
+        hook = webhook("refund", url=participant.url("/refund"))
+        hook["spec"]["headersFrom"] = {"secretRef": {"name": "auth"}}
+        await kube.create("webhooks", namespace, hook)
+        await external_saga(kube, namespace, "ext", [call("release"), call("refund")])
+        await abort(kube, namespace, "ext")
+        await saga_phase(kube, namespace, "ext", "Compensated")
+        assert participant.received("/refund")[-1].headers["authorization"] == "Bearer t"
+
+        steps = [
+            {"name": "one", "action": {"function": "release"}, "compensation": {"function": "refund"}},
+            {"name": "two", "action": {"function": "release"}, "compensation": {"function": "refund"}},
+        ]
+        await kube.create("sagas", namespace, saga("orch", steps))
+        await saga_phase(kube, namespace, "orch", "Completed")
+        events = await client.CoreV1Api(kube.api).list_namespaced_event(namespace)
+        assert {"Compensated", "Completed"} <= {e.reason for e in events.items}
+        assert "forbidden" not in operator.log().lower()
+    finally:
+        operator.stop()
+        await asyncio.to_thread(helm, cluster, "uninstall", "undolog", "--namespace", release_namespace)
+    crds = client.ApiextensionsV1Api(kube.api)
+    kept = await crds.read_custom_resource_definition("sagas.undolog.io")  # crds.keep: the ledger stays
+    assert kept.metadata.annotations["helm.sh/resource-policy"] == "keep"
+
+
+async def test_a_saga_cannot_call_a_webhook_of_another_namespace(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    other = f"{namespace}-other"
+    core = client.CoreV1Api(kube.api)
+    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=other)))
+    try:
+        await kube.create("webhooks", other, webhook("refund", url=participant.url("/refund")))
+        await external_saga(kube, namespace, "tenant", [call("refund")])
+        await abort(kube, namespace, "tenant")
+        halted = await saga_phase(kube, namespace, "tenant", "Halted")
+        assert halted["status"]["reason"] == "FunctionNotFound"
+        assert f"no Webhook 'refund' in namespace {namespace}" in halted["status"]["message"]
+        assert participant.received() == []
+    finally:
+        await core.delete_namespace(other)
+
+
+def scrape(operator: OperatorProcess) -> str:
+    return httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).text
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split(" ")[0]))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def test_metrics_are_served_with_prometheus_names(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    participant.script("/refund", Reply(503), Reply(400, {"error": "no"}))
+    await register(kube, namespace, participant, "refund", "work")
+    await external_saga(kube, namespace, "m", [call("work"), call("refund")])
+    await abort(kube, namespace, "m")
+    await saga_phase(kube, namespace, "m", "Halted")
+    steps = [{"name": "one", "action": {"function": "work"}, "compensation": {"function": "work"}}]
+    await kube.create("sagas", namespace, saga("f", steps))
+    await saga_phase(kube, namespace, "f", "Completed")
+    text = await eventually(
+        lambda: asyncio.to_thread(scrape, operator),
+        lambda t: sample(t, "undolog_sagas", phase="Completed") == 1.0,
+        10,
+        "metrics",
+    )
+    assert sample(text, "undolog_compensation_attempts_total", function="refund", outcome="transient") == 1.0
+    assert sample(text, "undolog_compensation_attempts_total", function="refund", outcome="permanent") == 1.0
+    assert sample(text, "undolog_halted_sagas") == 1.0
+    assert sample(text, "undolog_sagas", phase="Halted") == 1.0
+    assert sample(text, "undolog_compensation_duration_seconds_count", function="refund") == 2.0
+    assert sample(text, "undolog_forward_call_duration_seconds_count", function="work") == 1.0
+    assert sample(text, "undolog_forward_attempts_total", function="work", outcome="succeeded") == 1.0
+    assert sample(text, "undolog_saga_transitions_total", phase="Halted", reason="CompensationFailed") == 1.0
+    assert "# TYPE undolog_compensation_duration_seconds histogram" in text
+
+
+def lease_holder(kube: Kube, namespace: str) -> Any:
+    async def read() -> str:
+        lease = await client.CoordinationV1Api(kube.api).read_namespaced_lease("undolog-operator", namespace)
+        return str(lease.spec.holder_identity or "")
+
+    return read
+
+
+async def test_two_operators_one_leads_and_the_other_takes_over(
+    kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path
+) -> None:
+    ha = ("--verbose", "--leader-election", f"--leader-election-namespace={namespace}", "--lease-seconds=4")
+    first = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "a", extra_args=ha)
+    second = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "b", extra_args=ha)
+    first.start()
+    second.start()
+    try:
+        await register(kube, namespace, participant, "undo")
+        holder = await eventually(lease_holder(kube, namespace), lambda h: h != "", 30, "a leader")
+        leader, standby = (first, second) if f"-{first.process.pid}-" in holder else (second, first)  # type: ignore[union-attr]
+        for i in range(10):
+            await external_saga(kube, namespace, f"ha{i}", [call("undo", n=i), call("undo", n=i)])
+        for i in range(10):
+            await abort(kube, namespace, f"ha{i}")
+        for i in range(10):
+            await saga_phase(kube, namespace, f"ha{i}", "Compensated")
+        keys = [r.key for r in participant.received()]
+        assert len(keys) == 20
+        assert len(set(keys)) == 20  # each compensation made by exactly one operator, once
+
+        # Kill the leader while it compensates; the standby finishes the work.
+        participant.handle("/undo", lambda request: Reply(200, delay=1.0))
+        for i in range(10, 15):
+            await external_saga(kube, namespace, f"ha{i}", [call("undo", n=i), call("undo", n=i)])
+        for i in range(10, 15):
+            await abort(kube, namespace, f"ha{i}")
+        await participant.until(lambda received: len(received) > 20)
+        leader.kill()
+        killed_at = time.monotonic()
+        new_holder = await eventually(lease_holder(kube, namespace), lambda h: h not in ("", holder), 60, "new leader")
+        handed_over = time.monotonic() - killed_at
+        assert f"-{standby.process.pid}-" in new_holder  # type: ignore[union-attr]
+        for i in range(10, 15):
+            await saga_phase(kube, namespace, f"ha{i}", "Compensated", within=60)
+        after = participant.received()[20:]
+        by_key: dict[str, int] = {}
+        for request in after:
+            by_key[request.key] = by_key.get(request.key, 0) + 1
+        assert len(by_key) == 10  # every entry undone; a repeat only under its own key
+        first_call_after = (
+            min(r.at for r in after if r.at > killed_at) if any(r.at > killed_at for r in after) else None
+        )
+        print(f"\nHA hand-over: Lease taken {handed_over:.1f} s after kill -9 (lease 4 s)")
+        if first_call_after is not None:
+            print(f"first compensation by the new leader {first_call_after - killed_at:.1f} s after the kill")
+        assert handed_over < 4 * 2 + 2
+    finally:
+        first.stop()
+        second.stop()
