@@ -19,7 +19,10 @@ from undolog.api.saga import CompensationPolicy, SagaPhase
 from undolog.calls.protocol import forward_key
 from undolog.controller.ledger import capped_output
 from undolog.decisions.phases import ABORT_REASON_ANNOTATION, FAILED_STEP_ANNOTATION, FINALIZER, TERMINAL
-from undolog.kube import Body, Kube
+from undolog.kube import ApiException, Body, Kube, is_conflict
+
+
+CONFLICT_RETRIES = 10
 
 
 class SagaEnded(RuntimeError):
@@ -209,13 +212,20 @@ class SagaRun:
         """A post-commit effect: sent by the operator once the saga is Completed, never after an
         abort (the same outbox as orchestrated sagas' spec.effects)."""
         async with self._lock:
-            self.body = await self.kube.get("sagas", self.namespace, self.name)
-            effects = [*self.body["spec"].get("effects", []), {"name": name, "call": call.to_api()}]
-            patch = {
-                "metadata": {"resourceVersion": self.body["metadata"]["resourceVersion"]},
-                "spec": {"effects": effects},
-            }
-            self.body = await self.kube.patch("sagas", self.namespace, self.name, patch)
+            for _ in range(CONFLICT_RETRIES):  # the operator writes the same saga: retry on conflict
+                self.body = await self.kube.get("sagas", self.namespace, self.name)
+                effects = [*self.body["spec"].get("effects", []), {"name": name, "call": call.to_api()}]
+                patch = {
+                    "metadata": {"resourceVersion": self.body["metadata"]["resourceVersion"]},
+                    "spec": {"effects": effects},
+                }
+                try:
+                    self.body = await self.kube.patch("sagas", self.namespace, self.name, patch)
+                    return
+                except ApiException as error:
+                    if not is_conflict(error):
+                        raise
+            raise SagaEnded(f"saga {self.namespace}/{self.name} kept changing: effect {name!r} was not staged")
 
     async def commit(self) -> None:
         await self._end("Commit", {})
