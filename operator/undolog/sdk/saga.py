@@ -21,7 +21,6 @@ from undolog.controller.ledger import capped_output
 from undolog.decisions.phases import ABORT_REASON_ANNOTATION, FAILED_STEP_ANNOTATION, FINALIZER, TERMINAL
 from undolog.kube import ApiException, Body, Kube, is_conflict
 
-
 CONFLICT_RETRIES = 10
 
 
