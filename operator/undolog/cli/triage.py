@@ -102,6 +102,15 @@ async def get_saga(kube: Kube, namespace: str, name: str) -> Body:
         raise
 
 
+async def saga_in(kube: Kube, namespace: str, name: str, phases: tuple[str | None, ...], only: str) -> Body:
+    """The saga, if its phase allows the action; `only` says which sagas do."""
+    body = await get_saga(kube, namespace, name)
+    phase = body.get("status", {}).get("phase")
+    if phase not in phases:
+        raise CommandError(f"saga {name!r} is {phase}: {only}")
+    return body
+
+
 async def entries_of(kube: Kube, saga: Body) -> list[UndoEntry]:
     meta = saga["metadata"]
     listed = await kube.list("undoentries", meta["namespace"], field_selector=f"spec.saga={meta['name']}")
@@ -313,10 +322,7 @@ def retry(
     ns = namespace or default_namespace()
 
     async def act(kube: Kube) -> None:
-        body = await get_saga(kube, ns, saga)
-        phase = body.get("status", {}).get("phase")
-        if phase != "Halted":
-            raise CommandError(f"saga {saga!r} is {phase}: only a Halted saga can be retried")
+        await saga_in(kube, ns, saga, ("Halted",), "only a Halted saga can be retried")
         note = stamp(await actor(kube), reason)
         await kube.patch("sagas", ns, saga, {"metadata": {"annotations": {RETRY_ANNOTATION: note}}})
 
@@ -334,10 +340,7 @@ def skip(
     ns = namespace or default_namespace()
 
     async def act(kube: Kube) -> None:
-        body = await get_saga(kube, ns, saga)
-        phase = body.get("status", {}).get("phase")
-        if phase != "Halted":
-            raise CommandError(f"saga {saga!r} is {phase}: only entries of a Halted saga can be skipped")
+        body = await saga_in(kube, ns, saga, ("Halted",), "only entries of a Halted saga can be skipped")
         entries = {e.spec.stack_position: e for e in await entries_of(kube, body)}
         entry = entries.get(position)
         if entry is None:
@@ -362,10 +365,7 @@ def abort(
     ns = namespace or default_namespace()
 
     async def act(kube: Kube) -> None:
-        body = await get_saga(kube, ns, saga)
-        phase = body.get("status", {}).get("phase")
-        if phase not in (None, "Active"):
-            raise CommandError(f"saga {saga!r} is {phase}: only an Active saga can be aborted")
+        await saga_in(kube, ns, saga, (None, "Active"), "only an Active saga can be aborted")
         note = stamp(await actor(kube), reason)
         patch = {"metadata": {"annotations": {ABORT_REASON_ANNOTATION: note}}, "spec": {"outcome": "Abort"}}
         await kube.patch("sagas", ns, saga, patch)

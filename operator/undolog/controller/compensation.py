@@ -14,18 +14,10 @@ from typing import Any
 from undolog import metrics
 from undolog.api.saga import Saga
 from undolog.api.undo_entry import UndoEntry
-from undolog.calls import protocol, registry
+from undolog.calls import protocol
 from undolog.calls.runner import AttemptRecord
-from undolog.controller.recorded_call import CallRecorder, EntryCall, now_text
-from undolog.decisions.arguments import UnresolvedReference, resolve
+from undolog.controller.recorded_call import CallRecorder, EntryCall, headers_for, now_text
 from undolog.kube import Body
-
-
-def not_possible(error: registry.CallNotPossible | UnresolvedReference) -> tuple[str, str]:
-    """(reason, message) of a call that cannot be made at all."""
-    if isinstance(error, registry.CallNotPossible):
-        return error.reason, error.message
-    return "UnresolvedReference", str(error)
 
 
 @dataclass
@@ -44,31 +36,26 @@ class Compensator:
                 entry_body, {"state": "Skipped", "skipReason": "the step has no compensation (Pivot or Retriable)"}
             )
         label = f"{name} (step {entry.spec.step}, {call.function} {call.version})"
-        try:
-            args = resolve(call.args, outputs, missing_as_null=True)
-            target = await registry.resolve(ledger.kube, saga.metadata.namespace, call)
-        except (registry.CallNotPossible, UnresolvedReference) as error:
-            reason, message = not_possible(error)
-            metrics.compensation_attempts.labels(call.function, "permanent").inc()
-            timeline.record(saga_body, reason, f"{label}: {message}; nothing was sent", warning=True)
-            return await ledger.write_entry_status(entry_body, {"state": "Failed", "lastError": f"{reason}: {message}"})
+        prepared = await self.recorder.prepare(
+            saga, saga_body, call, outputs, label, missing_as_null=True, counter=metrics.compensation_attempts
+        )
+        if isinstance(prepared, str):
+            return await ledger.write_entry_status(entry_body, {"state": "Failed", "lastError": prepared})
+        args, target = prepared
 
         def retried(record: AttemptRecord, attempts: list[Body]) -> Body:
             return {"retryCount": record.number, "lastError": record.error, "attempts": attempts}
 
-        saga_ref = f"{saga.metadata.namespace}/{saga.metadata.name}"
         spec = EntryCall(
             kind="Compensation",
             label=label,
             call=call,
             target=target,
             args=args,
-            headers=lambda number: protocol.headers(
-                idempotency_key=protocol.compensation_key(entry.spec.undo_id),
-                saga=saga_ref,
+            headers=headers_for(
+                saga,
+                key=protocol.compensation_key(entry.spec.undo_id),
                 step=entry.spec.step,
-                org=saga.spec.org_id,
-                attempt=number,
                 forward=entry.spec.effect_id,
             ),
             backoff=saga.spec.compensation_policy.backoff,

@@ -19,12 +19,10 @@ from undolog import metrics
 from undolog.api.common import API_VERSION
 from undolog.api.saga import Effect, EffectStatus, Saga, Step
 from undolog.api.undo_entry import UndoEntry
-from undolog.calls import protocol, registry
+from undolog.calls import protocol
 from undolog.calls.runner import AttemptRecord
-from undolog.controller.compensation import not_possible
 from undolog.controller.ledger import capped_output
-from undolog.controller.recorded_call import CallRecorder, EntryCall, now_text
-from undolog.decisions.arguments import UnresolvedReference, resolve
+from undolog.controller.recorded_call import CallRecorder, EntryCall, headers_for, now_text
 from undolog.decisions.forward import EFFECT_RETRIES, FORWARD_RECOVERY_RETRIES
 from undolog.kube import Body, is_conflict
 
@@ -92,21 +90,18 @@ class Forwarder:
         entry = UndoEntry.model_validate(entry_body)
         call = step.action
         label = f"{entry.metadata.name} (step {step.name}, {call.function} {call.version})"
-        try:
-            args = resolve(call.args, outputs)
-            target = await registry.resolve(ledger.kube, saga.metadata.namespace, call)
-        except (registry.CallNotPossible, UnresolvedReference) as error:
-            reason, message = not_possible(error)
-            metrics.forward_attempts.labels(call.function, "permanent").inc()
-            timeline.record(saga_body, reason, f"{label}: {message}; nothing was sent", warning=True)
-            failed: Body = {"effect": "Failed", "executedAt": now_text(), "lastError": f"{reason}: {message}"}
+        prepared = await self.recorder.prepare(
+            saga, saga_body, call, outputs, label, missing_as_null=False, counter=metrics.forward_attempts
+        )
+        if isinstance(prepared, str):
+            failed: Body = {"effect": "Failed", "executedAt": now_text(), "lastError": prepared}
             return await ledger.write_entry_status(entry_body, failed)
+        args, target = prepared
 
         def retried(record: AttemptRecord, attempts: list[Body]) -> Body:
             return {"lastError": record.error, "attempts": attempts}
 
         previous = [a.to_api() for a in entry.status.attempts]
-        saga_ref = f"{saga.metadata.namespace}/{saga.metadata.name}"
         default_retries = FORWARD_RECOVERY_RETRIES if step.type == "Retriable" else None
         spec = EntryCall(
             kind="Forward",
@@ -114,13 +109,7 @@ class Forwarder:
             call=call,
             target=target,
             args=args,
-            headers=lambda number: protocol.headers(
-                idempotency_key=entry.spec.effect_id,
-                saga=saga_ref,
-                step=step.name,
-                org=saga.spec.org_id,
-                attempt=number,
-            ),
+            headers=headers_for(saga, key=entry.spec.effect_id, step=step.name),
             backoff=saga.spec.compensation_policy.backoff,
             max_retries=call.max_retries if call.max_retries is not None else default_retries,
             first_attempt=sum(1 for a in previous if a["kind"] == "Forward") + 1,
@@ -152,13 +141,12 @@ class Forwarder:
         timeline = self.recorder.timeline
         call = effect.call
         label = f"effect {effect.name} ({call.function} {call.version})"
-        try:
-            args = resolve(call.args, outputs, missing_as_null=True)
-            target = await registry.resolve(self.recorder.ledger.kube, saga.metadata.namespace, call)
-        except (registry.CallNotPossible, UnresolvedReference) as error:
-            reason, message = not_possible(error)
-            timeline.record(saga_body, reason, f"{label}: {message}; nothing was sent", warning=True)
-            return EffectStatus(name=effect.name, state="Failed", last_error=f"{reason}: {message}")
+        prepared = await self.recorder.prepare(
+            saga, saga_body, call, outputs, label, missing_as_null=True, counter=metrics.effect_attempts
+        )
+        if isinstance(prepared, str):
+            return EffectStatus(name=effect.name, state="Failed", last_error=prepared)
+        args, target = prepared
 
         async def on_attempt(record: AttemptRecord, delay: float | None) -> None:
             metrics.effect_attempts.labels(call.function, "succeeded" if record.error is None else "failed").inc()
@@ -167,17 +155,10 @@ class Forwarder:
                     saga_body, "EffectRetry", f"{label} attempt {record.number}: {record.error}; retrying", warning=True
                 )
 
-        saga_ref = f"{saga.metadata.namespace}/{saga.metadata.name}"
         result = await self.recorder.runner.call(
             target,
             args,
-            lambda number: protocol.headers(
-                idempotency_key=protocol.effect_key(saga.metadata.uid, effect.name),
-                saga=saga_ref,
-                step=effect.name,
-                org=saga.spec.org_id,
-                attempt=number,
-            ),
+            headers_for(saga, key=protocol.effect_key(saga.metadata.uid, effect.name), step=effect.name),
             backoff=saga.spec.compensation_policy.backoff,
             max_retries=call.max_retries if call.max_retries is not None else EFFECT_RETRIES,
             on_attempt=on_attempt,

@@ -9,7 +9,7 @@ entries alike are sent again under the same Idempotency-Key.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -17,12 +17,14 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 
 from undolog.api.common import Call
-from undolog.api.saga import Backoff
+from undolog.api.saga import Backoff, Saga
 from undolog.api.undo_entry import MAX_ATTEMPTS, AttemptKind
+from undolog.calls import protocol, registry
 from undolog.calls.registry import Target
 from undolog.calls.runner import AttemptRecord, CallResult, Runner
 from undolog.controller.ledger import Ledger
 from undolog.controller.timeline import Timeline
+from undolog.decisions.arguments import UnresolvedReference, resolve
 from undolog.decisions.retry import classify
 from undolog.kube import Body
 
@@ -68,11 +70,43 @@ class EntryCall:
     attempts: list[Body] = field(default_factory=list)  # the entry's recorded attempts so far
 
 
+def headers_for(saga: Saga, *, key: str, step: str, forward: str | None = None) -> Callable[[int], dict[str, str]]:
+    """The wire protocol's headers of each attempt of one call of this saga."""
+    reference = f"{saga.metadata.namespace}/{saga.metadata.name}"
+    return lambda number: protocol.headers(
+        idempotency_key=key, saga=reference, step=step, org=saga.spec.org_id, attempt=number, forward=forward
+    )
+
+
 @dataclass
 class CallRecorder:
     ledger: Ledger
     runner: Runner
     timeline: Timeline
+
+    async def prepare(
+        self,
+        saga: Saga,
+        saga_body: Body,
+        call: Call,
+        outputs: Mapping[str, Mapping[str, Any] | None],
+        label: str,
+        *,
+        missing_as_null: bool,
+        counter: Counter,
+    ) -> tuple[dict[str, Any], Target] | str:
+        """The call's arguments and target, or, for a call that cannot be made at all (no such
+        function, a bad reference), its "Reason: message", recorded as an Event: nothing is sent."""
+        try:
+            args = resolve(call.args, outputs, missing_as_null=missing_as_null)
+            return args, await registry.resolve(self.ledger.kube, saga.metadata.namespace, call)
+        except registry.CallNotPossible as error:
+            reason, message = error.reason, error.message
+        except UnresolvedReference as error:
+            reason, message = "UnresolvedReference", str(error)
+        counter.labels(call.function, "permanent").inc()
+        self.timeline.record(saga_body, reason, f"{label}: {message}; nothing was sent", warning=True)
+        return f"{reason}: {message}"
 
     async def run(self, saga_body: Body, entry_body: Body, spec: EntryCall) -> tuple[CallResult, Body]:
         """Make the call; returns its result and the entry as last written."""
