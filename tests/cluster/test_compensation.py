@@ -4,6 +4,7 @@ loopback, a real apiserver. External sagas: entries written as an agent would.""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Any
 
@@ -419,3 +420,33 @@ async def test_https_participant_verified_with_ca_bundle(
         assert [r.path for r in secure.received()] == ["/refund"]
     finally:
         secure.close()
+
+
+async def test_an_entry_deleted_by_hand_mid_compensation_is_reported_not_skipped(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    participant.script("/unsend", Reply(200, delay=2.0))
+    await register(kube, namespace, participant, "delete-user", "revoke", "unsend")
+    await external_saga(kube, namespace, "lost", [call("delete-user"), call("revoke"), call("unsend")])
+    await abort(kube, namespace, "lost")
+    await participant.until(lambda received: any(r.path == "/unsend" for r in received))
+    await kube.delete("undoentries", namespace, "lost-1")  # by hand, before its turn
+    halted = await saga_phase(kube, namespace, "lost", "Halted")
+    assert halted["status"]["reason"] == "EntryLost"
+    # Seen by the watch before its turn, it is not called; seen only when its own write finds it
+    # gone (a watch that restarted), its call went out. Reported either way, never skipped.
+    assert re.search(
+        r"cannot compensate lost-1 \(deleted by hand( while its call was in flight)?\): its effect may",
+        halted["status"]["message"],
+    )
+    lost = halted["status"]["lostEntries"]
+    assert [(e["name"], e["stackPosition"], e["function"]) for e in lost] == [("lost-1", 1, "delete-user")]
+    called = [r.path for r in participant.received()]
+    assert called in (["/unsend", "/revoke"], ["/unsend", "/revoke", "/delete-user"])
+    # A person undid it by hand and says so: the saga finishes without it.
+    await kube.patch(
+        "sagas", namespace, "lost", {"metadata": {"annotations": {"undolog.io/retry": "user deleted by hand"}}}
+    )
+    done = await saga_phase(kube, namespace, "lost", "Compensated")
+    assert done["status"]["lostEntries"][0]["acknowledged"] is True
+    assert [r.path for r in participant.received()] == called  # nothing more was sent

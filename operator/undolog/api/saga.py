@@ -129,6 +129,19 @@ class EffectStatus(Model):
     delivered_at: datetime | None = Field(default=None, description="When the participant accepted it.")
 
 
+class LostEntry(Model):
+    """An UndoEntry the operator can no longer compensate: deleted by hand, or unreadable."""
+
+    name: str = Field(max_length=253, description="The UndoEntry's name.")
+    stack_position: int | None = Field(default=None, ge=0, description="Its place in the undo stack, if known.")
+    step: str | None = Field(default=None, max_length=63, description="Its step, if known.")
+    function: str | None = Field(default=None, max_length=253, description="Its compensation function, if any.")
+    why: str = Field(max_length=1024, description="What happened to it.")
+    acknowledged: bool = Field(
+        default=False, description="A person retried the saga knowing this entry's effect may remain."
+    )
+
+
 class Backoff(Model):
     """Retry timing for transient failures: exponential with full jitter."""
 
@@ -243,6 +256,11 @@ class SagaStatus(Model):
     )
     effects: list[EffectStatus] = Field(
         default_factory=list, max_length=20, description="Delivery of spec.effects after the saga completed."
+    )
+    lost_entries: list[LostEntry] = Field(
+        default_factory=list,
+        max_length=100,
+        description="Entries deleted by hand or unreadable before they were compensated: their effects may remain.",
     )
     compensated_count: int = Field(default=0, ge=0, description="UndoEntries compensated or skipped.")
     start_time: datetime | None = Field(default=None, description="When the operator first saw the saga.")

@@ -14,8 +14,10 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from undolog import metrics
-from undolog.api.saga import EffectStatus, Saga, SagaPhase, SagaStatus
+from undolog.api.saga import EffectStatus, LostEntry, Saga, SagaPhase, SagaStatus
 from undolog.api.undo_entry import UndoEntry
 from undolog.controller.forward import owned_by
 from undolog.decisions import lifo, moves, phases
@@ -57,6 +59,22 @@ class SagaDriver:
         self.task: asyncio.Task[None] | None = None
         self.last_status_write = 0.0
         self.last_error: str | None = None
+        self.lost: list[LostEntry] = []  # entries gone since the last reconcile, to be reported
+
+    def lose(self, entry: Body, why: str) -> None:
+        """An entry can no longer be compensated: record it on the saga at the next reconcile."""
+        spec = entry.get("spec", {})
+        compensation = spec.get("compensation") or {}
+        self.lost.append(
+            LostEntry(
+                name=entry["metadata"]["name"],
+                stack_position=spec.get("stackPosition"),
+                step=spec.get("step"),
+                function=compensation.get("function"),
+                why=why[:1024],
+            )
+        )
+        self.wake.set()
 
     def notify(self, body: Body | None) -> None:
         if body is None:
@@ -105,7 +123,17 @@ class SagaDriver:
         # Entries of an earlier saga with the same name, not yet collected, are not ours.
         listed = await ledger.entries(self.namespace, self.name)
         entries = {e["metadata"]["name"]: e for e in listed if owned_by(e, uid)}
+        for name, body in list(entries.items()):
+            try:
+                UndoEntry.model_validate(body)
+            except ValidationError as error:  # the API took it, the operator cannot use it: report it
+                del entries[name]
+                self.lose(body, f"unreadable: {error.errors()[0]['loc']}: {error.errors()[0]['msg']}")
         while True:
+            if self.lost:  # noticed by the watch meanwhile: never compensate from a stale copy
+                for lost in self.lost:
+                    entries.pop(lost.name, None)
+                saga_body = await self.report_lost(Saga.model_validate(saga_body), saga_body)
             saga = Saga.model_validate(saga_body)
             parsed = [UndoEntry.model_validate(e) for e in entries.values()]
             move = phases.decide(saga, parsed, utcnow())
@@ -113,7 +141,15 @@ class SagaDriver:
             if isinstance(move, moves.Wait):
                 self.latest = fresher(saga_body, self.latest)
                 return move
-            written = await self.apply(move, saga, saga_body, parsed, entries)
+            try:
+                written = await self.apply(move, saga, saga_body, parsed, entries)
+            except ApiException as error:
+                entry = getattr(move, "entry", None)
+                if error.status != 404 or entry is None:
+                    raise
+                # The entry was deleted while its call was being made: report it, go on.
+                self.lose(entries.pop(entry.metadata.name), "deleted by hand while its call was in flight")
+                written = saga_body
             # An event may have brought a newer copy while the write was in flight.
             saga_body = fresher(written, self.latest) or await ledger.saga(self.namespace, self.name)
             self.latest = saga_body
@@ -176,6 +212,22 @@ class SagaDriver:
                 return saga_body
         raise AssertionError(f"unhandled move {move!r}")
 
+    async def report_lost(self, saga: Saga, saga_body: Body) -> Body:
+        known = {e.name for e in saga.status.lost_entries}
+        new = [e for e in self.lost if e.name not in known]
+        self.lost = []
+        if not new:
+            return saga_body
+        for entry in new:
+            self.engine.timeline.record(
+                saga_body,
+                "EntryLost",
+                f"{entry.name} (step {entry.step}) {entry.why} before it was compensated",
+                warning=True,
+            )
+        status = saga.status.model_copy(update={"lost_entries": [*saga.status.lost_entries, *new]})
+        return await self.write_status(saga_body, status)
+
     async def retry(
         self, saga: Saga, saga_body: Body, entries: dict[str, Body], request: str, resume: SagaPhase
     ) -> Body:
@@ -197,6 +249,9 @@ class SagaDriver:
                 elif resume == "Compensating" and entry.status.state == "Failed":
                     entries[name] = await ledger.write_entry_status(body, {"state": "Pending", "retryCount": 0})
             parsed = [UndoEntry.model_validate(e) for e in entries.values()]
+            # Retrying says the person dealt with the lost entries: the saga goes on without them.
+            acknowledged = [e.model_copy(update={"acknowledged": True}) for e in saga.status.lost_entries]
+            saga = saga.model_copy(update={"status": saga.status.model_copy(update={"lost_entries": acknowledged})})
             saga_body = await self.enter(
                 saga_body, saga, parsed, resume, "RetryRequested", f"retry requested: {request}"
             )

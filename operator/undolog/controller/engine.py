@@ -14,7 +14,7 @@ from undolog.controller.driver import SagaDriver
 from undolog.controller.forward import Forwarder
 from undolog.controller.ledger import Ledger
 from undolog.controller.timeline import Timeline
-from undolog.decisions import phases
+from undolog.decisions import lifo, phases
 from undolog.kube import Body
 
 SagaKey = tuple[str, str]
@@ -80,15 +80,30 @@ class Engine:
         elif needs_driver(Saga.model_validate(body)):
             self._start(key, body)
 
-    def entry_event(self, body: Body) -> None:
+    def entry_event(self, event_type: str | None, body: Body) -> None:
         key: SagaKey = (body["metadata"]["namespace"], body["spec"]["saga"])
         if not self.leading:
+            return
+        if event_type == "DELETED":
+            self._entry_deleted(key, body)
             return
         driver = self.drivers.get(key)
         if driver is not None:
             driver.wake.set()
         elif self.phases.get(key) != "Completed" and entry_needs_saga(body):
             self._start(key, None)
+
+    def _entry_deleted(self, key: SagaKey, body: Body) -> None:
+        """An entry gone before it was compensated is reported on its saga, never skipped silently.
+        (After a saga is deleted, the garbage collector removes its settled entries: no report.)"""
+        state = body.get("status", {}).get("state", "Pending")
+        if state in lifo.SETTLED or self.phases.get(key) in (None, *phases.TERMINAL):
+            return
+        driver = self.drivers.get(key)
+        if driver is None:
+            self._start(key, None)
+            driver = self.drivers[key]
+        driver.lose(body, "deleted by hand")
 
     def phase_seen(self, namespace: str, name: str, phase: str) -> None:
         before = self.phases.get((namespace, name))

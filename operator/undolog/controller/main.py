@@ -89,8 +89,7 @@ def build_registry(engine: Engine, kube: Kube) -> kopf.OperatorRegistry:
 
     @kopf.on.event(GROUP, VERSION, "undoentries", registry=registry)
     async def entry_changed(event: kopf.RawEvent, **_: Any) -> None:
-        if event.get("type") != "DELETED":
-            engine.entry_event(dict(event["object"]))
+        engine.entry_event(event.get("type"), dict(event["object"]))
 
     return registry
 

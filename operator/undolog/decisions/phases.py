@@ -103,11 +103,25 @@ def external_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime) -> Mo
 
 
 def compensating_move(saga: Saga, entries: Sequence[UndoEntry]) -> Move:
+    """LIFO: the highest entry still owed. A Failed or lost entry stops the descent under Halt
+    (everything above it is compensated first); under Continue the rest goes on first."""
     failure = lifo.blocking_failure(entries)
     owed = lifo.plan(entries)
     halting = saga.spec.compensation_policy.on_failure == "Halt"
+    lost = [e for e in saga.status.lost_entries if not e.acknowledged]
+    if lost and halting:
+        lowest_allowed = max(e.stack_position or 0 for e in lost)
+        owed = [e for e in owed if e.spec.stack_position > lowest_allowed]
     if owed and not (halting and failure is not None):
         return CompensateEntry(owed[0])
+    if lost:
+        names = ", ".join(f"{e.name} ({e.why})" for e in lost)
+        return Transition(
+            "Halted",
+            "EntryLost",
+            f"cannot compensate {names}: its effect may remain. Undo it by hand, then "
+            f"`kubectl annotate saga {saga.metadata.name} {RETRY_ANNOTATION}=<what you did>` to go on without it",
+        )
     if failure is not None:
         return Transition("Halted", *halt_reason(failure, entries))
     return Transition("Compensated", "Compensated", f"{lifo.settled_count(entries)} entries compensated or skipped")
