@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 export UNDOLOG_BIN_DIR ?= $(CURDIR)/bin
 
-.PHONY: help venv tools crds lint test demo cluster-up cluster-down clean
+.PHONY: help venv tools crds lint test demo bench chaos cluster-up cluster-down clean
 
 help:
 	@echo "make demo          run the onboarding saga on a local control plane (builds what it needs)"
@@ -15,6 +15,8 @@ help:
 	@echo "make tools         build etcd, kube-apiserver, kube-controller-manager, kubectl, helm into bin/"
 	@echo "make cluster-up    start the local control plane (.cluster/kubeconfig); cluster-down stops it"
 	@echo "make crds          regenerate crds/ from the API models"
+	@echo "make bench         every benchmark; tables in the terminal, JSON in bench/results, docs/throughput.png"
+	@echo "make chaos         the fault-injection scenarios at full size (counts in bench/results/chaos.json)"
 
 venv: $(VENV)/.installed
 
@@ -53,3 +55,14 @@ clean: cluster-down
 
 demo: venv tools
 	$(PY) -m examples.onboarding.demo
+
+bench: venv tools
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m bench.compensation --sizes 1 10 100 1000
+	$(PY) -m bench.forward --concurrency 1 100
+	$(PY) -m bench.sqlite_ledger
+	$(PY) -m bench.scale --sizes 1000 10000
+	$(PY) -m bench.plot
+
+chaos: venv tools
+	UNDOLOG_CHAOS=full $(VENV)/bin/pytest tests/chaos -s

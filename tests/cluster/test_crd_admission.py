@@ -104,6 +104,7 @@ REFUSED_ON_CREATE: list[tuple[str, Plural, dict[str, Any], list[str]]] = [
     ),
     ("bad step name", "sagas", with_steps(step("Create User")), ["spec.steps[0].name", "should match"]),
     ("bad outcome", "sagas", saga("bad", outcome="Rollback"), ["spec.outcome", "Unsupported value"]),
+    ("org id not a label value", "sagas", saga("bad", orgId="acme inc"), ["spec.orgId", "should match"]),
     (
         "bad backoff multiplier",
         "sagas",

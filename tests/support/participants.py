@@ -10,7 +10,9 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import socket
 import ssl
+import struct
 import threading
 import time
 from collections import defaultdict, deque
@@ -26,6 +28,7 @@ class Received:
     headers: dict[str, str]
     body: Any
     at: float  # time.monotonic() when the request arrived
+    replied: int = 0  # the status answered; 0 for a connection reset without an answer
 
     @property
     def key(self) -> str:
@@ -38,6 +41,8 @@ class Reply:
     body: Any = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0  # seconds before answering (longer than the timeout: a timeout)
+    reset: bool = False  # close the connection with a TCP reset instead of answering
+    raw: bytes | None = None  # a body sent as is (garbage), instead of `body` as JSON
 
 
 Handler = Callable[[Received], Reply]
@@ -83,7 +88,11 @@ class Participant:
                 reply = participant._answer(request)
                 if reply.delay:
                     time.sleep(reply.delay)
-                payload = json.dumps(reply.body).encode()
+                if reply.reset:
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                    return
+                payload = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
                 try:
                     self.send_response(reply.status)
                     for name, value in reply.headers.items():
@@ -125,13 +134,14 @@ class Participant:
 
     def _answer(self, request: Received) -> Reply:
         with self._lock:
-            self._received.append(request)
-            self._lock.notify_all()
             script = self._scripts.get(request.path)
-            if script:
-                return script.popleft()
+            scripted = script.popleft() if script else None
         handler = self._handlers.get(request.path)
-        return handler(request) if handler else Reply()
+        reply = scripted or (handler(request) if handler else Reply())
+        with self._lock:
+            self._received.append(dataclasses.replace(request, replied=0 if reply.reset else reply.status))
+            self._lock.notify_all()
+        return reply
 
     def received(self, path: str | None = None) -> list[Received]:
         with self._lock:

@@ -17,6 +17,7 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 # Step names are DNS labels that may also hold '_' (the design's own references, such as
 # ${steps.create_user.output.user_id}, use it); they never become object names.
 STEP_NAME = r"^[a-z0-9]([-_a-z0-9]*[a-z0-9])?$"
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 MAX_ARGS = 32
 MAX_MESSAGE = 4096
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, JsonValue
 
-from undolog.api.common import API_VERSION, MAX_MESSAGE, STEP_NAME, Call, Condition, Model, ObjectMeta
+from undolog.api.common import API_VERSION, LABEL_VALUE, MAX_MESSAGE, STEP_NAME, Call, Condition, Model, ObjectMeta
 
 StepType = Literal["Compensatable", "Pivot", "Retriable"]
 OnFailure = Literal["Halt", "Continue"]
@@ -170,7 +170,8 @@ class SagaSpec(Model):
     org_id: str | None = Field(
         default=None,
         max_length=63,
-        description="Tenant id, copied to labels and to the Undolog-Org webhook header.",
+        pattern=LABEL_VALUE,
+        description="Tenant id, copied to the undolog.io/org label and the Undolog-Org header: a label value.",
     )
     steps: list[Step] | None = Field(
         default=None,

@@ -1,0 +1,119 @@
+"""Scale benchmark (issue 7): N sagas with 3 entries each, all aborted while the operator is
+down, then an operator is started: how long it takes to resume and finish all pending work,
+and its resident memory, at N = 1,000 and 10,000.
+
+    python -m bench.scale --sizes 1000 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+from tests.support.manifests import call, saga, undo_entry, webhook
+
+from bench.compensation import bounded, table_row
+from bench.harness import Bench, RemoteParticipant, bench_cluster
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def populate(bench: Bench, namespace: str, n: int, progress: Progress) -> None:
+    kube = bench.kube
+    task = progress.add_task(f"creating {n} aborted sagas", total=n)
+
+    async def one(i: int) -> None:
+        name = f"s{i:05d}"
+        body = saga(name, outcome="Abort")
+        body["metadata"]["finalizers"] = ["undolog.io/compensate-before-delete"]
+        created = await kube.create("sagas", namespace, body)
+        for position in (1, 2, 3):
+            entry = undo_entry(
+                name, position, owner_uid=created["metadata"]["uid"], compensation=call("undo", p=position)
+            )
+            await kube.create("undoentries", namespace, entry)
+            await kube.patch_status("undoentries", namespace, f"{name}-{position}", {"status": {"effect": "Committed"}})
+        progress.advance(task)
+
+    await bounded((lambda i=i: one(i) for i in range(n)), limit=100)  # type: ignore[misc]
+
+
+async def measure(bench: Bench, n: int, progress: Progress) -> dict[str, Any]:
+    namespace = await bench.namespace(f"scale{n}")
+    participant = RemoteParticipant()
+    try:
+        await bench.kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
+        await populate(bench, namespace, n, progress)
+        task = progress.add_task(f"operator resuming {n} sagas", total=3 * n)
+        began = time.monotonic()
+        operator = bench.operator(namespace)
+        assert operator.process is not None
+        peak = 0.0
+        try:
+            while True:
+                await asyncio.sleep(1.0)
+                peak = max(peak, rss_mib(operator.process.pid))
+                done = len(await asyncio.to_thread(participant.received))
+                progress.update(task, completed=min(done, 3 * n))
+                if done >= 3 * n:
+                    sagas = await bench.kube.list("sagas", namespace)
+                    if all(s.get("status", {}).get("phase") == "Compensated" for s in sagas):
+                        break
+            elapsed = time.monotonic() - began
+            peak = max(peak, rss_mib(operator.process.pid, "VmHWM"))
+            settled = rss_mib(operator.process.pid)
+        finally:
+            operator.stop()
+        return {
+            "sagas": n,
+            "entries": 3 * n,
+            "resume_and_finish_seconds": round(elapsed, 1),
+            "compensations_per_second": round(3 * n / elapsed, 1),
+            "operator_peak_rss_mib": round(peak, 1),
+            "operator_rss_after_mib": round(settled, 1),
+        }
+    finally:
+        participant.close()
+
+
+async def main(sizes: list[int]) -> None:
+    rows = []
+    with Progress() as progress:
+        async with bench_cluster() as bench:
+            for n in sizes:
+                row = await measure(bench, n, progress)
+                progress.console.print(json.dumps(row))
+                rows.append(row)
+    print("| sagas | entries | resume and finish | compensations/s | operator peak RSS | RSS after |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            table_row(
+                r["sagas"],
+                r["entries"],
+                f"{r['resume_and_finish_seconds']} s",
+                r["compensations_per_second"],
+                f"{r['operator_peak_rss_mib']} MiB",
+                f"{r['operator_rss_after_mib']} MiB",
+            )
+        )
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "scale.json").write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
+    asyncio.run(main(parser.parse_args().sizes))

@@ -1,0 +1,278 @@
+"""Fault injection with invariant checks. `make test` runs a short version of each scenario;
+`make chaos` (UNDOLOG_CHAOS=full) runs them at full size and records the counts in
+bench/results/chaos.json (summarised in docs/reliability.md).
+
+1. kill -9 of the operator at random moments, restarted each time, while sagas run forward
+   and are compensated.
+2. kube-apiserver restart, and etcd restart, in the middle of a run.
+3. Participants that time out, reset connections, answer 503 in bursts, 429 with Retry-After,
+   garbage bodies, and very slow responses.
+4. Bad input: generated Saga and UndoEntry manifests are refused with a message or accepted
+   and handled; the operator never crashes or stalls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kubernetes_asyncio import client
+
+from tests.chaos.faults import Faults
+from tests.chaos.workload import Workload
+from tests.conftest import BIN, REPO, Cluster, install_crds
+from tests.support.operator_process import OperatorProcess
+from tests.support.participants import Participant
+from undolog.control_plane import LocalControlPlane
+from undolog.kube import ApiException, Kube, refusal
+
+pytestmark = pytest.mark.cluster
+FULL = os.environ.get("UNDOLOG_CHAOS") == "full"
+RESULTS = REPO / "bench" / "results" / "chaos.json"
+
+
+def record(scenario: str, counts: dict[str, Any]) -> None:
+    print(f"\n{scenario}: {json.dumps(counts)}")
+    if FULL:
+        results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        results[scenario] = counts
+        RESULTS.parent.mkdir(exist_ok=True)
+        RESULTS.write_text(json.dumps(results, indent=2))
+
+
+async def test_kill_9_at_random_moments(kube: Kube, namespace: str, cluster: Cluster, tmp_path: Path) -> None:
+    sagas = 200 if FULL else 12
+    rng = random.Random(7)
+    participant = Participant()
+    faults = Faults(seed=7, rate=0.0)  # only the operator misbehaves here
+    participant.handle("/do", faults.handler)
+    participant.handle("/undo", faults.handler)
+    operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path, extra_args=())
+    operator.start()
+    workload = Workload(kube, namespace, participant, sagas)
+    kills = 0
+    try:
+        starting = asyncio.create_task(workload.start())
+        deadline = time.monotonic() + (600 if FULL else 120)
+        while time.monotonic() < deadline:
+            await asyncio.sleep(rng.uniform(0.3, 2.0))
+            operator.kill()
+            kills += 1
+            operator.start()
+            if starting.done() and await _all_final(kube, namespace, sagas):
+                break
+        await starting
+        final = await workload.settled(within=300 if FULL else 120)
+        report = await workload.report(final)
+    finally:
+        operator.stop()
+        participant.close()
+    record("kill9", {**report.as_dict(), "faults_injected": kills, "fault": "kill -9 of the operator"})
+    assert report.violations == []
+    assert kills >= 2
+
+
+async def _all_final(kube: Kube, namespace: str, count: int) -> bool:
+    sagas = await kube.list("sagas", namespace)
+    return len(sagas) == count and all(
+        s.get("status", {}).get("phase") in ("Completed", "Compensated", "Halted") for s in sagas
+    )
+
+
+@pytest.mark.skipif(bool(os.environ.get("KUBECONFIG")), reason="restarts the local control plane's processes")
+async def test_apiserver_and_etcd_restart_mid_run(tmp_path: Path) -> None:
+    """A control plane of its own, so the restarts disturb no other test."""
+    sagas = 60 if FULL else 9
+    local = LocalControlPlane(tmp_path / "control-plane", BIN)
+    endpoints = local.up()
+    own = Cluster(endpoints.kubeconfig, local)
+    install_crds(own)
+    kube = await Kube.connect(str(endpoints.kubeconfig))
+    namespace = f"c-{uuid.uuid4().hex[:8]}"
+    await client.CoreV1Api(kube.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    participant = Participant()
+    faults = Faults(seed=11, rate=0.0)
+    participant.handle("/do", lambda r: faults.handler(r))
+    participant.handle("/undo", lambda r: faults.handler(r))
+    operator = OperatorProcess(endpoints.kubeconfig, namespace, tmp_path, extra_args=())
+    operator.start()
+    workload = Workload(kube, namespace, participant, sagas)
+    downtime: dict[str, float] = {}
+    try:
+        await workload.start()
+        await asyncio.sleep(0.5)
+        downtime["kube-apiserver"] = await asyncio.to_thread(local.restart, "kube-apiserver")
+        await asyncio.sleep(1.0)
+        downtime["etcd"] = await asyncio.to_thread(local.restart, "etcd")
+        final = await workload.settled(within=300 if FULL else 120)
+        report = await workload.report(final)
+        assert operator.process is not None
+        assert operator.process.poll() is None  # it rode out both restarts
+    finally:
+        operator.stop()
+        participant.close()
+        await kube.close()
+        local.down()
+    record(
+        "restarts",
+        {
+            **report.as_dict(),
+            "faults_injected": 2,
+            "fault": "kube-apiserver restart, then etcd restart",
+            "seconds_until_ready": {k: round(v, 1) for k, v in downtime.items()},
+        },
+    )
+    assert report.violations == []
+
+
+async def test_participants_that_misbehave(kube: Kube, namespace: str, cluster: Cluster, tmp_path: Path) -> None:
+    sagas = 200 if FULL else 15
+    participant = Participant()
+    faults = Faults(seed=3, rate=0.3)
+    participant.handle("/do", faults.handler)
+    participant.handle("/undo", faults.handler)
+    operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path, extra_args=())
+    operator.start()
+    workload = Workload(kube, namespace, participant, sagas)
+    try:
+        await workload.start()
+        final = await workload.settled(within=600 if FULL else 150)
+        report = await workload.report(final)
+    finally:
+        operator.stop()
+        participant.close()
+    counts = {**report.as_dict(), "faults_injected": sum(faults.injected.values()), "by_fault": dict(faults.injected)}
+    record("participants", counts)
+    assert report.violations == []
+    assert faults.injected  # faults did happen
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+names = st.from_regex(r"[a-z][a-z0-9_-]{0,20}[a-z0-9]", fullmatch=True)
+texts = st.text(max_size=40)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | texts,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
+    max_leaves=8,
+)
+calls = st.fixed_dictionaries(
+    {"function": st.one_of(names, texts)},
+    optional={
+        "version": st.one_of(names, texts),
+        "args": st.dictionaries(texts, json_values, max_size=40),
+        "maxRetries": st.integers(-5, 200),
+        "timeoutSeconds": st.integers(-5, 500),
+    },
+)
+steps = st.fixed_dictionaries(
+    {"name": st.one_of(names, texts), "action": calls},
+    optional={"type": st.sampled_from(["Compensatable", "Pivot", "Retriable", "Other", ""]), "compensation": calls},
+)
+saga_specs = st.fixed_dictionaries(
+    {},
+    optional={
+        "steps": st.lists(steps, max_size=5),
+        "orgId": st.one_of(names, texts),
+        "activeDeadlineSeconds": st.integers(-10, 10),
+        "outcome": st.sampled_from(["Commit", "Abort", "Maybe"]),
+        "compensationPolicy": st.fixed_dictionaries(
+            {},
+            optional={
+                "onFailure": st.sampled_from(["Halt", "Continue", "Panic"]),
+                "backoff": st.dictionaries(
+                    st.sampled_from(["initialMilliseconds", "multiplier", "maxMilliseconds", "maxRetries"]),
+                    st.one_of(
+                        st.integers(-10, 10**7), st.floats(allow_nan=False, allow_infinity=False, width=32), texts
+                    ),
+                ),
+            },
+        ),
+        "effects": st.lists(st.fixed_dictionaries({"name": st.one_of(names, texts), "call": calls}), max_size=3),
+    },
+)
+entry_specs = st.fixed_dictionaries(
+    {
+        "saga": names,
+        "undoId": st.one_of(st.uuids().map(str), texts),
+        "stackPosition": st.integers(-3, 10),
+        "effectId": texts,
+        "step": st.one_of(names, texts),
+        "registeredAt": st.one_of(st.datetimes().map(lambda d: d.isoformat() + "Z"), texts),
+    },
+    optional={"compensation": calls},
+)
+
+
+def test_generated_manifests_are_refused_or_handled(
+    kube: Kube, namespace: str, cluster: Cluster, tmp_path: Path
+) -> None:
+    loop = asyncio.get_event_loop()
+    operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path, extra_args=())
+    operator.start()
+    outcome = {"accepted": 0, "refused": 0, "refused_without_field": 0}
+    accepted_sagas: list[str] = []
+
+    @settings(
+        max_examples=150 if FULL else 25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
+    )
+    @given(saga_spec=saga_specs, entry_spec=entry_specs)
+    def submit(saga_spec: dict[str, Any], entry_spec: dict[str, Any]) -> None:
+        name = f"g{uuid.uuid4().hex[:10]}"
+        for plural, body in (
+            (
+                "sagas",
+                {"apiVersion": "undolog.io/v1alpha1", "kind": "Saga", "metadata": {"name": name}, "spec": saga_spec},
+            ),
+            (
+                "undoentries",
+                {
+                    "apiVersion": "undolog.io/v1alpha1",
+                    "kind": "UndoEntry",
+                    "metadata": {"name": f"{entry_spec['saga']}-{entry_spec['stackPosition']}"[:200]},
+                    "spec": entry_spec,
+                },
+            ),
+        ):
+            try:
+                loop.run_until_complete(kube.create(plural, namespace, body))  # type: ignore[arg-type]
+                status, message = 201, ""
+            except ApiException as error:
+                status, message = error.status, refusal(error)
+            assert status in (201, 409, 422), message  # accepted, an entry name reused, or refused as invalid
+            if status == 422:
+                outcome["refused"] += 1
+                if "spec." not in message and "metadata.name" not in message:
+                    outcome["refused_without_field"] += 1
+            if status != 201:
+                continue
+            outcome["accepted"] += 1
+            if plural == "sagas":
+                accepted_sagas.append(name)
+
+    try:
+        submit()
+        assert operator.process is not None
+        # Never crashed, never stalled: every accepted saga got a phase.
+        deadline = time.monotonic() + 60
+        while True:
+            sagas = {s["metadata"]["name"]: s for s in loop.run_until_complete(kube.list("sagas", namespace))}
+            unphased = [n for n in accepted_sagas if n in sagas and not sagas[n].get("status", {}).get("phase")]
+            if not unphased or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert operator.process.poll() is None, operator.log()
+        assert unphased == [], f"the operator never took charge of {unphased[:5]}"
+    finally:
+        operator.stop()
+    record("bad_input", {**outcome, "sagas_accepted": len(accepted_sagas), "operator_crashes": 0, "stalled_sagas": 0})
+    assert outcome["refused_without_field"] == 0

@@ -1,0 +1,106 @@
+"""The fault-injection workload: a mix of sagas against one participant, and the checks.
+
+A third are external sagas (three committed entries, then aborted), a third orchestrated
+sagas refused at one step (so compensated), a third orchestrated sagas that complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tests.chaos.faults import TIMEOUT_SECONDS
+from tests.chaos.invariants import Call, Report, check
+from tests.support.manifests import call, saga, undo_entry
+from tests.support.participants import Participant, Received
+from undolog.kube import Kube
+
+POLICY = {"backoff": {"initialMilliseconds": 50, "multiplier": 2, "maxMilliseconds": 1000, "maxRetries": 10}}
+FINAL = ("Completed", "Compensated", "Halted")
+
+
+@dataclass
+class Workload:
+    kube: Kube
+    namespace: str
+    participant: Participant
+    sagas: int
+
+    async def register(self) -> None:
+        for function in ("do", "undo"):
+            await self.kube.create(
+                "webhooks",
+                self.namespace,
+                {
+                    "apiVersion": "undolog.io/v1alpha1",
+                    "kind": "Webhook",
+                    "metadata": {"name": function},
+                    "spec": {
+                        "versions": [{"name": "v1", "url": self.participant.url(f"/{function}")}],
+                        "timeoutSeconds": TIMEOUT_SECONDS,
+                    },
+                },
+            )
+
+    async def start(self) -> None:
+        await self.register()
+        await asyncio.gather(*(self._one(i) for i in range(self.sagas)))
+
+    async def _one(self, i: int) -> None:
+        name = f"w{i:04d}"
+        kind = i % 3
+        if kind == 0:
+            created = await self.kube.create("sagas", self.namespace, saga(name, compensationPolicy=POLICY))
+            for position in (1, 2, 3):
+                body = undo_entry(
+                    name, position, owner_uid=created["metadata"]["uid"], compensation=call("undo", n=position)
+                )
+                body["spec"]["effectId"] = f"{created['metadata']['uid']}:step{position}:fwd"
+                await self.kube.create("undoentries", self.namespace, body)
+                await self.kube.patch_status(
+                    "undoentries", self.namespace, f"{name}-{position}", {"status": {"effect": "Committed"}}
+                )
+            await self.kube.patch("sagas", self.namespace, name, {"spec": {"outcome": "Abort"}})
+            return
+        failing = (i // 3) % 3 + 1 if kind == 1 else None
+        steps = [
+            {
+                "name": f"s{p}",
+                "action": {"function": "do", "args": {"step": p, **({"fail": True} if p == failing else {})}},
+                "compensation": {"function": "undo", "args": {"step": p}},
+            }
+            for p in (1, 2, 3)
+        ]
+        await self.kube.create("sagas", self.namespace, saga(name, steps, compensationPolicy=POLICY))
+
+    async def settled(self, within: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + within
+        while True:
+            sagas = await self.kube.list("sagas", self.namespace)
+            phases = [s.get("status", {}).get("phase") for s in sagas]
+            if len(sagas) == self.sagas and all(p in FINAL for p in phases):
+                return sagas
+            if time.monotonic() > deadline:
+                stuck = [s["metadata"]["name"] for s, p in zip(sagas, phases, strict=True) if p not in FINAL]
+                raise AssertionError(f"{len(stuck)} sagas not final after {within} s: {stuck[:10]}")
+            await asyncio.sleep(0.5)
+
+    async def report(self, sagas: list[dict[str, Any]]) -> Report:
+        entries = await self.kube.list("undoentries", self.namespace)
+
+        def calls(path: str) -> list[Call]:
+            return [as_call(r) for r in self.participant.received(path)]
+
+        return check(sagas, entries, calls("/do"), calls("/undo"))
+
+
+def as_call(request: Received) -> Call:
+    return Call(
+        key=request.key,
+        saga=request.headers.get("undolog-saga", ""),
+        step=request.headers.get("undolog-step", ""),
+        at=request.at,
+        replied=request.replied,
+    )
