@@ -8,7 +8,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUT = Path(__file__).resolve().parents[1] / "docs" / "throughput.png"

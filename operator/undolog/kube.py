@@ -34,6 +34,13 @@ def is_not_found(error: BaseException) -> bool:
     return isinstance(error, ApiException) and error.status == 404
 
 
+def trimmed(body: Body) -> Body:
+    """An object without metadata.managedFields: often half its size, never read by UndoLog
+    (kubectl hides them too)."""
+    body.get("metadata", {}).pop("managedFields", None)
+    return body
+
+
 def default_namespace(kubeconfig: str | None = None) -> str:
     """The current context's namespace, or the in-cluster one, or "default"."""
     if os.environ.get("KUBERNETES_SERVICE_HOST") and not (kubeconfig or os.environ.get("KUBECONFIG")):
@@ -90,7 +97,7 @@ class Kube:
 
     async def get(self, plural: Plural, namespace: str, name: str) -> Body:
         body: Body = await self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
-        return body
+        return trimmed(body)
 
     async def list(
         self,
@@ -115,28 +122,28 @@ class Kube:
                 page = await self._custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, **kwargs)
             else:
                 page = await self._custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
-            items.extend(page.get("items", []))
+            items.extend(trimmed(item) for item in page.get("items", []))
             token = page.get("metadata", {}).get("continue")
             if not token:
                 return items
 
     async def create(self, plural: Plural, namespace: str, body: Body) -> Body:
         created: Body = await self._custom.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body)
-        return created
+        return trimmed(created)
 
     async def patch(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
         """JSON merge patch of the object; metadata.resourceVersion in the patch makes it conditional."""
         patched: Body = await self._custom.patch_namespaced_custom_object(
             GROUP, VERSION, namespace, plural, name, patch, _content_type=MERGE_PATCH
         )
-        return patched
+        return trimmed(patched)
 
     async def patch_status(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
         """JSON merge patch of the status subresource (conditional like `patch`)."""
         patched: Body = await self._custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, plural, name, patch, _content_type=MERGE_PATCH
         )
-        return patched
+        return trimmed(patched)
 
     async def delete(self, plural: Plural, namespace: str, name: str) -> None:
         await self._custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)

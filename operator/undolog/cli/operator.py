@@ -38,6 +38,9 @@ def operator(
         str | None,
         typer.Option(envvar="POD_NAMESPACE", help="Namespace of the Lease (default: the kubeconfig's namespace)."),
     ] = None,
+    max_concurrent_sagas: Annotated[
+        int, typer.Option(min=1, help="Sagas worked on at once (memory and fairness); the rest queue.")
+    ] = 200,
     lease_seconds: Annotated[
         int, typer.Option(min=3, help="Lease duration: how long a standby waits for a dead leader.")
     ] = 15,
@@ -54,5 +57,6 @@ def operator(
             lease=LeaseSettings(leader_election_namespace or default_namespace(kubeconfig), lease_seconds=lease_seconds)
             if leader_election
             else None,
+            max_concurrent_sagas=max_concurrent_sagas,
         )
     )

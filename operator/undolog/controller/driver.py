@@ -21,7 +21,7 @@ from undolog.api.saga import EffectStatus, LostEntry, Saga, SagaPhase, SagaStatu
 from undolog.api.undo_entry import UndoEntry
 from undolog.controller.forward import owned_by
 from undolog.decisions import lifo, moves, phases
-from undolog.kube import ApiException, Body, refusal
+from undolog.kube import ApiException, Body, refusal, trimmed
 
 if TYPE_CHECKING:
     from undolog.controller.engine import Engine
@@ -80,7 +80,7 @@ class SagaDriver:
         if body is None:
             self.gone = True
         else:
-            self.latest = fresher(body, self.latest)
+            self.latest = fresher(trimmed(body), self.latest)
         self.wake.set()
 
     async def run(self) -> None:
@@ -88,7 +88,8 @@ class SagaDriver:
         while not self.gone:
             self.wake.clear()
             try:
-                wait = await self.reconcile()
+                async with self.engine.slots:  # bounded: memory and fairness with thousands of sagas
+                    wait = await self.reconcile()
                 failures, self.last_error = 0, None
             except ApiException as error:
                 if error.status == 404:

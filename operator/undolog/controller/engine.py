@@ -49,6 +49,11 @@ class Engine:
     phase_counts: Counter[str] = field(default_factory=Counter)
     namespaces: list[str] = field(default_factory=list)  # watched; empty: all
     leading: bool = True  # False while another operator holds the Lease
+    max_concurrent: int = 200  # sagas reconciled at once; the others wait their turn
+    slots: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.slots = asyncio.Semaphore(self.max_concurrent)
 
     async def lead(self) -> None:
         """This operator now holds the Lease: pick up every saga that needs work."""

@@ -35,6 +35,7 @@ class OperatorOptions:
     metrics_port: int | None = 9090
     kubeconfig: str | None = None
     lease: LeaseSettings | None = None  # None: no leader election (a single operator)
+    max_concurrent_sagas: int = 200
 
 
 def connection_info(kube: Kube) -> kopf.ConnectionInfo:
@@ -111,6 +112,7 @@ async def run(options: OperatorOptions) -> None:
         timeline,
         namespaces=options.namespaces,
         leading=options.lease is None,
+        max_concurrent=options.max_concurrent_sagas,
     )
     elections = (
         asyncio.create_task(campaign(kube, options.lease, engine.lead, engine.follow), name="leader election")

@@ -41,6 +41,12 @@ class Timeline:
 
     def record(self, regarding: Body, reason: str, message: str, *, warning: bool = False) -> None:
         meta = regarding["metadata"]
+        # Only what an Event points at: a backed-up queue must not hold whole objects.
+        regarding = {
+            "apiVersion": regarding.get("apiVersion"),
+            "kind": regarding.get("kind"),
+            "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")},
+        }
         log.log(
             logging.WARNING if warning else logging.INFO,
             "%s %s/%s: %s: %s",
