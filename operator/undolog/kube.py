@@ -22,6 +22,8 @@ from undolog.api.common import GROUP, VERSION
 Plural = Literal["sagas", "undoentries", "webhooks"]
 Body = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+# A client-side bound above the apiserver's own 60 s: a silent connection must not hang a saga.
+REQUEST_TIMEOUT = 75
 
 __all__ = ["ApiException", "Body", "Kube", "Plural", "default_namespace", "is_conflict", "is_not_found", "refusal"]
 
@@ -96,7 +98,9 @@ class Kube:
     # -- UndoLog objects ----------------------------------------------------------------------
 
     async def get(self, plural: Plural, namespace: str, name: str) -> Body:
-        body: Body = await self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+        body: Body = await self._custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, plural, name, _request_timeout=REQUEST_TIMEOUT
+        )
         return trimmed(body)
 
     async def list(
@@ -108,10 +112,25 @@ class Kube:
         label_selector: str | None = None,
     ) -> list[Body]:
         """All objects of a kind in a namespace (or all namespaces), following continue tokens."""
+        items, _ = await self.list_versioned(
+            plural, namespace, field_selector=field_selector, label_selector=label_selector
+        )
+        return items
+
+    async def list_versioned(
+        self,
+        plural: Plural,
+        namespace: str | None = None,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+    ) -> tuple[builtins.list[Body], str]:
+        """`list`, with the resourceVersion the listing is consistent at (that of its first page)."""
         items: list[Body] = []
         token: str | None = None
+        version = ""
         while True:
-            kwargs: dict[str, Any] = {"limit": 500}
+            kwargs: dict[str, Any] = {"limit": 500, "_request_timeout": REQUEST_TIMEOUT}
             if token:
                 kwargs["_continue"] = token
             if field_selector:
@@ -123,25 +142,28 @@ class Kube:
             else:
                 page = await self._custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
             items.extend(trimmed(item) for item in page.get("items", []))
+            version = version or page.get("metadata", {}).get("resourceVersion", "")
             token = page.get("metadata", {}).get("continue")
             if not token:
-                return items
+                return items, version
 
     async def create(self, plural: Plural, namespace: str, body: Body) -> Body:
-        created: Body = await self._custom.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body)
+        created: Body = await self._custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, plural, body, _request_timeout=REQUEST_TIMEOUT
+        )
         return trimmed(created)
 
     async def patch(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
         """JSON merge patch of the object; metadata.resourceVersion in the patch makes it conditional."""
         patched: Body = await self._custom.patch_namespaced_custom_object(
-            GROUP, VERSION, namespace, plural, name, patch, _content_type=MERGE_PATCH
+            GROUP, VERSION, namespace, plural, name, patch, _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT
         )
         return trimmed(patched)
 
     async def patch_status(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
         """JSON merge patch of the status subresource (conditional like `patch`)."""
         patched: Body = await self._custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, plural, name, patch, _content_type=MERGE_PATCH
+            GROUP, VERSION, namespace, plural, name, patch, _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT
         )
         return trimmed(patched)
 

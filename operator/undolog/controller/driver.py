@@ -60,6 +60,7 @@ class SagaDriver:
         self.last_status_write = 0.0
         self.last_error: str | None = None
         self.lost: list[LostEntry] = []  # entries gone since the last reconcile, to be reported
+        self.verified = False  # the entries were listed (or shown complete) since compensation began
 
     def lose(self, entry: Body, why: str) -> None:
         """An entry can no longer be compensated: record it on the saga at the next reconcile."""
@@ -121,9 +122,9 @@ class SagaDriver:
         ledger = self.engine.ledger
         saga_body = self.latest or await ledger.saga(self.namespace, self.name)
         uid = saga_body["metadata"]["uid"]
+        entries = await self.entries(saga_body)
         # Entries of an earlier saga with the same name, not yet collected, are not ours.
-        listed = await ledger.entries(self.namespace, self.name)
-        entries = {e["metadata"]["name"]: e for e in listed if owned_by(e, uid)}
+        entries = {name: e for name, e in entries.items() if owned_by(e, uid)}
         for name, body in list(entries.items()):
             try:
                 UndoEntry.model_validate(body)
@@ -151,9 +152,31 @@ class SagaDriver:
                 # The entry was deleted while its call was being made: report it, go on.
                 self.lose(entries.pop(entry.metadata.name), "deleted by hand while its call was in flight")
                 written = saga_body
+            for body in entries.values():  # what the move wrote is the newest copy
+                self.engine.index.keep(body)
             # An event may have brought a newer copy while the write was in flight.
             saga_body = fresher(written, self.latest) or await ledger.saga(self.namespace, self.name)
             self.latest = saga_body
+
+    async def entries(self, saga_body: Body) -> dict[str, Body]:
+        """The saga's entries: from the index, or listed when compensating and the index cannot
+        be shown to hold every entry written before the saga's current version (an agent's last
+        entry and its abort may arrive on different watch streams in either order)."""
+        index = self.engine.index
+        key = (self.namespace, self.name)
+        phase = saga_body.get("status", {}).get("phase")
+        compensating = phase in ("Failed", "Compensating")
+        if (
+            self.verified
+            or not compensating
+            or index.complete_at(self.namespace, saga_body["metadata"]["resourceVersion"])
+        ):
+            self.verified = self.verified or compensating
+            return index.of(key)
+        listed = await self.engine.ledger.entries(self.namespace, self.name)
+        index.replace(key, listed)
+        self.verified = True
+        return index.of(key)
 
     # -- applying moves ----------------------------------------------------------------------
 

@@ -11,11 +11,12 @@ from undolog import metrics
 from undolog.api.saga import Saga
 from undolog.controller.compensation import Compensator
 from undolog.controller.driver import SagaDriver
+from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
 from undolog.controller.ledger import Ledger
 from undolog.controller.timeline import Timeline
 from undolog.decisions import lifo, phases
-from undolog.kube import Body
+from undolog.kube import Body, trimmed
 
 SagaKey = tuple[str, str]
 
@@ -48,17 +49,23 @@ class Engine:
     phases: dict[SagaKey, str] = field(default_factory=dict)
     phase_counts: Counter[str] = field(default_factory=Counter)
     namespaces: list[str] = field(default_factory=list)  # watched; empty: all
-    leading: bool = True  # False while another operator holds the Lease
+    leading: bool = False  # True once `lead` has indexed the entries (and, with HA, holds the Lease)
     max_concurrent: int = 200  # sagas reconciled at once; the others wait their turn
     slots: asyncio.Semaphore = field(init=False)
+    index: EntryIndex = field(init=False)
 
     def __post_init__(self) -> None:
         self.slots = asyncio.Semaphore(self.max_concurrent)
+        self.index = EntryIndex(clusterwide=not self.namespaces)
 
     async def lead(self) -> None:
-        """This operator now holds the Lease: pick up every saga that needs work."""
-        self.leading = True
+        """Start driving sagas (at start, or on taking the Lease): index every entry with one
+        consistent listing, then pick up every saga that needs work."""
         targets: list[str | None] = [*self.namespaces] or [None]
+        for namespace in targets:
+            items, version = await self.ledger.kube.list_versioned("undoentries", namespace)
+            self.index.prime(items, version, namespace)
+        self.leading = True
         for namespace in targets:
             for body in await self.ledger.kube.list("sagas", namespace):
                 self.saga_event(None, body)
@@ -72,6 +79,7 @@ class Engine:
         key: SagaKey = (body["metadata"]["namespace"], body["metadata"]["name"])
         if event_type == "DELETED":
             self._forget(key)
+            self.index.forget(key)
             driver = self.drivers.get(key)
             if driver is not None:
                 driver.notify(None)
@@ -87,6 +95,7 @@ class Engine:
 
     def entry_event(self, event_type: str | None, body: Body) -> None:
         key: SagaKey = (body["metadata"]["namespace"], body["spec"]["saga"])
+        self.index.watched(trimmed(body), deleted=event_type == "DELETED")
         if not self.leading:
             return
         if event_type == "DELETED":

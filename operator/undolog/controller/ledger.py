@@ -45,6 +45,7 @@ class Ledger:
         return await self.kube.get("sagas", namespace, name)
 
     async def entries(self, namespace: str, saga: str) -> list[Body]:
+        """A saga's entries, listed consistently (a scan of the namespace's entries: costly at scale)."""
         return await self.kube.list("undoentries", namespace, field_selector=f"spec.saga={saga}")
 
     async def write_saga_status(self, saga: Body, status: SagaStatus) -> Body:

@@ -111,9 +111,10 @@ async def run(options: OperatorOptions) -> None:
         Forwarder(recorder),
         timeline,
         namespaces=options.namespaces,
-        leading=options.lease is None,
         max_concurrent=options.max_concurrent_sagas,
     )
+    if options.lease is None:
+        await engine.lead()  # a single operator leads from the start
     elections = (
         asyncio.create_task(campaign(kube, options.lease, engine.lead, engine.follow), name="leader election")
         if options.lease
