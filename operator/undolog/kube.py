@@ -10,11 +10,12 @@ import base64
 import builtins
 import json
 import os
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from undolog.api.common import GROUP, VERSION
@@ -24,6 +25,9 @@ Body = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 # A client-side bound above the apiserver's own 60 s: a silent connection must not hang a saga.
 REQUEST_TIMEOUT = 75
+# The apiserver ends a watch after this long; the client gives up a little later (a stream
+# that went silent, say across an apiserver restart, must not hang forever).
+WATCH_SECONDS = 300
 
 __all__ = ["ApiException", "Body", "Kube", "Plural", "default_namespace", "is_conflict", "is_not_found", "refusal"]
 
@@ -146,6 +150,26 @@ class Kube:
             token = page.get("metadata", {}).get("continue")
             if not token:
                 return items, version
+
+    async def watch(self, plural: Plural, namespace: str | None, version: str) -> AsyncIterator[tuple[str, Body]]:
+        """The changes after resourceVersion `version`, in the order they happened, as (type, body);
+        BOOKMARK bodies carry only a resourceVersion. Ends when the apiserver closes the stream;
+        a version too old to resume from raises ApiException 410."""
+        kwargs: dict[str, Any] = {
+            "resource_version": version,
+            "allow_watch_bookmarks": True,
+            "timeout_seconds": WATCH_SECONDS,
+            "_request_timeout": WATCH_SECONDS + 30,
+        }
+        async with watch.Watch() as stream:
+            if namespace:
+                events = stream.stream(
+                    self._custom.list_namespaced_custom_object, GROUP, VERSION, namespace, plural, **kwargs
+                )
+            else:
+                events = stream.stream(self._custom.list_cluster_custom_object, GROUP, VERSION, plural, **kwargs)
+            async for event in events:
+                yield event["type"], trimmed(event["raw_object"])
 
     async def create(self, plural: Plural, namespace: str, body: Body) -> Body:
         created: Body = await self._custom.create_namespaced_custom_object(

@@ -12,6 +12,7 @@ from undolog.api.saga import Saga
 from undolog.controller.compensation import Compensator
 from undolog.controller.driver import SagaDriver
 from undolog.controller.entry_index import EntryIndex
+from undolog.controller.entry_watch import EntryWatch
 from undolog.controller.forward import Forwarder
 from undolog.controller.ledger import Ledger
 from undolog.controller.timeline import Timeline
@@ -53,6 +54,7 @@ class Engine:
     max_concurrent: int = 200  # sagas reconciled at once; the others wait their turn
     slots: asyncio.Semaphore = field(init=False)
     index: EntryIndex = field(init=False)
+    watches: list[asyncio.Task[None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.slots = asyncio.Semaphore(self.max_concurrent)
@@ -60,15 +62,18 @@ class Engine:
 
     async def lead(self) -> None:
         """Start driving sagas (at start, or on taking the Lease): index every entry with one
-        consistent listing, then pick up every saga that needs work."""
+        consistent listing and follow the entries' watch from there, then pick up every saga
+        that needs work (and every saga an entry says is owed something)."""
         targets: list[str | None] = [*self.namespaces] or [None]
-        for namespace in targets:
-            items, version = await self.ledger.kube.list_versioned("undoentries", namespace)
-            self.index.prime(items, version, namespace)
+        watches = [EntryWatch(self.ledger.kube, self.index, self.entry_event, namespace) for namespace in targets]
+        listed = [body for watch in watches for body in await watch.sync()]
         self.leading = True
+        self.watches = [asyncio.create_task(w.run(), name=f"undo entries of {w.namespace or 'all'}") for w in watches]
         for namespace in targets:
             for body in await self.ledger.kube.list("sagas", namespace):
                 self.saga_event(None, body)
+        for body in listed:
+            self.entry_event(None, body)
 
     async def follow(self) -> None:
         """Another operator leads: stop driving (it picks up where this one stopped)."""
@@ -150,9 +155,11 @@ class Engine:
                 del self.drivers[key]
 
     async def stop(self) -> None:
-        tasks = [d.task for d in self.drivers.values() if d.task is not None]
+        """Stop driving and watching (a new `lead` lists afresh)."""
+        tasks = [d.task for d in self.drivers.values() if d.task is not None] + self.watches
         for task in tasks:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*tasks, return_exceptions=True)
         self.drivers.clear()
+        self.watches.clear()

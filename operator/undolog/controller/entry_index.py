@@ -4,9 +4,10 @@ then the watch's events and the operator's own write responses.
 Listing a saga's entries from the apiserver costs a scan of every entry in its namespace
 (field and label selectors are not indexed for custom resources), so at thousands of sagas
 per-saga LISTs dominate the apiserver's CPU. The index answers instead, when it is known to be
-complete: the watch delivers a namespace's entry events in resourceVersion order, so once it
-has delivered (or the priming LIST covered) revision R, every entry written before R is here.
-When that cannot be shown, the driver lists (and the listing refreshes the index).
+complete: the watch delivers a namespace's entry events in resourceVersion order and they are
+applied in that order (controller.entry_watch), so once it has applied (or the priming LIST
+covered) revision R, every entry written before R is here. When that cannot be shown, the
+driver lists (and the listing refreshes the index).
 """
 
 from __future__ import annotations
@@ -40,16 +41,27 @@ class EntryIndex:
         """Load a consistent listing (of one namespace, or of all when `namespace` is None)."""
         for body in items:
             self.keep(body)
-        listed = revision(version)
-        if listed is None:
+        self.reached(namespace, version)
+
+    def reached(self, namespace: str | None, version: str) -> None:
+        """Every change of the namespace (of all, for None) up to `version` has been applied."""
+        seen = revision(version)
+        if seen is None:
             return
         if namespace is None:
-            self._everywhere = max(self._everywhere, listed)
+            self._everywhere = max(self._everywhere, seen)
         else:
-            self._progress[namespace] = max(self._progress.get(namespace, 0), listed)
+            self._progress[namespace] = max(self._progress.get(namespace, 0), seen)
+
+    def held(self, namespace: str | None) -> list[Body]:
+        """Every entry held, of one namespace or of all."""
+        return [
+            body for (ns, _), entries in self._by_saga.items() if namespace in (None, ns) for body in entries.values()
+        ]
 
     def watched(self, body: Body, deleted: bool) -> None:
-        """An event from the watch: apply it, and record how far the stream has come."""
+        """An event from the watch, applied in the stream's order: apply it, and record how far
+        the stream has come."""
         if deleted:
             meta = body["metadata"]
             self._by_saga[(meta["namespace"], body["spec"]["saga"])].pop(meta["name"], None)
@@ -58,13 +70,9 @@ class EntryIndex:
                 self._deleted.popitem(last=False)
         else:
             self.keep(body)
-        seen = revision(body)
-        if seen is not None:
-            if self.clusterwide:
-                self._everywhere = max(self._everywhere, seen)
-            else:
-                namespace = body["metadata"]["namespace"]
-                self._progress[namespace] = max(self._progress.get(namespace, 0), seen)
+        self.reached(
+            None if self.clusterwide else body["metadata"]["namespace"], body["metadata"].get("resourceVersion", "")
+        )
 
     def keep(self, body: Body) -> None:
         """A copy of an entry (from a listing, an event or a write response), if it is newer."""

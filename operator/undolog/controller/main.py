@@ -1,4 +1,5 @@
-"""The `undolog operator` process: kopf watches Sagas and UndoEntries and feeds the engine.
+"""The `undolog operator` process: kopf watches Sagas and feeds the engine (UndoEntries are
+watched by the engine itself, in order: controller.entry_watch).
 
 Only kopf's event handlers are used: they write nothing to the objects (no progress or
 diff-base annotations, no kopf finalizer), so the CRDs' status holds UndoLog's fields alone.
@@ -87,10 +88,6 @@ def build_registry(engine: Engine, kube: Kube) -> kopf.OperatorRegistry:
     @kopf.on.event(GROUP, VERSION, "sagas", registry=registry)
     async def saga_changed(event: kopf.RawEvent, **_: Any) -> None:
         engine.saga_event(event.get("type"), dict(event["object"]))
-
-    @kopf.on.event(GROUP, VERSION, "undoentries", registry=registry)
-    async def entry_changed(event: kopf.RawEvent, **_: Any) -> None:
-        engine.entry_event(event.get("type"), dict(event["object"]))
 
     return registry
 
