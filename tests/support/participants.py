@@ -13,6 +13,7 @@ import json
 import socket
 import ssl
 import struct
+import sys
 import threading
 import time
 from collections import defaultdict, deque
@@ -50,6 +51,12 @@ Handler = Callable[[Received], Reply]
 
 class _Server(ThreadingHTTPServer):
     request_queue_size = 1024  # hundreds of concurrent callers must not be refused at connect
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A caller that hangs up (a killed operator, a client timeout) is expected; only
+        # anything else is worth a traceback.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class Participant:
