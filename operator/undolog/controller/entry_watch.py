@@ -40,7 +40,7 @@ class EntryWatch:
         vanished = [b for b in self.index.held(self.namespace) if named(b) not in listed]
         self.index.prime(items, version, self.namespace)
         for body in vanished:
-            self.deliver("DELETED", body)
+            self.apply("DELETED", body)
         self.version = version
         return items
 
@@ -53,14 +53,14 @@ class EntryWatch:
             try:
                 if expired:
                     for body in await self.sync():
-                        self.deliver("MODIFIED", body)  # wakes the sagas whose entries changed unseen
+                        self.apply("MODIFIED", body)  # wakes the sagas whose entries changed unseen
                     expired = False
                 async for kind, body in self.kube.watch("undoentries", self.namespace, self.version):
                     failures = 0
                     if kind == "BOOKMARK":
                         self.index.reached(self.namespace, body["metadata"]["resourceVersion"])
                     else:
-                        self.deliver(kind, body)
+                        self.apply(kind, body)
                     self.version = body["metadata"]["resourceVersion"]
             except ApiException as error:
                 expired = error.status == 410
@@ -72,6 +72,13 @@ class EntryWatch:
                 log.warning("the undo entry watch broke (%s); watching again", error or type(error).__name__)
             if failures:
                 await asyncio.sleep(min(RETRY_CAP_SECONDS, 0.25 * 2**failures))
+
+    def apply(self, kind: str, body: Body) -> None:
+        """One event; one that cannot be handled is logged, never the end of the watch."""
+        try:
+            self.deliver(kind, body)
+        except Exception:
+            log.exception("the %s event of undo entry %s/%s could not be handled", kind, *named(body))
 
 
 def named(body: Body) -> tuple[str, str]:
