@@ -50,5 +50,6 @@ def test_a_listing_replaces_what_the_index_held_for_the_saga() -> None:
     index = EntryIndex()
     index.keep(entry("s-1", 5))
     index.keep(entry("s-2", 6))
-    index.replace(("ns", "s"), [entry("s-2", 8)])
+    gone = index.replace(("ns", "s"), [entry("s-2", 8)])
     assert list(index.of(("ns", "s"))) == ["s-2"]
+    assert [body["metadata"]["name"] for body in gone] == ["s-1"]  # deleted: the driver reports it

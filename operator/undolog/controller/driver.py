@@ -174,7 +174,11 @@ class SagaDriver:
             self.verified = self.verified or compensating
             return index.of(key)
         listed = await self.engine.ledger.entries(self.namespace, self.name)
-        index.replace(key, listed)
+        uid = saga_body["metadata"]["uid"]
+        for body in index.replace(key, listed):
+            # Its deletion event may come after this saga is final: report it now (once, by name).
+            if owned_by(body, uid) and body.get("status", {}).get("state", "Pending") not in lifo.SETTLED:
+                self.lose(body, "deleted by hand")
         self.verified = True
         return index.of(key)
 

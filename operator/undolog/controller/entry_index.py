@@ -87,14 +87,15 @@ class EntryIndex:
         if held is None or new is None or old is None or new >= old:
             entries[meta["name"]] = body
 
-    def replace(self, key: SagaKey, listed: list[Body]) -> None:
-        """A saga's entries as just listed: what the listing lacks is gone, the rest newest wins."""
+    def replace(self, key: SagaKey, listed: list[Body]) -> list[Body]:
+        """A saga's entries as just listed: what the listing lacks is gone (returned: deleted,
+        perhaps before the watch says so), the rest newest wins."""
         names = {body["metadata"]["name"] for body in listed}
         held = self._by_saga[key]
-        for name in [n for n in held if n not in names]:
-            del held[name]
+        gone = [held.pop(name) for name in [n for n in held if n not in names]]
         for body in listed:
             self.keep(body)
+        return gone
 
     def complete_at(self, namespace: str, version: str) -> bool:
         """Whether every entry written before resourceVersion `version` is in the index."""
