@@ -32,6 +32,7 @@ from tests.chaos.workload import Workload
 from tests.conftest import BIN, REPO, Cluster, install_crds
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant
+from tests.support.waiting import eventually
 from undolog.control_plane import LocalControlPlane
 from undolog.kube import ApiException, Kube, refusal
 
@@ -107,11 +108,23 @@ async def test_apiserver_and_etcd_restart_mid_run(tmp_path: Path) -> None:
     operator.start()
     workload = Workload(kube, namespace, participant, sagas)
     downtime: dict[str, float] = {}
+    unfinished: dict[str, int] = {}
     try:
         await workload.start()
-        await asyncio.sleep(0.5)
+        # The apiserver restarts once calls are arriving; etcd once the operator made calls
+        # again after that (unless the apiserver's graceful shutdown let every saga finish:
+        # how many were unfinished at each restart is recorded).
+        await participant.until(lambda received: len(received) >= 1, within=60)
+        unfinished["kube-apiserver"] = len(await workload.unfinished())
         downtime["kube-apiserver"] = await asyncio.to_thread(local.restart, "kube-apiserver")
-        await asyncio.sleep(1.0)
+        before = len(participant.received())
+        stuck = await eventually(
+            workload.unfinished,
+            lambda stuck: not stuck or len(participant.received()) > before,
+            within=60,
+            what="calls after the apiserver restart",
+        )
+        unfinished["etcd"] = len(stuck)
         downtime["etcd"] = await asyncio.to_thread(local.restart, "etcd")
         final = await workload.settled(within=300 if FULL else 120)
         report = await workload.report(final)
@@ -129,6 +142,7 @@ async def test_apiserver_and_etcd_restart_mid_run(tmp_path: Path) -> None:
             "faults_injected": 2,
             "fault": "kube-apiserver restart, then etcd restart",
             "seconds_until_ready": {k: round(v, 1) for k, v in downtime.items()},
+            "unfinished_sagas_at_restart": unfinished,
         },
     )
     assert report.violations == []

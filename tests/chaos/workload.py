@@ -7,7 +7,6 @@ sagas refused at one step (so compensated), a third orchestrated sagas that comp
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +14,7 @@ from tests.chaos.faults import TIMEOUT_SECONDS
 from tests.chaos.invariants import Call, Report, check
 from tests.support.manifests import call, saga, undo_entry
 from tests.support.participants import Participant, Received
+from tests.support.waiting import eventually
 from undolog.kube import Kube
 
 POLICY = {"backoff": {"initialMilliseconds": 50, "multiplier": 2, "maxMilliseconds": 1000, "maxRetries": 10}}
@@ -75,17 +75,15 @@ class Workload:
         ]
         await self.kube.create("sagas", self.namespace, saga(name, steps, compensationPolicy=POLICY))
 
+    async def unfinished(self) -> list[str]:
+        """The sagas not yet final (one placeholder per saga not created yet)."""
+        sagas = await self.kube.list("sagas", self.namespace)
+        stuck = [s["metadata"]["name"] for s in sagas if s.get("status", {}).get("phase") not in FINAL]
+        return stuck + ["(not created yet)"] * (self.sagas - len(sagas))
+
     async def settled(self, within: float) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + within
-        while True:
-            sagas = await self.kube.list("sagas", self.namespace)
-            phases = [s.get("status", {}).get("phase") for s in sagas]
-            if len(sagas) == self.sagas and all(p in FINAL for p in phases):
-                return sagas
-            if time.monotonic() > deadline:
-                stuck = [s["metadata"]["name"] for s, p in zip(sagas, phases, strict=True) if p not in FINAL]
-                raise AssertionError(f"{len(stuck)} sagas not final after {within} s: {stuck[:10]}")
-            await asyncio.sleep(0.5)
+        await eventually(self.unfinished, lambda stuck: not stuck, within, f"all {self.sagas} sagas final")
+        return await self.kube.list("sagas", self.namespace)
 
     async def report(self, sagas: list[dict[str, Any]]) -> Report:
         entries = await self.kube.list("undoentries", self.namespace)
