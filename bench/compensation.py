@@ -19,15 +19,12 @@ import json
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from tests.support.manifests import call, saga, undo_entry, webhook
 
-from bench.harness import Bench, RemoteParticipant, bench_cluster, cpu_seconds, delta
+from bench.harness import Bench, RemoteParticipant, bench_cluster, cpu_seconds, delta, print_table, save
 from undolog.kube import Kube
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 async def bounded(jobs: Iterable[Callable[[], Awaitable[Any]]], limit: int = 100) -> list[Any]:
@@ -150,40 +147,6 @@ async def _all(kube: Kube, namespace: str, phase: str, n: int) -> bool:
     return (await phases(kube, namespace)).get(phase, 0) == n
 
 
-def table_row(*cells: Any) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        table_row(
-            "sagas",
-            "compensations",
-            "abort->1st call p50",
-            "p99",
-            "compensations/s",
-            "writes/saga",
-            "raw writes/s",
-            "operator / ceiling",
-        ),
-        "|" + "---|" * 8,
-    ]
-    lines += [
-        table_row(
-            r["sagas"],
-            r["compensations"],
-            f"{r['abort_to_first_call_p50_ms']} ms",
-            f"{r['abort_to_first_call_p99_ms']} ms",
-            r["compensations_per_second"],
-            r["api_writes_per_saga"],
-            r["raw_writes_per_second"],
-            f"{r['operator_vs_ceiling']}x",
-        )
-        for r in rows
-    ]
-    return "\n".join(lines)
-
-
 async def main(sizes: list[int]) -> None:
     rows = []
     async with bench_cluster() as bench:
@@ -192,9 +155,32 @@ async def main(sizes: list[int]) -> None:
             row = await measure(bench, n)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    print(table(rows))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "compensation.json").write_text(json.dumps(rows, indent=2))
+    print_table(
+        [
+            "sagas",
+            "compensations",
+            "abort->1st call p50",
+            "p99",
+            "compensations/s",
+            "writes/saga",
+            "raw writes/s",
+            "operator / ceiling",
+        ],
+        (
+            (
+                r["sagas"],
+                r["compensations"],
+                f"{r['abort_to_first_call_p50_ms']} ms",
+                f"{r['abort_to_first_call_p99_ms']} ms",
+                r["compensations_per_second"],
+                r["api_writes_per_saga"],
+                r["raw_writes_per_second"],
+                f"{r['operator_vs_ceiling']}x",
+            )
+            for r in rows
+        ),
+    )
+    save("compensation", rows)
 
 
 if __name__ == "__main__":

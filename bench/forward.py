@@ -15,18 +15,16 @@ import asyncio
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 from kubernetes_asyncio import client, watch
 from tests.support.manifests import saga, webhook
 
-from bench.compensation import bounded, table_row
-from bench.harness import Bench, RemoteParticipant, bench_cluster, delta
+from bench.compensation import bounded
+from bench.harness import Bench, RemoteParticipant, bench_cluster, delta, print_table, save
 from undolog.api.common import GROUP, VERSION
 
-RESULTS = Path(__file__).resolve().parent / "results"
 STEPS = ("one", "two", "three")
 
 
@@ -127,11 +125,10 @@ async def main(levels: list[int]) -> None:
             row = await measure(bench, n)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    print("| concurrent sagas | saga wall p50 | 3 direct calls p50 | sagas/s | entry writes/step | saga writes/saga |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            table_row(
+    print_table(
+        ["concurrent sagas", "saga wall p50", "3 direct calls p50", "sagas/s", "entry writes/step", "saga writes/saga"],
+        (
+            (
                 r["concurrent_sagas"],
                 f"{r['saga_wall_median_ms']} ms",
                 f"{r['direct_wall_median_ms']} ms",
@@ -139,9 +136,10 @@ async def main(levels: list[int]) -> None:
                 r["entry_writes_per_step"],
                 r["saga_writes_per_saga"],
             )
-        )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "forward.json").write_text(json.dumps(rows, indent=2))
+            for r in rows
+        ),
+    )
+    save("forward", rows)
 
 
 if __name__ == "__main__":

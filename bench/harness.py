@@ -4,16 +4,18 @@ namespace, the operator as a process, and the apiserver's own count of write req
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from kubernetes_asyncio import client
@@ -27,6 +29,21 @@ from undolog.kube import Kube
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("UNDOLOG_BIN_DIR", ROOT / "bin"))
 WRITE_VERBS = {"POST", "PATCH", "PUT", "DELETE"}
+RESULTS = ROOT / "bench" / "results"
+
+
+def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """A markdown table on the terminal, to paste into docs/performance.md as is."""
+    print("| " + " | ".join(headers) + " |")
+    print("|" + "---|" * len(headers))
+    for cells in rows:
+        print("| " + " | ".join(str(c) for c in cells) + " |")
+
+
+def save(name: str, results: Any) -> None:
+    """bench/results/<name>.json"""
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2))
 
 
 @dataclass

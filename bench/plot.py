@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import matplotlib
+
+from bench.harness import RESULTS, ROOT
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-RESULTS = Path(__file__).resolve().parent / "results"
-OUT = Path(__file__).resolve().parents[1] / "docs" / "throughput.png"
+OUT = ROOT / "docs" / "throughput.png"
 
 
 def main() -> None:

@@ -17,10 +17,8 @@ from typing import Any
 from rich.progress import Progress
 from tests.support.manifests import call, saga, undo_entry, webhook
 
-from bench.compensation import bounded, table_row
-from bench.harness import Bench, RemoteParticipant, bench_cluster
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.compensation import bounded
+from bench.harness import Bench, RemoteParticipant, bench_cluster, print_table, save
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:
@@ -96,11 +94,10 @@ async def main(sizes: list[int]) -> None:
                 row = await measure(bench, n, progress)
                 progress.console.print(json.dumps(row))
                 rows.append(row)
-    print("| sagas | entries | resume and finish | compensations/s | operator peak RSS | RSS after |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            table_row(
+    print_table(
+        ["sagas", "entries", "resume and finish", "compensations/s", "operator peak RSS", "RSS after"],
+        (
+            (
                 r["sagas"],
                 r["entries"],
                 f"{r['resume_and_finish_seconds']} s",
@@ -108,9 +105,10 @@ async def main(sizes: list[int]) -> None:
                 f"{r['operator_peak_rss_mib']} MiB",
                 f"{r['operator_rss_after_mib']} MiB",
             )
-        )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "scale.json").write_text(json.dumps(rows, indent=2))
+            for r in rows
+        ),
+    )
+    save("scale", rows)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sqlite3
 import statistics
 import tempfile
@@ -23,10 +22,9 @@ from typing import Any
 
 import httpx
 
-from bench.compensation import percentile, table_row
-from bench.harness import RemoteParticipant
+from bench.compensation import percentile
+from bench.harness import RemoteParticipant, print_table, save
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SCHEMA = """
 create table sagas (id text primary key, phase text not null);
 create table entries (
@@ -165,32 +163,33 @@ async def main(sizes: list[int], concurrency: list[int]) -> None:
                     )
     finally:
         participant.close()
-    print("| SQLite ledger | concurrent sagas | saga wall p50 | sagas/s | writes/step |")
-    print("|---|---|---|---|---|")
-    for r in rows["forward"]:
-        print(
-            table_row(
+    print_table(
+        ["SQLite ledger", "concurrent sagas", "saga wall p50", "sagas/s", "writes/step"],
+        (
+            (
                 "forward",
                 r["concurrent_sagas"],
                 f"{r['saga_wall_median_ms']} ms",
                 r["sagas_per_second"],
                 r["writes_per_step"],
             )
-        )
-    print("| SQLite ledger | sagas | first undo p50 | p99 | compensations/s |")
-    print("|---|---|---|---|---|")
-    for r in rows["compensation"]:
-        print(
-            table_row(
+            for r in rows["forward"]
+        ),
+    )
+    print_table(
+        ["SQLite ledger", "sagas", "first undo p50", "p99", "compensations/s"],
+        (
+            (
                 "compensation",
                 r["sagas"],
                 f"{r['abort_to_first_call_p50_ms']} ms",
                 f"{r['abort_to_first_call_p99_ms']} ms",
                 r["compensations_per_second"],
             )
-        )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "sqlite.json").write_text(json.dumps(rows, indent=2))
+            for r in rows["compensation"]
+        ),
+    )
+    save("sqlite", rows)
 
 
 if __name__ == "__main__":
