@@ -17,7 +17,7 @@ from undolog.controller.forward import Forwarder
 from undolog.controller.ledger import Ledger
 from undolog.controller.timeline import Timeline
 from undolog.decisions import lifo, phases
-from undolog.kube import Body, trimmed
+from undolog.kube import Body
 
 SagaKey = tuple[str, str]
 
@@ -100,7 +100,7 @@ class Engine:
 
     def entry_event(self, event_type: str | None, body: Body) -> None:
         key: SagaKey = (body["metadata"]["namespace"], body["spec"]["saga"])
-        self.index.watched(trimmed(body), deleted=event_type == "DELETED")
+        self.index.watched(body, deleted=event_type == "DELETED")  # trimmed by the adapter
         if not self.leading:
             return
         if event_type == "DELETED":
