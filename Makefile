@@ -6,36 +6,50 @@ PY := $(VENV)/bin/python
 # Binaries built by `make tools` come first, so kubectl and helm are the pinned ones.
 export PATH := $(CURDIR)/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 export UNDOLOG_BIN_DIR ?= $(CURDIR)/bin
+LOCK := $(VENV)/bin/uv pip compile pyproject.toml --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	--generate-hashes --quiet
+PYTHON_SOURCES := operator tests bench examples devtools
 
-.PHONY: help venv tools crds lint test demo bench chaos cluster-up cluster-down clean
+.PHONY: help venv tools crds lock lint test demo bench chaos cluster-up cluster-down cluster-reset clean
 
 help:
 	@echo "make demo          run the onboarding saga on a local control plane (builds what it needs)"
-	@echo "make test          lint, type-check and run every test against a real apiserver"
+	@echo "make test          lint, type-check, check the layering, and run every test against a real apiserver"
 	@echo "make tools         build etcd, kube-apiserver, kube-controller-manager, kubectl, helm into bin/"
-	@echo "make cluster-up    start the local control plane (.cluster/kubeconfig); cluster-down stops it"
+	@echo "make cluster-up    start the local control plane (.cluster/kubeconfig), or restart what died on its data"
+	@echo "make cluster-down  stop it (data kept); make cluster-reset deletes its data (every saga)"
 	@echo "make crds          regenerate crds/ from the API models"
+	@echo "make lock          re-resolve requirements/*.txt (exact versions, hashes) from pyproject.toml's ranges"
 	@echo "make bench         every benchmark; tables in the terminal, JSON in bench/results, docs/throughput.png"
 	@echo "make chaos         the fault-injection scenarios at full size (counts in bench/results/chaos.json)"
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# Exact, hash-checked versions from the lock; the project itself in development mode.
+$(VENV)/.installed: pyproject.toml requirements/dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --require-hashes -r requirements/dev.txt
+	$(PY) -m pip install -q --no-deps -e .
 	touch $@
+
+lock: venv
+	$(LOCK) --extra operator --extra cli -o requirements/operator.txt
+	$(LOCK) --extra dev -o requirements/dev.txt
+	$(LOCK) --extra dev --extra bench -o requirements/bench.txt
 
 tools:
 	tools/build.sh
 
 crds: venv
-	$(PY) -m undolog.crds crds
+	$(PY) -m devtools.crds crds
 
 lint: venv tools
-	$(VENV)/bin/ruff check operator tests bench examples
-	$(VENV)/bin/ruff format --check operator tests bench examples
+	$(VENV)/bin/ruff check $(PYTHON_SOURCES)
+	$(VENV)/bin/ruff format --check $(PYTHON_SOURCES)
 	$(VENV)/bin/mypy -p undolog
+	$(VENV)/bin/mypy $(filter-out operator,$(PYTHON_SOURCES))
+	$(VENV)/bin/lint-imports
 	bin/helm lint --strict charts/undolog
 	bin/helm template undolog charts/undolog --kube-version 1.37.2 > /dev/null
 	bin/helm template undolog charts/undolog --kube-version 1.37.2 --set watchNamespaces='{team-a,team-b}' \
@@ -45,19 +59,21 @@ test: venv tools lint
 	$(VENV)/bin/pytest
 
 cluster-up: venv tools
-	$(VENV)/bin/undolog cluster up
+	$(PY) -m devtools.cluster up
 
 cluster-down: venv
-	$(VENV)/bin/undolog cluster down
+	$(PY) -m devtools.cluster down
 
-clean: cluster-down
-	rm -rf .cluster
+cluster-reset: venv
+	$(PY) -m devtools.cluster reset
+
+clean: cluster-reset
 
 demo: venv tools
 	$(PY) -m examples.onboarding.demo
 
 bench: venv tools
-	$(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m pip install -q --require-hashes -r requirements/bench.txt
 	$(PY) -m bench.compensation --sizes 1 10 100 1000
 	$(PY) -m bench.forward --concurrency 1 100
 	$(PY) -m bench.sqlite_ledger

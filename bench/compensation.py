@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import statistics
 import time
@@ -74,8 +75,8 @@ async def raw_ceiling(kube: Kube, namespace: str, writes: int, concurrency: int)
     began = time.monotonic()
     await bounded(
         (
-            lambda i=i: kube.patch_status(
-                "undoentries", namespace, entries[i % len(entries)], {"status": {"retryCount": i}}
+            functools.partial(
+                kube.patch_status, "undoentries", namespace, entries[i % len(entries)], {"status": {"retryCount": i}}
             )
             for i in range(writes)
         ),

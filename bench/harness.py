@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from devtools.control_plane import LocalControlPlane
 from kubernetes_asyncio import client
 from prometheus_client.parser import text_string_to_metric_families
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Received
 
-from undolog.control_plane import LocalControlPlane
 from undolog.kube import Kube
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ class RemoteParticipant:
     shared with the benchmark's client, reports fetched over HTTP."""
 
     def __init__(self) -> None:
-        from undolog.control_plane.local import free_port
+        from devtools.control_plane.local import free_port
 
         self.port = free_port()
         self.process = subprocess.Popen(

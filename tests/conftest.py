@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from devtools.control_plane import LocalControlPlane
 from kubernetes_asyncio import client
 
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant
-from undolog.control_plane import LocalControlPlane
 from undolog.kube import Kube
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,9 +21,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from devtools.control_plane import LocalControlPlane
+from devtools.control_plane.local import free_port
+
 from examples.onboarding.agent import onboard
-from undolog.control_plane import LocalControlPlane
-from undolog.control_plane.local import free_port
 from undolog.kube import Kube
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,7 +188,9 @@ def main() -> None:
         subprocess.Popen(
             [
                 *(sys.executable, "-m", "undolog.cli", "operator", "--namespace", namespace),
-                *(f"--liveness-port={liveness}", "--metrics-port=0"),
+                *(f"--liveness-port={liveness}", "--metrics-port=0", f"--leader-election-namespace={namespace}"),
+                "--egress-allow-loopback",  # the demo's services listen on loopback
+                "--lease-seconds=5",
             ],
             stdout=(logs / "demo-operator.log").open("wb"),
             stderr=subprocess.STDOUT,

@@ -1,34 +1,71 @@
-"""Prometheus metrics of the operator (served on --metrics-port at /metrics)."""
+"""Prometheus metrics of the operator (served on --metrics-port at /metrics).
+
+Every series carries `namespace` (and `function` where a call is counted), so alerts and
+dashboards can say where a person is needed. Saga gauges are exported by the leader only; a
+standby reports `undolog_leader 0` and nothing else about sagas. No `*_created` series.
+"""
 
 from __future__ import annotations
 
+import prometheus_client
 from prometheus_client import Counter, Gauge, Histogram
+
+from undolog.api import AttemptKind
+
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
-saga_transitions = Counter("undolog_saga_transitions_total", "Sagas entering a phase.", ["phase", "reason"])
-sagas_by_phase = Gauge("undolog_sagas", "Sagas this operator has seen, by phase.", ["phase"])
-halted_sagas = Gauge("undolog_halted_sagas", "Sagas waiting for a person in phase Halted.")
+leader = Gauge("undolog_leader", "1 while this operator holds the Lease and drives sagas, else 0.")
+saga_transitions = Counter(
+    "undolog_saga_transitions_total", "Sagas entering a phase.", ["namespace", "phase", "reason"]
+)
+sagas_by_phase = Gauge("undolog_sagas", "Sagas this operator drives, by phase.", ["namespace", "phase"])
+halted_sagas = Gauge("undolog_halted_sagas", "Sagas waiting for a person in phase Halted.", ["namespace"])
 compensation_attempts = Counter(
     "undolog_compensation_attempts_total",
     "Compensation calls by outcome (succeeded, transient, permanent) and function.",
-    ["function", "outcome"],
+    ["namespace", "function", "outcome"],
 )
 compensation_seconds = Histogram(
     "undolog_compensation_duration_seconds",
     "Wall time of one compensation call attempt.",
-    ["function"],
+    ["namespace", "function"],
     buckets=LATENCY_BUCKETS,
 )
 forward_seconds = Histogram(
     "undolog_forward_call_duration_seconds",
     "Wall time of one forward call attempt.",
-    ["function"],
+    ["namespace", "function"],
     buckets=LATENCY_BUCKETS,
 )
 forward_attempts = Counter(
-    "undolog_forward_attempts_total", "Forward calls by outcome and function.", ["function", "outcome"]
+    "undolog_forward_attempts_total", "Forward calls by outcome and function.", ["namespace", "function", "outcome"]
+)
+effect_seconds = Histogram(
+    "undolog_effect_call_duration_seconds",
+    "Wall time of one post-commit effect call attempt.",
+    ["namespace", "function"],
+    buckets=LATENCY_BUCKETS,
 )
 effect_attempts = Counter(
-    "undolog_effect_attempts_total", "Post-commit effect calls by outcome and function.", ["function", "outcome"]
+    "undolog_effect_attempts_total",
+    "Post-commit effect calls by outcome and function.",
+    ["namespace", "function", "outcome"],
 )
+
+
+def attempts(kind: AttemptKind) -> Counter:
+    return {
+        AttemptKind.FORWARD: forward_attempts,
+        AttemptKind.COMPENSATION: compensation_attempts,
+        AttemptKind.EFFECT: effect_attempts,
+    }[kind]
+
+
+def seconds(kind: AttemptKind) -> Histogram:
+    return {
+        AttemptKind.FORWARD: forward_seconds,
+        AttemptKind.COMPENSATION: compensation_seconds,
+        AttemptKind.EFFECT: effect_seconds,
+    }[kind]

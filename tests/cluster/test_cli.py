@@ -98,7 +98,11 @@ async def test_retry_skip_abort_wait_and_their_refusals(
     assert "saga 'stuck' has no entry at position 7 (it has [1, 2, 3])" in wrong.stderr
     done_entry = undolog(cluster, "skip", "stuck", "3", "--reason", "x", "-n", namespace)
     assert done_entry.returncode == 1
-    assert "entry stuck-3 is Compensated: only a Pending or Failed entry can be skipped" in done_entry.stderr
+    # The operator's own rule, in its own words (decisions.resolutions).
+    assert (
+        "skip of stuck-3 refused: only a Pending or Failed entry of a Halted saga can be skipped "
+        "(saga Halted, entry Compensated)" in done_entry.stderr
+    )
 
     skipped = undolog(cluster, "skip", "stuck", "2", "--reason", "revoked by hand", "-n", namespace)
     assert skipped.returncode == 0, skipped.stderr
@@ -110,10 +114,10 @@ async def test_retry_skip_abort_wait_and_their_refusals(
 
     again = undolog(cluster, "retry", "stuck", "-n", namespace)
     assert again.returncode == 1
-    assert "saga 'stuck' is Compensated: only a Halted saga can be retried" in again.stderr
+    assert "retry refused: saga stuck is Compensated, not Halted" in again.stderr
     late = undolog(cluster, "abort", "stuck", "--reason", "x", "-n", namespace)
     assert late.returncode == 1
-    assert "only an Active saga can be aborted" in late.stderr
+    assert "abort refused: saga stuck is Compensated; only an Active saga can be aborted" in late.stderr
 
     await external_saga(kube, namespace, "live", [call("unsend")])
     await saga_phase(kube, namespace, "live", "Active")

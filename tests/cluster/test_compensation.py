@@ -14,7 +14,8 @@ from tests.support.manifests import call, saga, undo_entry, webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Received, Reply
 from tests.support.waiting import eventually, saga_phase
-from undolog.kube import ApiException, Body, Kube
+from undolog.errors import KubeError
+from undolog.kube import Body, Kube
 
 pytestmark = pytest.mark.cluster
 
@@ -272,7 +273,7 @@ async def test_deleting_an_active_saga_compensates_before_it_goes(
     async def saga_exists() -> bool:
         try:
             await kube.get("sagas", namespace, "gone")
-        except ApiException as error:
+        except KubeError as error:
             if error.status == 404:
                 return False
             raise
@@ -370,7 +371,8 @@ async def test_headers_from_a_secret_are_sent_and_never_recorded(
     from kubernetes_asyncio import client
 
     secret = client.V1Secret(
-        metadata=client.V1ObjectMeta(name="refund-auth"), string_data={"Authorization": "Bearer s3cr3t-token"}
+        metadata=client.V1ObjectMeta(name="refund-auth", labels={"undolog.io/webhook-headers": "true"}),
+        string_data={"Authorization": "Bearer s3cr3t-token"},
     )
     await client.CoreV1Api(kube.api).create_namespaced_secret(namespace, secret)
     participant.script("/refund", Reply(500, {"error": "boom"}))
@@ -389,13 +391,41 @@ async def test_headers_from_a_secret_are_sent_and_never_recorded(
     assert "s3cr3t" not in operator.log()
 
 
+async def test_a_secret_that_has_not_opted_in_is_never_sent(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    """Creating a Webhook does not grant reading every Secret of the namespace: only Secrets
+    labelled undolog.io/webhook-headers=true are sent, and a call naming another is not made."""
+    from kubernetes_asyncio import client
+
+    secret = client.V1Secret(metadata=client.V1ObjectMeta(name="db-password"), string_data={"X-Password": "hunter2"})
+    await client.CoreV1Api(kube.api).create_namespaced_secret(namespace, secret)
+    hook = webhook("refund", url=participant.url("/refund"))
+    hook["spec"]["headersFrom"] = {"secretRef": {"name": "db-password"}}
+    await kube.create("webhooks", namespace, hook)
+    await external_saga(kube, namespace, "exfil", [call("refund")])
+    await abort(kube, namespace, "exfil")
+    halted = await saga_phase(kube, namespace, "exfil", "Halted")
+    assert "has not opted in: label it undolog.io/webhook-headers=true" in halted["status"]["message"]
+    entry = await kube.get("undoentries", namespace, "exfil-1")
+    assert entry["status"]["reason"] == "HeadersSecretNotOptedIn"
+    assert participant.received() == []  # nothing was sent, with or without the Secret
+    # Its owner opts in: a retry sends it.
+    await client.CoreV1Api(kube.api).patch_namespaced_secret(
+        "db-password", namespace, {"metadata": {"labels": {"undolog.io/webhook-headers": "true"}}}
+    )
+    await kube.patch("sagas", namespace, "exfil", {"metadata": {"annotations": {"undolog.io/retry": "opted in"}}})
+    await saga_phase(kube, namespace, "exfil", "Compensated")
+    assert participant.received("/refund")[0].headers["x-password"] == "hunter2"
+
+
 async def test_https_participant_verified_with_ca_bundle(
     kube: Kube, namespace: str, operator: OperatorProcess, tmp_path: Any
 ) -> None:
     import base64
     import ssl
 
-    from undolog.control_plane.pki import certificate_authority, serving_certificate
+    from devtools.control_plane.pki import certificate_authority, serving_certificate
 
     ca = certificate_authority("participant-ca")
     served = serving_certificate(ca, "participant")

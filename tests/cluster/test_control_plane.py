@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from devtools.control_plane import LocalControlPlane
+from devtools.control_plane.local import PROCESSES
 
 from tests.conftest import BIN, REPO
-from undolog.control_plane import LocalControlPlane
-from undolog.control_plane.local import PROCESSES
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("KUBECONFIG")), reason="tests the local control plane")
 
@@ -21,8 +21,7 @@ def undolog_cluster(*args: str, state_dir: Path) -> subprocess.CompletedProcess[
         [
             sys.executable,
             "-m",
-            "undolog.cli",
-            "cluster",
+            "devtools.cluster",
             *args,
             "--state-dir",
             str(state_dir),
@@ -82,8 +81,7 @@ def test_missing_binaries_are_named(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "undolog.cli",
-            "cluster",
+            "devtools.cluster",
             "up",
             "--state-dir",
             str(tmp_path),
@@ -99,3 +97,23 @@ def test_missing_binaries_are_named(tmp_path: Path) -> None:
     assert "etcd, kube-apiserver, kube-controller-manager not found in /nonexistent: run `make tools` first" in (
         result.stderr
     )
+
+
+def test_up_after_the_apiserver_died_keeps_the_ledger(tmp_path: Path) -> None:
+    """`cluster up` restarts what is down on the data it has; only `reset` deletes it."""
+    started = undolog_cluster("up", state_dir=tmp_path)
+    assert started.returncode == 0, started.stderr
+    kubectl = [str(BIN / "kubectl"), f"--kubeconfig={tmp_path / 'kubeconfig'}"]
+    try:
+        subprocess.run([*kubectl, "create", "namespace", "keep-me"], check=True, capture_output=True)
+        pids = LocalControlPlane(tmp_path, BIN).running_pids()
+        os.kill(pids["kube-apiserver"], 9)
+        again = undolog_cluster("up", state_dir=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert "restarted kube-apiserver" in again.stderr
+        after = LocalControlPlane(tmp_path, BIN).running_pids()
+        assert after["etcd"] == pids["etcd"]  # what was up stayed up
+        found = subprocess.run([*kubectl, "get", "namespace", "keep-me", "-o", "name"], capture_output=True, text=True)
+        assert found.stdout.strip() == "namespace/keep-me", found.stderr
+    finally:
+        undolog_cluster("down", state_dir=tmp_path)

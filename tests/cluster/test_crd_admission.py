@@ -11,7 +11,8 @@ import pytest
 
 from tests.conftest import Cluster
 from tests.support.manifests import API, call, saga, step, undo_entry, webhook
-from undolog.kube import ApiException, Kube, Plural, refusal
+from undolog.errors import KubeError
+from undolog.kube import Kube, Plural
 
 pytestmark = pytest.mark.cluster
 
@@ -161,19 +162,19 @@ async def test_invalid_manifest_is_refused_naming_the_field(
     if body["spec"].get("registeredAt", "") is None:
         body = copy.deepcopy(body)
         del body["spec"]["registeredAt"]
-    with pytest.raises(ApiException) as refused:
+    with pytest.raises(KubeError) as refused:
         await kube.create(plural, namespace, body)
     assert refused.value.status == 422
-    message = refusal(refused.value)
+    message = refused.value.message
     for fragment in expected:
         assert fragment in message, message
 
 
 async def refused_update(kube: Kube, call: Any) -> str:
-    with pytest.raises(ApiException) as refused:
+    with pytest.raises(KubeError) as refused:
         await call
     assert refused.value.status == 422
-    return refusal(refused.value)
+    return refused.value.message
 
 
 async def test_undo_entry_spec_is_immutable(kube: Kube, namespace: str) -> None:
@@ -186,7 +187,7 @@ async def test_undo_entry_spec_is_immutable(kube: Kube, namespace: str) -> None:
 
 async def test_undo_entry_is_one_per_saga_and_position(kube: Kube, namespace: str) -> None:
     await kube.create("undoentries", namespace, undo_entry("order-1", 3))
-    with pytest.raises(ApiException) as refused:
+    with pytest.raises(KubeError) as refused:
         await kube.create("undoentries", namespace, undo_entry("order-1", 3))
     assert refused.value.status == 409  # AlreadyExists
 

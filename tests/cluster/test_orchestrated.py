@@ -14,7 +14,8 @@ from tests.support.manifests import saga, webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Received, Reply
 from tests.support.waiting import eventually, saga_phase
-from undolog.kube import ApiException, Kube, refusal
+from undolog.errors import KubeError
+from undolog.kube import Kube
 
 pytestmark = pytest.mark.cluster
 
@@ -128,9 +129,9 @@ async def test_forward_recovery_exhausted_halts_and_never_compensates(
     assert "nothing is compensated" in halted["status"]["message"]
     assert not [p for p in paths(participant) if p.endswith("-undo")]
     # Abort after the pivot is refused at admission.
-    with pytest.raises(ApiException) as refused:
+    with pytest.raises(KubeError) as refused:
         await kube.patch("sagas", namespace, "stuck", {"spec": {"outcome": "Abort"}})
-    assert "spec.outcome Abort is refused: the saga's Pivot step has committed" in refusal(refused.value)
+    assert "spec.outcome Abort is refused: the saga's Pivot step has committed" in refused.value.message
     # The participant recovers (its script is used up); a person retries: forward it goes.
     await kube.patch("sagas", namespace, "stuck", {"metadata": {"annotations": {"undolog.io/retry": "mailer back"}}})
     await saga_phase(kube, namespace, "stuck", "Completed")

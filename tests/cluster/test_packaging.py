@@ -74,7 +74,7 @@ def test_chart_rbac_is_least_privilege_without_wildcards() -> None:
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    assert "--leader-election" in container["args"]
+    assert "--lease-seconds=15" in container["args"]  # every replica stands for the Lease
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
@@ -112,20 +112,13 @@ async def test_chart_installs_and_the_operator_works_with_only_its_rbac(
     )
     # The operator as a process, authenticated as the chart's ServiceAccount: any permission the
     # chart lacks makes these sagas stall and the test fail.
-    operator = OperatorProcess(
-        identity,
-        namespace,
-        tmp_path,
-        extra_args=(
-            "--verbose",
-            "--leader-election",
-            f"--leader-election-namespace={release_namespace}",
-            "--lease-seconds=4",
-        ),
-    )
+    operator = OperatorProcess(identity, namespace, tmp_path, lease_namespace=release_namespace)
     operator.start()
     try:
-        secret = client.V1Secret(metadata=client.V1ObjectMeta(name="auth"), string_data={"Authorization": "Bearer t"})
+        secret = client.V1Secret(
+            metadata=client.V1ObjectMeta(name="auth", labels={"undolog.io/webhook-headers": "true"}),
+            string_data={"Authorization": "Bearer t"},
+        )
         await client.CoreV1Api(kube.api).create_namespaced_secret(namespace, secret)
         participant.script("/refund", Reply(503))
         await register(kube, namespace, participant, "release")
@@ -225,9 +218,8 @@ def lease_holder(kube: Kube, namespace: str) -> Any:
 async def test_two_operators_one_leads_and_the_other_takes_over(
     kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path
 ) -> None:
-    ha = ("--verbose", "--leader-election", f"--leader-election-namespace={namespace}", "--lease-seconds=4")
-    first = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "a", extra_args=ha)
-    second = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "b", extra_args=ha)
+    first = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "a")
+    second = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "b")
     first.start()
     second.start()
     try:

@@ -26,9 +26,21 @@ class OperatorProcess:
         namespace: str,
         log_dir: Path,
         extra_args: tuple[str, ...] = ("--verbose",),
+        *,
+        lease_namespace: str | None = None,
+        lease_seconds: int = 4,
+        allow_loopback: bool = True,
     ) -> None:
+        """Watching `namespace`, standing for a Lease in `lease_namespace` (the watched one by
+        default, so tests do not wait on each other's Leases); participants on loopback are
+        allowed unless `allow_loopback` is False (the egress tests)."""
         self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
-        self.extra_args = extra_args
+        self.extra_args = (
+            f"--leader-election-namespace={lease_namespace or namespace}",
+            f"--lease-seconds={lease_seconds}",
+            *(("--egress-allow-loopback",) if allow_loopback else ()),
+            *extra_args,
+        )
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.metrics_port = 0

@@ -44,6 +44,8 @@ class Reply:
     delay: float = 0.0  # seconds before answering (longer than the timeout: a timeout)
     reset: bool = False  # close the connection with a TCP reset instead of answering
     raw: bytes | None = None  # a body sent as is (garbage), instead of `body` as JSON
+    drip: float | None = None  # send the headers, then one byte every `drip` seconds, forever
+    size: int | None = None  # a JSON answer of this many bytes, written in chunks (never held whole)
 
 
 Handler = Callable[[Received], Reply]
@@ -99,6 +101,9 @@ class Participant:
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self.close_connection = True
                     return
+                if reply.drip is not None or reply.size is not None:
+                    self._stream(reply)
+                    return
                 payload = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
                 try:
                     self.send_response(reply.status)
@@ -110,6 +115,32 @@ class Participant:
                     self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the caller timed out and went away
+
+            def _stream(self, reply: Reply) -> None:
+                """A hostile answer: endless one-byte trickle, or a huge body in 1 MiB chunks."""
+                self.close_connection = True
+                try:
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", "application/json")
+                    if reply.size is not None:
+                        self.send_header("Content-Length", str(reply.size))
+                    self.end_headers()
+                    if reply.drip is not None:
+                        self.wfile.flush()
+                        while True:
+                            self.wfile.write(b" ")
+                            self.wfile.flush()
+                            time.sleep(reply.drip)
+                    assert reply.size is not None
+                    chunk = b" " * (1 << 20)
+                    self.wfile.write(b"{")
+                    left = reply.size - 2
+                    while left > 0:
+                        self.wfile.write(chunk[: min(left, len(chunk))])
+                        left -= len(chunk)
+                    self.wfile.write(b"}")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the caller hung up: what a bounded caller does
 
             def log_message(self, *_: Any) -> None:
                 pass

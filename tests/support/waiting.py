@@ -16,9 +16,10 @@ async def eventually(probe: Callable[[], Awaitable[T]], accept: Callable[[T], bo
     deadline = time.monotonic() + within
     last: Any = None
     while time.monotonic() < deadline:
-        last = await probe()
-        if accept(last):
-            return last
+        seen = await probe()
+        if accept(seen):
+            return seen
+        last = seen
         await asyncio.sleep(0.05)
     raise AssertionError(f"{what} not reached in {within} s; last seen: {last}")
 

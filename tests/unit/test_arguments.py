@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from undolog.decisions.arguments import UnresolvedReference, referenced_steps, resolve
+from undolog.decisions.arguments import referenced_steps, resolve
+from undolog.errors import UnresolvedReference
 
 OUTPUTS: dict[str, Any] = {
     "create_user": {"user_id": "u-42", "profile": {"tags": ["a", "b"]}, "quota": 5},

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from undolog import crds
+from devtools import crds
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = sorted(crds.definitions())

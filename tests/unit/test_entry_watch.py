@@ -1,6 +1,7 @@
-"""The entry watch: events applied in the stream's order, bookmarks count as progress, an
-expired revision lists again and reports what vanished meanwhile. The Kube adapter is
-replaced by a scripted one (pure logic: what reaches the index and the engine, in what order)."""
+"""The entry watch: events applied to the index in the stream's order, each resumed where the
+last ended; an expired revision lists again and reports what vanished meanwhile; an entry the
+API took but UndoLog cannot read is delivered as such, never dropped. The Kubernetes adapter
+is replaced by a scripted one (what reaches the index and the engine, in what order)."""
 
 from __future__ import annotations
 
@@ -8,32 +9,39 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from tests.support.objects import entry_body
+from undolog import errors
 from undolog.controller.entry_index import EntryIndex
-from undolog.controller.entry_watch import EntryWatch
-from undolog.kube import ApiException, Body
+from undolog.controller.entry_watch import EntryEvent, EntryWatch
+from undolog.kube import Body
+from undolog.ledger import Unreadable
 
 
-def entry(name: str, rv: int, saga: str = "s") -> Body:
-    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": str(rv)}, "spec": {"saga": saga}}
+def body(position: int, rv: int) -> Body:
+    return entry_body("s", position, rv=rv)
 
 
 @dataclass
 class ScriptedKube:
     listings: list[tuple[list[Body], str]]
-    streams: list[list[tuple[str, Body]] | ApiException]
+    streams: list[list[tuple[str, Body]] | errors.KubeError]
     watched_from: list[str] = field(default_factory=list)
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # every scripted stream was read
 
-    async def list_versioned(self, plural: str, namespace: str | None) -> tuple[list[Body], str]:
+    async def list_versioned(
+        self, plural: str, namespace: str | None, label_selector: str | None = None
+    ) -> tuple[list[Body], str]:
         return self.listings.pop(0)
 
-    async def watch(self, plural: str, namespace: str | None, version: str) -> AsyncIterator[tuple[str, Body]]:
+    async def watch(
+        self, plural: str, namespace: str | None, version: str, label_selector: str | None = None
+    ) -> AsyncIterator[tuple[str, Body]]:
         self.watched_from.append(version)
         if not self.streams:
             self.idle.set()
             await asyncio.Event().wait()  # an open stream with nothing new
         step = self.streams.pop(0)
-        if isinstance(step, ApiException):
+        if isinstance(step, errors.KubeError):
             raise step
         for event in step:
             yield event
@@ -42,12 +50,15 @@ class ScriptedKube:
 async def follow(kube: ScriptedKube, index: EntryIndex) -> list[tuple[str, str]]:
     delivered: list[tuple[str, str]] = []
 
-    def deliver(kind: str, body: Body) -> None:
-        index.watched(body, deleted=kind == "DELETED")
-        delivered.append((kind, body["metadata"]["name"]))
+    def deliver(event: EntryEvent) -> None:
+        if isinstance(event, Unreadable):
+            delivered.append(("UNREADABLE", event.lost.name))
+        else:
+            delivered.append(("DELETED" if event[1] else "CHANGED", event[0].metadata.name))
 
     watch = EntryWatch(kube, index, deliver, None)  # type: ignore[arg-type]
     await watch.sync()
+    delivered.clear()  # the first listing is delivered by the engine itself
     task = asyncio.create_task(watch.run())
     try:
         # Once it opens the stream after the scripted ones, every scripted event was applied.
@@ -57,32 +68,41 @@ async def follow(kube: ScriptedKube, index: EntryIndex) -> list[tuple[str, str]]
     return delivered
 
 
-async def test_events_are_applied_in_order_and_bookmarks_advance_completeness() -> None:
+async def test_events_are_applied_in_order_and_each_stream_resumes_where_the_last_ended() -> None:
     index = EntryIndex()
     kube = ScriptedKube(
-        listings=[([entry("s-1", 5)], "10")],
+        listings=[([body(1, 5)], "10")],
         streams=[
-            [("ADDED", entry("s-2", 11)), ("ADDED", entry("s-3", 12))],  # the apiserver closes it
+            [("ADDED", body(2, 11)), ("ADDED", body(3, 12))],  # the apiserver closes it
             [("BOOKMARK", {"metadata": {"resourceVersion": "40"}})],
+            errors.Unavailable("connection reset"),  # an outage: watched again from the same place
         ],
     )
     delivered = await follow(kube, index)
-    assert delivered == [("ADDED", "s-2"), ("ADDED", "s-3")]
-    assert kube.watched_from == ["10", "12", "40"]  # each stream resumes where the last one ended
+    assert delivered == [("CHANGED", "s-2"), ("CHANGED", "s-3")]
+    assert kube.watched_from == ["10", "12", "40", "40"]
     assert sorted(index.of(("ns", "s"))) == ["s-1", "s-2", "s-3"]
-    assert index.complete_at("ns", "40")
-    assert not index.complete_at("ns", "41")
 
 
 async def test_an_expired_revision_lists_again_and_reports_what_vanished() -> None:
     index = EntryIndex()
     kube = ScriptedKube(
-        listings=[([entry("s-1", 5), entry("s-2", 6)], "10"), ([entry("s-2", 30), entry("s-3", 31)], "50")],
-        streams=[ApiException(status=410, reason="Expired"), [("MODIFIED", entry("s-3", 51))]],
+        listings=[([body(1, 5), body(2, 6)], "10"), ([body(2, 30), body(3, 31)], "50")],
+        streams=[errors.Gone("too old", status=410), [("MODIFIED", body(3, 51))]],
     )
     delivered = await follow(kube, index)
     # s-1 was deleted while no stream was open: reported as a deletion, then the listing replayed.
-    assert delivered == [("DELETED", "s-1"), ("MODIFIED", "s-2"), ("MODIFIED", "s-3"), ("MODIFIED", "s-3")]
+    assert delivered == [("DELETED", "s-1"), ("CHANGED", "s-2"), ("CHANGED", "s-3"), ("CHANGED", "s-3")]
     assert kube.watched_from == ["10", "50", "51"]
     assert sorted(index.of(("ns", "s"))) == ["s-2", "s-3"]
-    assert index.of(("ns", "s"))["s-3"]["metadata"]["resourceVersion"] == "51"
+    assert index.of(("ns", "s"))["s-3"].metadata.resource_version == "51"
+
+
+async def test_an_unreadable_entry_is_delivered_as_such() -> None:
+    broken = body(2, 11)
+    broken["spec"]["undoId"] = "not-a-uuid"
+    index = EntryIndex()
+    kube = ScriptedKube(listings=[([], "10")], streams=[[("ADDED", broken), ("ADDED", body(3, 12))]])
+    delivered = await follow(kube, index)
+    assert delivered == [("UNREADABLE", "s-2"), ("CHANGED", "s-3")]
+    assert sorted(index.of(("ns", "s"))) == ["s-3"]

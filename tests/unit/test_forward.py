@@ -9,8 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.unit.test_phases import make_entry, make_saga, with_state
-from undolog.api.saga import EffectStatus, Saga, Step
-from undolog.api.undo_entry import UndoEntry
+from undolog.api import EffectStatus, Saga, SagaPhase, SagaReason, Step, UndoEntry
 from undolog.decisions import moves, phases
 from undolog.decisions.forward import reference_problems
 
@@ -61,7 +60,10 @@ def test_a_failure_before_the_pivot_fails_the_saga_naming_the_step() -> None:
     failed = with_effect(entry(2, "Failed"), "Failed", "HTTP 402: declined (permanent failure)")
     move = phases.decide(orchestrated(), [entry(1, "Committed"), failed], NOW)
     assert move == moves.Transition(
-        "Failed", "StepFailed", "step 'authorize' failed: HTTP 402: declined (permanent failure)", "authorize"
+        SagaPhase.FAILED,
+        SagaReason.STEP_FAILED,
+        "step 'authorize' failed: HTTP 402: declined (permanent failure)",
+        "authorize",
     )
 
 
@@ -71,7 +73,7 @@ def test_the_pivot_is_recorded_then_abort_is_refused_once() -> None:
     marked = orchestrated(outcome="Abort")
     marked.status.pivot_committed = True
     assert isinstance(phases.decide(marked, done, NOW), moves.RefuseAbort)
-    marked.status.reason = "AbortRefused"
+    marked.status.reason = SagaReason.ABORT_REFUSED
     move = phases.decide(marked, done, NOW)
     assert isinstance(move, moves.RegisterStep)  # forward it goes
     assert move.step.name == "confirm"
@@ -103,7 +105,9 @@ def test_all_steps_committed_completes_then_effects_are_sent() -> None:
     saga = orchestrated(effects=[{"name": "mail", "call": {"function": "mailer"}}])
     saga.status.pivot_committed = True
     done = [entry(p, "Committed") for p in (1, 2, 3, 4)]
-    assert phases.decide(saga, done, NOW) == moves.Transition("Completed", "Committed", "all 4 steps committed")
+    assert phases.decide(saga, done, NOW) == moves.Transition(
+        SagaPhase.COMPLETED, SagaReason.COMMITTED, "all 4 steps committed"
+    )
     completed = orchestrated("Completed", effects=[{"name": "mail", "call": {"function": "mailer"}}])
     move = phases.decide(completed, done, NOW)
     assert isinstance(move, moves.DeliverEffect)

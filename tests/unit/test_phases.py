@@ -1,4 +1,5 @@
-"""The saga state machine and LIFO planning, driven to the end with simulated outcomes."""
+"""The saga state machine and LIFO planning, driven to the end with simulated outcomes; the
+completeness rule (no compensation without a listing, no Compensated without a fresh one)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,18 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from undolog.api.saga import Saga
-from undolog.api.undo_entry import UndoEntry
-from undolog.decisions import lifo, moves, phases
+from undolog.api import Saga, SagaPhase, SagaReason, UndoEntry
+from undolog.conventions import FINALIZER, PHASE_LABEL, RETRY_ANNOTATION, SKIP_ANNOTATION
+from undolog.decisions import compensation_plan, moves, phases
+from undolog.decisions.moves import EntryProof
+
+FRESH = EntryProof.FRESH
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def make_saga(phase: str | None = "Active", **spec: Any) -> Saga:
-    labels = {phases.PHASE_LABEL: phase.lower()} if phase else {}
+    labels = {PHASE_LABEL: phase.lower()} if phase else {}
     return Saga.model_validate(
         {
             "metadata": {
@@ -25,7 +29,7 @@ def make_saga(phase: str | None = "Active", **spec: Any) -> Saga:
                 "namespace": "ns",
                 "uid": "uid-1",
                 "labels": labels,
-                "finalizers": [phases.FINALIZER],
+                "finalizers": [FINALIZER],
                 "creationTimestamp": NOW.isoformat(),
             },
             "spec": spec,
@@ -60,17 +64,19 @@ def test_first_sight_holds_the_finalizer_then_initializes_then_labels() -> None:
     fresh = make_saga(None)
     assert isinstance(phases.decide(fresh, [], NOW), moves.Initialize)
     fresh.metadata.finalizers.clear()
-    assert phases.decide(fresh, [], NOW) == moves.SyncMetadata({phases.PHASE_LABEL: "active"}, [phases.FINALIZER])
+    assert phases.decide(fresh, [], NOW) == moves.SyncMetadata({PHASE_LABEL: "active"}, [FINALIZER])
     active = make_saga("Active").model_copy(update={"metadata": make_saga(None).metadata})
-    assert phases.decide(active, [], NOW) == moves.SyncMetadata({phases.PHASE_LABEL: "active"}, [phases.FINALIZER])
+    assert phases.decide(active, [], NOW) == moves.SyncMetadata({PHASE_LABEL: "active"}, [FINALIZER])
 
 
 def test_active_saga_moves() -> None:
     assert phases.decide(make_saga(outcome="Abort"), [], NOW) == moves.Transition(
-        "Failed", "Aborted", "spec.outcome is Abort"
+        SagaPhase.FAILED, SagaReason.ABORTED, "spec.outcome is Abort"
     )
-    assert phases.decide(make_saga(outcome="Commit"), [], NOW) == moves.Transition(
-        "Completed", "Committed", "spec.outcome is Commit"
+    # A commit is recorded on a proven stack: an entry above its top came later.
+    assert phases.decide(make_saga(outcome="Commit"), [], NOW) == moves.ProveEntries()
+    assert phases.decide(make_saga(outcome="Commit"), [], NOW, FRESH) == moves.Transition(
+        SagaPhase.COMPLETED, SagaReason.COMMITTED, "spec.outcome is Commit"
     )
     assert phases.decide(make_saga(), [make_entry(1)], NOW) == moves.UpdateDepth(1)
     late = make_saga(activeDeadlineSeconds=5)
@@ -101,11 +107,11 @@ def test_compensation_is_lifo_complete_and_halts_as_the_policy_says(
 ) -> None:
     positions = sorted(rng.sample(range(1, 1000), len(specs)))
     entries = {p: make_entry(p, state, compensation) for p, (compensation, state) in zip(positions, specs, strict=True)}
-    owed_at_start = {p for p, e in entries.items() if e.status.state in lifo.OWED}
+    owed_at_start = {p for p, e in entries.items() if e.status.state in compensation_plan.OWED}
     saga = make_saga("Compensating", compensationPolicy={"onFailure": policy})
     order: list[int] = []
     for _ in range(100):
-        move = phases.decide(saga, list(entries.values()), NOW)
+        move = phases.decide(saga, list(entries.values()), NOW, FRESH)
         if not isinstance(move, moves.CompensateEntry):
             break
         position = move.entry.spec.stack_position
@@ -134,28 +140,33 @@ def test_compensation_is_lifo_complete_and_halts_as_the_policy_says(
 def test_halt_message_names_entry_function_and_error() -> None:
     failed = make_entry(2, "Failed")
     failed.status.last_error = "HTTP 400: nope"
-    move = phases.decide(make_saga("Compensating"), [make_entry(1), failed], NOW)
+    move = phases.decide(make_saga("Compensating"), [make_entry(1), failed], NOW, FRESH)
     assert isinstance(move, moves.Transition)
     assert move.phase == "Halted"
     assert move.reason == "CompensationFailed"
     assert "entry s-2 (step step2, undo v1) could not be compensated: HTTP 400: nope" in move.message
+    assert "undolog retry s -n ns" in move.message
+    assert "undolog skip s 2 -n ns" in move.message
 
 
 def test_resolutions_apply_only_to_halted_sagas() -> None:
     halted = make_saga("Halted")
-    halted.metadata.annotations[phases.RETRY_ANNOTATION] = "ticket 9"
-    assert phases.decide(halted, [], NOW) == moves.Retry("ticket 9", "Compensating")
+    halted.metadata.annotations[RETRY_ANNOTATION] = "ticket 9"
+    assert phases.decide(halted, [], NOW) == moves.Retry("ticket 9", SagaPhase.COMPENSATING)
     active = make_saga("Active")
-    active.metadata.annotations[phases.RETRY_ANNOTATION] = "x"
+    active.metadata.annotations[RETRY_ANNOTATION] = "x"
     assert isinstance(phases.decide(active, [], NOW), moves.RefuseAnnotation)
 
     entry = make_entry(1, "Failed")
-    entry.metadata.annotations[phases.SKIP_ANNOTATION] = "done by hand"
-    assert phases.decide(make_saga("Halted"), [entry], NOW) == moves.SkipEntry(entry, "done by hand", "Compensating")
+    entry.metadata.annotations[SKIP_ANNOTATION] = "done by hand"
+    assert phases.decide(make_saga("Halted"), [entry], NOW) == moves.SkipEntry(
+        entry, "done by hand", SagaPhase.COMPENSATING
+    )
     compensated = with_state(entry, "Compensated")
     move = phases.decide(make_saga("Halted"), [compensated], NOW)
     assert isinstance(move, moves.RefuseAnnotation)
     assert "only a Pending or Failed entry of a Halted saga" in move.message
+    # The CLI and the dashboard refuse with the same words (decisions.resolutions).
 
 
 def test_final_sagas_release_their_finalizer_then_rest() -> None:
@@ -168,14 +179,52 @@ def test_final_sagas_release_their_finalizer_then_rest() -> None:
 
 def test_an_entry_registered_after_compensation_reopens_it() -> None:
     move = phases.decide(make_saga("Compensated"), [make_entry(1, "Compensated"), make_entry(2)], NOW)
-    assert move == moves.Transition("Compensating", "LateEntry", "entry s-2 was registered after compensation")
+    assert move == moves.Transition(
+        SagaPhase.COMPENSATING, SagaReason.LATE_ENTRY, "entry s-2 was registered after the saga was compensated"
+    )
+
+
+def test_an_entry_registered_after_completion_is_recorded_once() -> None:
+    done = make_saga("Completed")
+    done.metadata.finalizers.clear()
+    done.status.top_position = 1
+    late = make_entry(2)
+    assert phases.decide(done, [make_entry(1), late], NOW) == moves.RecordLateEntry(late)
+    assert phases.decide(done, [make_entry(1), with_state(late, "Skipped")], NOW) == moves.Wait(finished=True)
+
+
+proofs = st.sampled_from(list(EntryProof))
+
+
+@given(entry_sets, proofs, st.sampled_from(["Failed", "Compensating"]))
+def test_nothing_is_compensated_unlisted_and_nothing_declared_compensated_on_an_old_listing(
+    specs: list[tuple[bool, str]], proof: EntryProof, phase: str
+) -> None:
+    """The completeness rule: a watch may lag, so only a consistent LIST since the failure lets a
+    compensation start (LIFO from the real top), and only one since the last call ends it."""
+    entries = [make_entry(p, state, compensation) for p, (compensation, state) in enumerate(specs, start=1)]
+    move = phases.decide(make_saga(phase), entries, NOW, proof)
+    if proof == EntryProof.NONE:
+        assert move == moves.ProveEntries()
+    if isinstance(move, moves.CompensateEntry):
+        assert proof != EntryProof.NONE
+        assert move.entry.spec.stack_position == max(
+            e.spec.stack_position for e in entries if e.status.state in compensation_plan.OWED
+        )
+    if isinstance(move, moves.Transition) and move.phase == SagaPhase.COMPENSATED:
+        assert proof == EntryProof.FRESH
+        assert not compensation_plan.owed(entries)
 
 
 def test_conditions_keep_the_failure_reason_while_compensating() -> None:
     saga = make_saga("Active")
-    failed = phases.with_phase(saga.status, "Failed", reason="Aborted", message="m", now=NOW, generation=2)
+    failed = phases.with_phase(
+        saga.status, SagaPhase.FAILED, reason=SagaReason.ABORTED, message="m", now=NOW, generation=2
+    )
     later = NOW + timedelta(seconds=3)
-    compensated = phases.with_phase(failed, "Compensated", reason="Compensated", message="ok", now=later, generation=2)
+    compensated = phases.with_phase(
+        failed, SagaPhase.COMPENSATED, reason=SagaReason.COMPENSATED, message="ok", now=later, generation=2
+    )
     by_type = {c.type: c for c in compensated.conditions}
     assert (by_type["Succeeded"].status, by_type["Succeeded"].reason) == ("False", "Aborted")
     assert by_type["Succeeded"].last_transition_time == NOW

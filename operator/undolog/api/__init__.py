@@ -1,19 +1,34 @@
 """UndoLog's custom resources as typed models: the one source of the CRD schemas.
 
-`undolog.crds` renders these models into the CustomResourceDefinitions under `crds/`;
-the operator, the SDK and the CLI parse the same objects with the same models.
+The CRD generator (`devtools.crds`) renders these models into the CustomResourceDefinitions
+under `crds/`; the operator, the SDK and the CLI parse the same objects with the same models.
+Phases, states and reasons are enums here and nowhere else.
 """
 
-from undolog.api.common import GROUP, VERSION, Call, Condition, ConditionStatus
+from undolog.api.common import (
+    API_VERSION,
+    GROUP,
+    VERSION,
+    Call,
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    ObjectMeta,
+    Resource,
+)
+from undolog.api.events import EventReason
 from undolog.api.saga import (
     Backoff,
     CompensationPolicy,
     Effect,
+    EffectDeliveryState,
     EffectStatus,
+    LostEntry,
     OnFailure,
     Outcome,
     Saga,
     SagaPhase,
+    SagaReason,
     SagaSpec,
     SagaStatus,
     Step,
@@ -21,10 +36,14 @@ from undolog.api.saga import (
 )
 from undolog.api.undo_entry import (
     Attempt,
+    AttemptKind,
     EffectState,
+    EntryReason,
+    EntryState,
+    OmittedOutput,
+    OutputOmission,
     UndoEntry,
     UndoEntrySpec,
-    UndoEntryState,
     UndoEntryStatus,
 )
 from undolog.api.webhook import (
@@ -37,22 +56,35 @@ from undolog.api.webhook import (
 )
 
 __all__ = [
+    "API_VERSION",
     "GROUP",
     "VERSION",
     "Attempt",
+    "AttemptKind",
     "Backoff",
     "Call",
     "CompensationPolicy",
     "Condition",
     "ConditionStatus",
+    "ConditionType",
     "Effect",
+    "EffectDeliveryState",
     "EffectState",
     "EffectStatus",
+    "EntryReason",
+    "EntryState",
+    "EventReason",
     "HeadersFrom",
+    "LostEntry",
+    "ObjectMeta",
+    "OmittedOutput",
     "OnFailure",
     "Outcome",
+    "OutputOmission",
+    "Resource",
     "Saga",
     "SagaPhase",
+    "SagaReason",
     "SagaSpec",
     "SagaStatus",
     "SecretReference",
@@ -61,7 +93,6 @@ __all__ = [
     "StepType",
     "UndoEntry",
     "UndoEntrySpec",
-    "UndoEntryState",
     "UndoEntryStatus",
     "Webhook",
     "WebhookSpec",

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+Plural = Literal["sagas", "undoentries", "webhooks"]
 GROUP = "undolog.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -20,6 +22,7 @@ STEP_NAME = r"^[a-z0-9]([-_a-z0-9]*[a-z0-9])?$"
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 MAX_ARGS = 32
 MAX_MESSAGE = 4096
+MAX_SAGA_NAME = 200  # so that <saga>-<position> stays within a name's 253 characters
 
 
 class Model(BaseModel):
@@ -72,7 +75,18 @@ class Call(Model):
     )
 
 
-ConditionStatus = Literal["True", "False", "Unknown"]
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class ConditionType(StrEnum):
+    """The saga's conditions: one per aspect a person or a GitOps tool asks about."""
+
+    SUCCEEDED = "Succeeded"
+    COMPENSATED = "Compensated"
+    HALTED = "Halted"
 
 
 class Condition(Model):
@@ -115,3 +129,28 @@ class ObjectMeta(Model):
     owner_references: list[OwnerReference] = Field(default_factory=list)
     creation_timestamp: datetime | None = None
     deletion_timestamp: datetime | None = None
+
+    @property
+    def revision(self) -> int | None:
+        """The resourceVersion as an etcd revision; None when it is not one (then: read again)."""
+        value = self.resource_version
+        return int(value) if value.isascii() and value.isdigit() else None
+
+
+class Resource(Model):
+    """An object of one of UndoLog's kinds, as read from the API (parsed once, at the edge)."""
+
+    plural: ClassVar[Plural]
+
+    api_version: str = API_VERSION
+    kind: str = ""
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.metadata.namespace, self.metadata.name
+
+    @property
+    def reference(self) -> str:
+        """<namespace>/<name>, as people and the Undolog-Saga header name it."""
+        return f"{self.metadata.namespace}/{self.metadata.name}"

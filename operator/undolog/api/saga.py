@@ -3,16 +3,72 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from enum import StrEnum
+from typing import ClassVar
 
 from pydantic import Field, JsonValue
 
-from undolog.api.common import API_VERSION, LABEL_VALUE, MAX_MESSAGE, STEP_NAME, Call, Condition, Model, ObjectMeta
+from undolog.api.common import (
+    LABEL_VALUE,
+    MAX_MESSAGE,
+    MAX_SAGA_NAME,
+    STEP_NAME,
+    Call,
+    Condition,
+    Model,
+    Plural,
+    Resource,
+)
 
-StepType = Literal["Compensatable", "Pivot", "Retriable"]
-OnFailure = Literal["Halt", "Continue"]
-Outcome = Literal["Commit", "Abort"]
-SagaPhase = Literal["Active", "Completed", "Failed", "Compensating", "Compensated", "Halted"]
+
+class StepType(StrEnum):
+    COMPENSATABLE = "Compensatable"
+    PIVOT = "Pivot"
+    RETRIABLE = "Retriable"
+
+
+class OnFailure(StrEnum):
+    HALT = "Halt"
+    CONTINUE = "Continue"
+
+
+class Outcome(StrEnum):
+    COMMIT = "Commit"
+    ABORT = "Abort"
+
+
+class SagaPhase(StrEnum):
+    ACTIVE = "Active"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    COMPENSATING = "Compensating"
+    COMPENSATED = "Compensated"
+    HALTED = "Halted"
+
+
+class SagaReason(StrEnum):
+    """Why the saga is in its phase (status.reason, the conditions' reasons, Event reasons)."""
+
+    STARTED = "Started"
+    COMMITTED = "Committed"
+    ABORTED = "Aborted"
+    DELETED = "Deleted"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    STEP_FAILED = "StepFailed"
+    STEP_NOT_REGISTERED = "StepNotRegistered"
+    INVALID_REFERENCE = "InvalidReference"
+    FORWARD_RECOVERY_EXHAUSTED = "ForwardRecoveryExhausted"
+    ABORT_REFUSED = "AbortRefused"
+    COMPENSATING = "Compensating"
+    LATE_ENTRY = "LateEntry"
+    COMPENSATED = "Compensated"
+    COMPENSATION_FAILED = "CompensationFailed"
+    FUNCTION_NOT_FOUND = "FunctionNotFound"
+    ENTRY_LOST = "EntryLost"
+    ENTRY_SKIPPED = "EntrySkipped"
+    RETRY_REQUESTED = "RetryRequested"
+    LEDGER_WRITE_REFUSED = "LedgerWriteRefused"
+
 
 MAX_STEPS = 50
 
@@ -55,6 +111,16 @@ STEP_RULES: list[JsonValue] = [
 # transition rule (oldSelf), so the operator's own status writes are never refused by it.
 ROOT_RULES: list[JsonValue] = [
     {
+        # Entries are named <saga>-<position> and spec.saga holds at most this many characters:
+        # a longer saga could never register a step (refused here rather than retried forever).
+        "rule": f"size(self.metadata.name) <= {MAX_SAGA_NAME}",
+        "message": (
+            f"metadata.name may have at most {MAX_SAGA_NAME} characters: a saga's UndoEntries are named "
+            "<saga>-<position> within Kubernetes' 253"
+        ),
+        "fieldPath": ".metadata.name",
+    },
+    {
         "rule": "!has(self.spec.outcome) || self.spec.outcome != 'Abort'"
         " || (has(oldSelf.spec.outcome) && oldSelf.spec.outcome == 'Abort')"
         " || !has(self.status) || !has(self.status.pivotCommitted) || !self.status.pivotCommitted",
@@ -62,7 +128,7 @@ ROOT_RULES: list[JsonValue] = [
             "spec.outcome Abort is refused: the saga's Pivot step has committed, so it can only go forward "
             "(its Retriable steps are retried until they succeed)"
         ),
-    }
+    },
 ]
 
 
@@ -75,7 +141,7 @@ class Step(Model):
         description="Unique within the saga; lower-case letters, digits, '-' and '_'.",
     )
     type: StepType = Field(
-        default="Compensatable",
+        default=StepType.COMPENSATABLE,
         description=(
             "Compensatable: undone on failure. Pivot: the point of no return (at most one). "
             "Retriable: after the pivot, retried until it succeeds, never undone."
@@ -116,14 +182,17 @@ class Effect(Model):
     call: Call = Field(description="Sent after the saga is Completed, never after an abort.")
 
 
-EffectDeliveryState = Literal["Pending", "Delivered", "Failed"]
+class EffectDeliveryState(StrEnum):
+    PENDING = "Pending"
+    DELIVERED = "Delivered"
+    FAILED = "Failed"
 
 
 class EffectStatus(Model):
     """Delivery of one post-commit effect."""
 
     name: str = Field(max_length=63, description="The effect's name in spec.effects.")
-    state: EffectDeliveryState = Field(default="Pending", description="Pending, Delivered or Failed.")
+    state: EffectDeliveryState = Field(default=EffectDeliveryState.PENDING, description="Pending, Delivered or Failed.")
     attempts: int = Field(default=0, ge=0, description="Calls made so far.")
     last_error: str | None = Field(default=None, max_length=MAX_MESSAGE, description="Last failure, if any.")
     delivered_at: datetime | None = Field(default=None, description="When the participant accepted it.")
@@ -155,7 +224,7 @@ class CompensationPolicy(Model):
     """What happens when a compensation fails, and how transient failures are retried."""
 
     on_failure: OnFailure = Field(
-        default="Halt",
+        default=OnFailure.HALT,
         description=(
             "Halt: stop at the first entry that cannot be compensated (lower entries stay Pending). "
             "Continue: compensate the rest, then halt if any failed."
@@ -249,9 +318,17 @@ class SagaStatus(Model):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     failed_step: str | None = Field(default=None, max_length=63, description="The step whose failure failed the saga.")
-    reason: str | None = Field(default=None, max_length=128, description="CamelCase reason of the current phase.")
+    reason: SagaReason | None = Field(default=None, description="CamelCase reason of the current phase.")
     message: str | None = Field(default=None, max_length=MAX_MESSAGE, description="Details of the current phase.")
     stack_depth: int = Field(default=0, ge=0, description="UndoEntries registered for this saga.")
+    top_position: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "The highest stackPosition registered when an external saga Completed (proven by a consistent "
+            "LIST); an entry above it was registered after the commit and is never compensated."
+        ),
+    )
     pivot_committed: bool | None = Field(
         default=None, description="The Pivot step has committed: the saga can only go forward now."
     )
@@ -269,11 +346,11 @@ class SagaStatus(Model):
     observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation last acted on.")
 
 
-class Saga(Model):
+class Saga(Resource):
     """A Saga object as read from the API."""
 
-    api_version: str = API_VERSION
+    plural: ClassVar[Plural] = "sagas"
+
     kind: str = "Saga"
-    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: SagaSpec = Field(default_factory=SagaSpec)
     status: SagaStatus = Field(default_factory=SagaStatus)

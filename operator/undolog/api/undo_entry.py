@@ -3,15 +3,67 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any, ClassVar
 
 from pydantic import Field, JsonValue
 
-from undolog.api.common import API_VERSION, MAX_MESSAGE, STEP_NAME, Call, Model, ObjectMeta
+from undolog.api.common import MAX_MESSAGE, MAX_SAGA_NAME, STEP_NAME, Call, Model, Plural, Resource
 
-EffectState = Literal["Pending", "Executing", "Committed", "Failed"]
-UndoEntryState = Literal["Pending", "Running", "Compensated", "Failed", "Skipped"]
-AttemptKind = Literal["Forward", "Compensation", "Effect"]
+
+class EffectState(StrEnum):
+    """The forward effect: Executing means the outcome is unknown (and unknown is compensated)."""
+
+    PENDING = "Pending"
+    EXECUTING = "Executing"
+    COMMITTED = "Committed"
+    FAILED = "Failed"
+
+
+class EntryState(StrEnum):
+    """The compensation: Pending and Running are owed; Compensated and Skipped are settled."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    COMPENSATED = "Compensated"
+    FAILED = "Failed"
+    SKIPPED = "Skipped"
+
+
+class AttemptKind(StrEnum):
+    FORWARD = "Forward"
+    COMPENSATION = "Compensation"
+    EFFECT = "Effect"
+
+
+class EntryReason(StrEnum):
+    """Machine-readable reason of an entry's failure or settlement (status.reason), next to the
+    human message (status.lastError or status.skipReason)."""
+
+    # The call could not be made at all: nothing was sent.
+    FUNCTION_NOT_FOUND = "FunctionNotFound"
+    HEADERS_SECRET_NOT_FOUND = "HeadersSecretNotFound"
+    HEADERS_SECRET_NOT_OPTED_IN = "HeadersSecretNotOptedIn"
+    UNRESOLVED_REFERENCE = "UnresolvedReference"
+    TARGET_REFUSED = "TargetRefused"
+    # The call was made and failed.
+    PERMANENT_FAILURE = "PermanentFailure"
+    RETRIES_EXHAUSTED = "RetriesExhausted"
+    # Settled without a call.
+    NO_COMPENSATION = "NoCompensation"
+    SKIPPED_BY_PERSON = "SkippedByPerson"
+    REGISTERED_AFTER_COMPLETION = "RegisteredAfterCompletion"
+    # The entry names no saga the operator can find (kept Pending: the saga may still come).
+    SAGA_NOT_FOUND = "SagaNotFound"
+
+
+class OutputOmission(StrEnum):
+    """Why a 2xx answer's body is not the entry's output."""
+
+    ANSWER_TOO_LARGE = "AnswerTooLarge"
+    ANSWER_NOT_JSON = "AnswerNotJson"
+    OUTPUT_TOO_LARGE = "OutputTooLarge"
+
 
 MAX_ATTEMPTS = 10
 UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
@@ -39,7 +91,7 @@ ROOT_RULES: list[JsonValue] = [
 class UndoEntrySpec(Model):
     """The effect and how to undo it. Immutable once created."""
 
-    saga: str = Field(max_length=200, description="Name of the Saga (same namespace) this entry belongs to.")
+    saga: str = Field(max_length=MAX_SAGA_NAME, description="Name of the Saga (same namespace) this entry belongs to.")
     undo_id: str = Field(pattern=UUID, description="UUID; the compensation's Idempotency-Key is undo-<undoId>.")
     stack_position: int = Field(
         ge=0,
@@ -75,33 +127,47 @@ class Attempt(Model):
     duration_milliseconds: int = Field(ge=0, description="Wall time of the call.")
 
 
+class OmittedOutput(Model):
+    """A successful answer whose body is not kept as the output, and why."""
+
+    reason: OutputOmission = Field(description="AnswerTooLarge, AnswerNotJson or OutputTooLarge.")
+    message: str = Field(max_length=1024, description="What was received, for a person.")
+    size_bytes: int | None = Field(default=None, ge=0, description="The body's size, where known.")
+
+
 class UndoEntryStatus(Model):
     """Where the effect and its undo stand."""
 
     effect: EffectState = Field(
-        default="Pending",
+        default=EffectState.PENDING,
         description="The forward effect: Pending, Executing (outcome unknown), Committed or Failed.",
     )
-    state: UndoEntryState = Field(
-        default="Pending",
+    state: EntryState = Field(
+        default=EntryState.PENDING,
         description="The compensation: Pending, Running, Compensated, Failed or Skipped.",
     )
     retry_count: int = Field(default=0, ge=0, description="Retries of the compensation so far.")
     last_error: str | None = Field(default=None, max_length=MAX_MESSAGE, description="Last failure, if any.")
+    reason: EntryReason | None = Field(
+        default=None, description="Machine-readable reason of the failure or settlement, e.g. FunctionNotFound."
+    )
     executed_at: datetime | None = Field(default=None, description="When the forward effect finished.")
     compensated_at: datetime | None = Field(default=None, description="When the compensation succeeded.")
     skip_reason: str | None = Field(default=None, max_length=MAX_MESSAGE, description="Why a person skipped it.")
     output: dict[str, Any] | None = Field(default=None, description="The forward call's JSON response (size-capped).")
+    output_omitted: OmittedOutput | None = Field(
+        default=None, description="Set when a successful answer is not kept as output: why, and what came back."
+    )
     attempts: list[Attempt] = Field(
         default_factory=list, max_length=MAX_ATTEMPTS, description="The last calls made for this entry."
     )
 
 
-class UndoEntry(Model):
+class UndoEntry(Resource):
     """An UndoEntry object as read from the API."""
 
-    api_version: str = API_VERSION
+    plural: ClassVar[Plural] = "undoentries"
+
     kind: str = "UndoEntry"
-    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: UndoEntrySpec
     status: UndoEntryStatus = Field(default_factory=UndoEntryStatus)

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
-from undolog.api.common import API_VERSION, DNS_LABEL, DNS_SUBDOMAIN, Model, ObjectMeta
+from undolog.api.common import DNS_LABEL, DNS_SUBDOMAIN, Model, Plural, Resource
 
 
 class ServiceReference(Model):
     """An in-cluster Service to call instead of a URL."""
 
-    namespace: str = Field(max_length=63, pattern=DNS_LABEL, description="Namespace of the Service.")
+    namespace: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=DNS_LABEL,
+        description=(
+            "Namespace of the Service; the Webhook's own when unset. Another namespace is called only if "
+            "the operator allows it (--allow-cross-namespace-services)."
+        ),
+    )
     name: str = Field(max_length=63, pattern=DNS_LABEL, description="Name of the Service.")
     port: int = Field(default=443, ge=1, le=65535, description="Service port.")
     path: str = Field(default="/", max_length=1024, pattern=r"^/", description="Request path.")
@@ -53,7 +63,10 @@ class HeadersFrom(Model):
     """Where extra request headers come from."""
 
     secret_ref: SecretReference = Field(
-        description="Each key of this Secret is sent as a header; never logged or copied to status."
+        description=(
+            "Each key of this Secret is sent as a header; never logged or copied to status. The Secret must "
+            "opt in with the label undolog.io/webhook-headers=true."
+        )
     )
 
 
@@ -77,13 +90,14 @@ class WebhookSpec(Model):
     headers_from: HeadersFrom | None = Field(default=None, description="Extra headers from a Secret.")
 
     def version(self, name: str) -> WebhookVersion | None:
+        """The version a Call names, if registered."""
         return next((v for v in self.versions if v.name == name), None)
 
 
-class Webhook(Model):
+class Webhook(Resource):
     """A Webhook object as read from the API."""
 
-    api_version: str = API_VERSION
+    plural: ClassVar[Plural] = "webhooks"
+
     kind: str = "Webhook"
-    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: WebhookSpec

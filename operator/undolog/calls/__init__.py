@@ -1,1 +1,2 @@
-"""Calls to participants over HTTP: the function registry (Webhooks) and the runner."""
+"""Calls to participants: the wire protocol's headers, the function registry, the transport
+seam (HTTP is one transport) and the retry loop."""

@@ -1,18 +1,11 @@
-"""The wire protocol's keys and headers (pure)."""
+"""The wire protocol's headers of one attempt (pure; the keys are in undolog.conventions)."""
 
 from __future__ import annotations
 
+from undolog.version import __version__
 
-def forward_key(saga_uid: str, step: str) -> str:
-    return f"{saga_uid}:{step}:fwd"
-
-
-def compensation_key(undo_id: str) -> str:
-    return f"undo-{undo_id}"
-
-
-def effect_key(saga_uid: str, effect: str) -> str:
-    return f"{saga_uid}:effect:{effect}"
+USER_AGENT = f"undolog/{__version__}"
+FENCE_HEADER = "Undolog-Fence"  # the sender's fencing token: higher for each new holder of the Lease
 
 
 def headers(
@@ -24,12 +17,14 @@ def headers(
     attempt: int,
     forward: str | None = None,
 ) -> dict[str, str]:
-    """Headers of one attempt. `saga` is <namespace>/<name>; `forward` is set on compensations."""
+    """Headers of one attempt. `saga` is <namespace>/<name>; `forward` is set on compensations.
+    The runner adds FENCE_HEADER."""
     sent = {
         "Idempotency-Key": idempotency_key,
         "Undolog-Saga": saga,
         "Undolog-Step": step,
         "Undolog-Attempt": str(attempt),
+        "User-Agent": USER_AGENT,
     }
     if org:
         sent["Undolog-Org"] = org

@@ -1,85 +1,91 @@
-"""The function registry: a Call's function and version resolved to an HTTP target.
+"""The function registry: a Call's function and version resolved to a target.
 
-Only Webhooks in the saga's own namespace are looked up, so who may create Webhooks (RBAC)
-decides where the operator calls. An unregistered function or version is a permanent
-failure, FunctionNotFound, and nothing is sent.
+Only Webhooks in the saga's own namespace are looked up; a `service` target names a Service in
+that namespace too (unless the operator is told otherwise), and a Secret sent as headers must
+opt in with the label undolog.io/webhook-headers=true. So creating a Webhook lets its author
+choose where calls go (within the egress policy), not read other namespaces' services or any
+Secret of the namespace. What cannot be resolved is a permanent failure: nothing is sent.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from undolog.api.common import Call
-from undolog.api.webhook import Webhook, WebhookVersion
-from undolog.kube import Kube, is_not_found
-
-
-class CallNotPossible(Exception):
-    """The call cannot be made at all; `reason` is the CamelCase reason recorded."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
-        self.message = message
+from undolog import errors
+from undolog.api import Call, Webhook, WebhookVersion
+from undolog.calls.transport import Target
+from undolog.conventions import HEADERS_SECRET_LABEL
+from undolog.errors import CallNotPossible, CallRefusal
+from undolog.ledger import Ledger
 
 
-@dataclass(frozen=True)
-class Target:
-    url: str
-    timeout_seconds: float
-    ca_bundle: str | None = None
-    # Secret header values: never logged, never copied to status or events.
-    headers: dict[str, str] = field(default_factory=dict, repr=False)
-
-
-def version_url(version: WebhookVersion) -> str:
-    if version.url:
-        return version.url
-    service = version.service
-    assert service is not None  # the CRD requires exactly one of url and service
-    return f"{service.scheme}://{service.name}.{service.namespace}.svc:{service.port}{service.path}"
-
-
-def choose_version(webhook: Webhook, call: Call, namespace: str) -> WebhookVersion:
+def choose_version(webhook: Webhook, call: Call) -> WebhookVersion:
     version = webhook.spec.version(call.version)
     if version is None:
         known = ", ".join(v.name for v in webhook.spec.versions)
         raise CallNotPossible(
-            "FunctionNotFound",
-            f"Webhook {namespace}/{call.function} has no version {call.version!r} (it has {known}); "
+            CallRefusal.FUNCTION_NOT_FOUND,
+            f"Webhook {webhook.reference} has no version {call.version!r} (it has {known}); "
             "fix the Call's version or add it to the Webhook's spec.versions",
         )
     return version
 
 
-async def resolve(kube: Kube, namespace: str, call: Call) -> Target:
-    try:
-        body = await kube.get("webhooks", namespace, call.function)
-    except Exception as error:
-        if is_not_found(error):
-            raise CallNotPossible(
-                "FunctionNotFound",
-                f"no Webhook {call.function!r} in namespace {namespace}; register the function as a Webhook there",
-            ) from error
-        raise
-    webhook = Webhook.model_validate(body)
-    version = choose_version(webhook, call, namespace)
-    headers: dict[str, str] = {}
-    if webhook.spec.headers_from is not None:
-        secret = webhook.spec.headers_from.secret_ref.name
+def version_url(webhook: Webhook, version: WebhookVersion, *, cross_namespace: bool) -> str:
+    if version.url:
+        return version.url
+    service = version.service
+    assert service is not None  # the CRD requires exactly one of url and service
+    namespace = service.namespace or webhook.metadata.namespace
+    if namespace != webhook.metadata.namespace and not cross_namespace:
+        raise CallNotPossible(
+            CallRefusal.TARGET_REFUSED,
+            f"Webhook {webhook.reference} version {version.name} names Service {namespace}/{service.name}, "
+            f"outside the Webhook's namespace; the operator calls Services of another namespace only with "
+            "--allow-cross-namespace-services",
+        )
+    return f"{service.scheme}://{service.name}.{namespace}.svc:{service.port}{service.path}"
+
+
+@dataclass
+class Registry:
+    ledger: Ledger
+    cross_namespace_services: bool = False
+
+    async def target(self, namespace: str, call: Call, *, with_headers: bool = True) -> Target:
+        """The target of `call` from a saga in `namespace`; CallNotPossible when there is none.
+        Without `with_headers` no Secret is read (to show where a call would go)."""
         try:
-            headers = await kube.secret_data(namespace, secret)
-        except Exception as error:
-            if is_not_found(error):
-                raise CallNotPossible(
-                    "HeadersSecretNotFound",
-                    f"Webhook {namespace}/{call.function} names spec.headersFrom.secretRef {secret!r}, "
-                    "which does not exist",
-                ) from error
-            raise
-    return Target(
-        url=version_url(version),
-        timeout_seconds=float(call.timeout_seconds or webhook.spec.timeout_seconds),
-        ca_bundle=version.ca_bundle,
-        headers=headers,
-    )
+            webhook = await self.ledger.webhook(namespace, call.function)
+        except errors.NotFound:
+            raise CallNotPossible(
+                CallRefusal.FUNCTION_NOT_FOUND,
+                f"no Webhook {call.function!r} in namespace {namespace}; register the function as a Webhook there",
+            ) from None
+        version = choose_version(webhook, call)
+        url = version_url(webhook, version, cross_namespace=self.cross_namespace_services)
+        return Target(
+            url=url,
+            timeout_seconds=float(call.timeout_seconds or webhook.spec.timeout_seconds),
+            ca_bundle=version.ca_bundle,
+            headers=await self._headers(webhook) if with_headers else {},
+        )
+
+    async def _headers(self, webhook: Webhook) -> dict[str, str]:
+        if webhook.spec.headers_from is None:
+            return {}
+        namespace, secret = webhook.metadata.namespace, webhook.spec.headers_from.secret_ref.name
+        try:
+            labels, data = await self.ledger.kube.secret(namespace, secret)
+        except errors.NotFound:
+            raise CallNotPossible(
+                CallRefusal.HEADERS_SECRET_NOT_FOUND,
+                f"Webhook {webhook.reference} names spec.headersFrom.secretRef {secret!r}, which does not exist",
+            ) from None
+        if labels.get(HEADERS_SECRET_LABEL) != "true":
+            raise CallNotPossible(
+                CallRefusal.HEADERS_SECRET_NOT_OPTED_IN,
+                f"Webhook {webhook.reference} names Secret {namespace}/{secret} in spec.headersFrom, which has not "
+                f"opted in: label it {HEADERS_SECRET_LABEL}=true to let UndoLog send it as headers",
+            )
+        return data

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from undolog.cli import cluster, triage
+from undolog.cli import triage
 from undolog.cli.operator import operator
 
 app = typer.Typer(
@@ -13,7 +13,6 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-app.add_typer(cluster.app, name="cluster")
 app.command()(operator)
 app.command("list")(triage.list_sagas)
 for command in (triage.show, triage.plan, triage.retry, triage.skip, triage.abort, triage.wait):

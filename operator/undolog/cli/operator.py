@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Annotated
 
-import kopf
 import typer
 
 from undolog.controller.leadership import LeaseSettings
 from undolog.controller.main import OperatorOptions, main
+from undolog.decisions.egress import rule
 from undolog.kube import default_namespace
+from undolog.kube.saga_events import LogFormat, configure_logging
 
 
-class LogFormat(StrEnum):
-    plain = "plain"
-    full = "full"
-    json = "json"
+def _cidr(value: str) -> str:
+    try:
+        rule(value)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    return value
 
 
 def operator(
@@ -31,32 +33,59 @@ def operator(
     kubeconfig: Annotated[
         str | None, typer.Option(envvar="KUBECONFIG", help="Kubeconfig file; in-cluster config when unset.")
     ] = None,
-    leader_election: Annotated[
-        bool, typer.Option(help="Hold a Lease: with several replicas, only the holder drives sagas.")
-    ] = False,
     leader_election_namespace: Annotated[
         str | None,
         typer.Option(envvar="POD_NAMESPACE", help="Namespace of the Lease (default: the kubeconfig's namespace)."),
     ] = None,
-    max_concurrent_sagas: Annotated[
-        int, typer.Option(min=1, help="Sagas worked on at once (memory and fairness); the rest queue.")
-    ] = 200,
+    lease_name: Annotated[
+        str, typer.Option(help="The Lease every operator of one installation stands for: one of them drives sagas.")
+    ] = "undolog-operator",
     lease_seconds: Annotated[
         int, typer.Option(min=3, help="Lease duration: how long a standby waits for a dead leader.")
     ] = 15,
+    max_concurrent_sagas: Annotated[
+        int, typer.Option(min=1, help="Sagas worked on at once (memory and fairness); the rest queue.")
+    ] = 200,
+    egress_allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            callback=lambda values: [_cidr(v) for v in values or []],
+            help="CIDR[:PORT,...] the operator may call (repeatable); everywhere by default.",
+        ),
+    ] = None,
+    egress_deny: Annotated[
+        list[str] | None,
+        typer.Option(
+            callback=lambda values: [_cidr(v) for v in values or []],
+            help="CIDR[:PORT,...] it never calls, beyond loopback, link-local, multicast and its own ports.",
+        ),
+    ] = None,
+    egress_allow_loopback: Annotated[
+        bool, typer.Option(help="Let Webhooks call loopback addresses (tests, a sidecar); its own ports stay refused.")
+    ] = False,
+    allow_cross_namespace_services: Annotated[
+        bool, typer.Option(help="Let a Webhook's service target name a Service of another namespace.")
+    ] = False,
 ) -> None:
-    """Run the UndoLog operator: drive sagas through their phases and compensate them LIFO."""
-    formats = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
-    kopf.configure(verbose=verbose, log_format=formats[log_format.value])
+    """Run the UndoLog operator: drive sagas through their phases and compensate them LIFO.
+
+    Every operator stands for a Lease (--lease-name in the Lease namespace); only its holder
+    drives sagas, so a second operator started by mistake waits instead of sending everything
+    twice."""
+    configure_logging(log_format, verbose)
     main(
         OperatorOptions(
+            lease=LeaseSettings(
+                leader_election_namespace or default_namespace(kubeconfig), name=lease_name, lease_seconds=lease_seconds
+            ),
             namespaces=namespace or [],
             liveness_port=liveness_port or None,
             metrics_port=metrics_port or None,
             kubeconfig=kubeconfig,
-            lease=LeaseSettings(leader_election_namespace or default_namespace(kubeconfig), lease_seconds=lease_seconds)
-            if leader_election
-            else None,
             max_concurrent_sagas=max_concurrent_sagas,
+            egress_allow=tuple(egress_allow or ()),
+            egress_deny=tuple(egress_deny or ()),
+            egress_allow_loopback=egress_allow_loopback,
+            cross_namespace_services=allow_cross_namespace_services,
         )
     )

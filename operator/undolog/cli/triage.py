@@ -1,56 +1,37 @@
 """The on-call commands: find halted sagas, read their stack and timeline, resolve them.
 
-    undolog list                      halted first, across namespaces
+    undolog list                      halted first
     undolog show SAGA                 the undo stack and the event timeline
     undolog plan SAGA                 what a compensation would do now, without doing it
-    undolog retry SAGA                retry a Halted saga
+    undolog retry SAGA --reason TEXT
     undolog skip SAGA POSITION --reason TEXT
     undolog abort SAGA --reason TEXT
     undolog wait SAGA --for PHASE --timeout SECONDS
 
-Exit codes: 0 done; 1 the saga or entry is missing, the action does not fit its phase, the
-API refused (RBAC), or a wait timed out.
+The commands render the read model (undolog.inspect) as plain text; the rules are the
+operator's own. Exit codes: 0 done; 1 the saga or entry is missing, the action does not fit
+its phase, the API refused (RBAC), or a wait timed out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
-import time
-from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 import yaml
-from rich.console import Console
-from rich.table import Table
 
-from undolog.api.saga import Saga
-from undolog.api.undo_entry import UndoEntry
-from undolog.calls import registry
-from undolog.controller.forward import owned_by
-from undolog.decisions import lifo
-from undolog.decisions.arguments import UnresolvedReference, resolve
-from undolog.decisions.phases import (
-    ABORT_REASON_ANNOTATION,
-    PHASE_LABEL,
-    RETRY_ANNOTATION,
-    SKIP_ANNOTATION,
-    TERMINAL,
-)
-from undolog.kube import ApiException, Body, Kube, default_namespace, refusal
+from undolog import errors
+from undolog.api import SagaPhase
+from undolog.conventions import now
+from undolog.inspect import Inspector
+from undolog.kube import Kube, default_namespace
 
 T = TypeVar("T")
-# Colour only on a terminal (rich decides); piped output is wide enough not to wrap tables.
-console = Console(highlight=False, width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "200")))
-errors = Console(stderr=True, highlight=False)
-
-# Halted first (a person is needed), then what is moving, then what is done.
-PHASE_ORDER = {"Halted": 0, "Failed": 1, "Compensating": 2, "Active": 3, "Completed": 4, "Compensated": 5}
 
 
 class Output(StrEnum):
@@ -59,70 +40,49 @@ class Output(StrEnum):
     yaml = "yaml"
 
 
-class CommandError(Exception):
-    """A refusal the user can act on; printed without a traceback, exit code 1."""
-
-
 Namespace = Annotated[
     str | None, typer.Option("--namespace", "-n", help="Namespace of the saga (default: the kubeconfig's).")
 ]
 
 
 def fail(message: str) -> NoReturn:
-    errors.print(f"[red]error:[/red] {message}")
+    typer.echo(f"error: {message}", err=True)
     raise typer.Exit(1)
 
 
-def run(command: Callable[[Kube], Awaitable[T]]) -> T:
-    """Connect, run, close; API refusals and CommandErrors become one clear line and exit 1."""
+def run(command: Callable[[Inspector], Awaitable[T]]) -> T:
+    """Connect, run, close; refusals become one clear line on stderr and exit code 1."""
 
     async def main() -> T:
         kube = await Kube.connect()
         try:
-            return await command(kube)
+            return await command(Inspector(kube))
         finally:
             await kube.close()
 
     try:
         return asyncio.run(main())
-    except CommandError as error:
+    except errors.CommandError as error:
         fail(str(error))
-    except ApiException as error:
-        if error.status == 403:
-            fail(f"forbidden: {refusal(error)}")
-        fail(refusal(error))
+    except errors.Forbidden as error:
+        fail(f"forbidden: {error.message}")
+    except errors.KubeError as error:
+        fail(error.message)
 
 
-async def get_saga(kube: Kube, namespace: str, name: str) -> Body:
-    try:
-        return await kube.get("sagas", namespace, name)
-    except ApiException as error:
-        if error.status == 404:
-            raise CommandError(f"saga {name!r} not found in namespace {namespace!r}") from error
-        raise
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded like kubectl's: plain text, never wrapped or styled."""
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "   ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *rows]
+    ]
+    return "\n".join(line.rstrip() for line in lines)
 
 
-async def saga_in(kube: Kube, namespace: str, name: str, phases: tuple[str | None, ...], only: str) -> Body:
-    """The saga, if its phase allows the action; `only` says which sagas do."""
-    body = await get_saga(kube, namespace, name)
-    phase = body.get("status", {}).get("phase")
-    if phase not in phases:
-        raise CommandError(f"saga {name!r} is {phase}: {only}")
-    return body
-
-
-async def entries_of(kube: Kube, saga: Body) -> list[UndoEntry]:
-    meta = saga["metadata"]
-    listed = await kube.list("undoentries", meta["namespace"], field_selector=f"spec.saga={meta['name']}")
-    entries = [UndoEntry.model_validate(e) for e in listed if owned_by(e, meta["uid"])]
-    return sorted(entries, key=lambda e: e.spec.stack_position, reverse=True)
-
-
-def age(timestamp: str | datetime | None) -> str:
-    if timestamp is None:
+def age(moment: datetime | None) -> str:
+    if moment is None:
         return ""
-    moment = datetime.fromisoformat(timestamp) if isinstance(timestamp, str) else timestamp
-    seconds = int((datetime.now(UTC) - moment).total_seconds())
+    seconds = int((now() - moment).total_seconds())
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size}{unit}"
@@ -133,15 +93,11 @@ def clock(moment: datetime | None) -> str:
     return moment.strftime("%H:%M:%S.%f")[:-3] if moment else ""
 
 
-async def actor(kube: Kube) -> str:
-    try:
-        return await kube.whoami()
-    except ApiException:
-        return "unknown user"
-
-
-def stamp(who: str, text: str) -> str:
-    return f"{text} (by {who} at {datetime.now(UTC).isoformat(timespec='seconds').replace('+00:00', 'Z')})"
+def dump(items: list[dict[str, Any]], output: Output) -> str:
+    document = {"apiVersion": "v1", "kind": "List", "items": items}
+    if output == Output.json:
+        return json.dumps(document, indent=2)
+    return yaml.safe_dump(document, sort_keys=False).rstrip("\n")
 
 
 # -- list ------------------------------------------------------------------------------------
@@ -149,56 +105,31 @@ def stamp(who: str, text: str) -> str:
 
 def list_sagas(
     namespace: Annotated[str | None, typer.Option("--namespace", "-n", help="Only this namespace.")] = None,
-    phase: Annotated[str | None, typer.Option(help="Only sagas in this phase, e.g. Halted.")] = None,
+    phase: Annotated[SagaPhase | None, typer.Option(help="Only sagas in this phase, e.g. Halted.")] = None,
     org: Annotated[str | None, typer.Option(help="Only this spec.orgId.")] = None,
     output: Annotated[Output, typer.Option("--output", "-o", help="table, json or yaml.")] = Output.table,
 ) -> None:
-    """Sagas across namespaces, halted first: phase, steps, undone, reason, age."""
-    selector = ",".join(
-        part
-        for part in (
-            f"{PHASE_LABEL}={phase.lower()}" if phase else "",
-            f"undolog.io/org={org}" if org else "",
-        )
-        if part
-    )
-
-    async def fetch(kube: Kube) -> list[Body]:
-        return await kube.list("sagas", namespace, label_selector=selector or None)
-
-    sagas = sorted(
-        run(fetch),
-        key=lambda s: (
-            PHASE_ORDER.get(s.get("status", {}).get("phase", ""), 9),
-            s["metadata"]["creationTimestamp"],
-        ),
-    )
-    if output == Output.json:
-        console.print_json(json.dumps({"apiVersion": "v1", "kind": "List", "items": sagas}))
-        return
-    if output == Output.yaml:
-        console.print(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": sagas}, sort_keys=False), end="")
+    """Sagas, halted first: phase, steps, undone, reason, age."""
+    sagas = run(lambda inspector: inspector.sagas(namespace, phase=phase, org=org))
+    if output != Output.table:
+        typer.echo(dump([s.to_api() for s in sagas], output))
         return
     if not sagas:
-        errors.print("no sagas found" + (f" in namespace {namespace}" if namespace else ""))
+        typer.echo("no sagas found" + (f" in namespace {namespace}" if namespace else ""), err=True)
         return
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("NAMESPACE", "NAME", "PHASE", "STEPS", "UNDONE", "REASON", "AGE"):
-        table.add_column(column)
-    for body in sagas:
-        status = body.get("status", {})
-        phase_text = status.get("phase", "")
-        style = {"Halted": "bold red", "Failed": "red", "Compensating": "yellow", "Completed": "green"}.get(phase_text)
-        table.add_row(
-            body["metadata"]["namespace"],
-            body["metadata"]["name"],
-            f"[{style}]{phase_text}[/{style}]" if style else phase_text,
-            str(status.get("stackDepth", 0)),
-            str(status.get("compensatedCount", 0)),
-            status.get("reason", ""),
-            age(body["metadata"]["creationTimestamp"]),
-        )
-    console.print(table)
+    rows = [
+        [
+            s.metadata.namespace,
+            s.metadata.name,
+            s.status.phase or "",
+            str(s.status.stack_depth),
+            str(s.status.compensated_count),
+            s.status.reason or "",
+            age(s.metadata.creation_timestamp),
+        ]
+        for s in sagas
+    ]
+    typer.echo(table(["NAMESPACE", "NAME", "PHASE", "STEPS", "UNDONE", "REASON", "AGE"], rows))
 
 
 # -- show ------------------------------------------------------------------------------------
@@ -207,57 +138,36 @@ def list_sagas(
 def show(saga: str, namespace: Namespace = None) -> None:
     """The undo stack (newest first) and the event timeline of one saga."""
     ns = namespace or default_namespace()
-
-    async def fetch(kube: Kube) -> tuple[Body, list[UndoEntry], list[Any]]:
-        body = await get_saga(kube, ns, saga)
-        return body, await entries_of(kube, body), await kube.events_about(ns, saga, body["metadata"]["uid"])
-
-    body, entries, events = run(fetch)
-    parsed = Saga.model_validate(body)
-    status = parsed.status
-    console.print(f"[bold]{ns}/{saga}[/bold]  {status.phase or 'New'}  {status.reason or ''}")
+    detail = run(lambda inspector: inspector.show(ns, saga))
+    status = detail.saga.status
+    lines = [f"{ns}/{saga}  {status.phase or 'New'}  {status.reason or ''}".rstrip()]
     if status.message:
-        console.print(status.message)
+        lines.append(status.message)
     if status.failed_step:
-        console.print(f"failed step: {status.failed_step}")
-    console.print(f"steps {status.stack_depth}, undone {status.compensated_count}\n")
-    stack = Table(title="Undo stack (newest first)", box=None, header_style="bold", title_justify="left")
-    for column in (
-        "POS",
-        "STEP",
-        "FUNCTION",
-        "EFFECT",
-        "STATE",
-        "RETRIES",
-        "LAST ERROR",
-        "REGISTERED",
-        "EXECUTED",
-        "UNDONE",
-    ):
-        stack.add_column(column)
-    for entry in entries:
+        lines.append(f"failed step: {status.failed_step}")
+    lines += [f"steps {status.stack_depth}, undone {status.compensated_count}", "", "Undo stack (newest first)"]
+    stack = []
+    for entry in detail.entries:
         call = entry.spec.compensation
-        stack.add_row(
-            str(entry.spec.stack_position),
-            entry.spec.step,
-            f"{call.function} {call.version}" if call else "-",
-            entry.status.effect,
-            entry.status.state,
-            str(entry.status.retry_count),
-            (entry.status.last_error or entry.status.skip_reason or "")[:80],
-            clock(entry.spec.registered_at),
-            clock(entry.status.executed_at),
-            clock(entry.status.compensated_at),
+        stack.append(
+            [
+                str(entry.spec.stack_position),
+                entry.spec.step,
+                f"{call.function} {call.version}" if call else "-",
+                entry.status.effect,
+                entry.status.state,
+                str(entry.status.retry_count),
+                (entry.status.last_error or entry.status.skip_reason or "")[:80],
+                clock(entry.spec.registered_at),
+                clock(entry.status.executed_at),
+                clock(entry.status.compensated_at),
+            ]
         )
-    console.print(stack)
-    console.print()
-    timeline = Table(title="Timeline", box=None, header_style="bold", title_justify="left")
-    for column in ("TIME", "TYPE", "REASON", "MESSAGE"):
-        timeline.add_column(column)
-    for event in events:
-        moment = event.event_time or event.last_timestamp or event.first_timestamp
-        timeline.add_row(clock(moment), event.type or "", event.reason or "", event.message or "")
-    console.print(timeline)
+    header = ["POS", "STEP", "FUNCTION", "EFFECT", "STATE", "RETRIES", "LAST ERROR", "REGISTERED", "EXECUTED", "UNDONE"]
+    lines += [table(header, stack), "", "Timeline"]
+    events = [[clock(e.time), e.type, e.reason, e.message] for e in detail.events]
+    lines.append(table(["TIME", "TYPE", "REASON", "MESSAGE"], events))
+    typer.echo("\n".join(lines))
 
 
 # -- plan ------------------------------------------------------------------------------------
@@ -266,48 +176,26 @@ def show(saga: str, namespace: Namespace = None) -> None:
 def plan(saga: str, namespace: Namespace = None) -> None:
     """What a compensation would do now, in order, without doing it."""
     ns = namespace or default_namespace()
-
-    async def fetch(kube: Kube) -> list[tuple[UndoEntry, str, Any]]:
-        body = await get_saga(kube, ns, saga)
-        entries = await entries_of(kube, body)
-        parsed = Saga.model_validate(body)
-        if parsed.status.phase in TERMINAL:
-            raise CommandError(f"saga {saga!r} is {parsed.status.phase}: there is nothing left to compensate")
-        outputs = {e.spec.step: e.status.output for e in entries}
-        owed = [e for e in entries if e.status.state in (*lifo.OWED, "Failed")]
-        steps = []
-        for entry in sorted(owed, key=lambda e: e.spec.stack_position, reverse=True):
-            call = entry.spec.compensation
-            if call is None:
-                steps.append((entry, "skip: no compensation", None))
-                continue
-            try:
-                target = (await registry.resolve(kube, ns, call)).url
-                args: Any = resolve(call.args, outputs, missing_as_null=True)
-            except (registry.CallNotPossible, UnresolvedReference) as error:
-                target, args = f"cannot call: {error}", None
-            steps.append((entry, target, args))
-        return steps
-
-    steps = run(fetch)
-    if not steps:
-        console.print(f"nothing to compensate in {ns}/{saga}")
+    planned = run(lambda inspector: inspector.plan(ns, saga))
+    if not planned:
+        typer.echo(f"nothing to compensate in {ns}/{saga}")
         return
-    table = Table(title=f"Compensation plan of {ns}/{saga}", box=None, header_style="bold", title_justify="left")
-    for column in ("ORDER", "POS", "STEP", "STATE", "CALL", "TARGET", "ARGS"):
-        table.add_column(column)
-    for order, (entry, target, args) in enumerate(steps, start=1):
-        call = entry.spec.compensation
-        table.add_row(
-            str(order),
-            str(entry.spec.stack_position),
-            entry.spec.step,
-            entry.status.state,
-            f"{call.function} {call.version}" if call else "-",
-            target,
-            json.dumps(args) if args is not None else "",
+    rows = []
+    for step in planned:
+        call = step.entry.spec.compensation
+        rows.append(
+            [
+                str(step.order),
+                str(step.entry.spec.stack_position),
+                step.entry.spec.step,
+                step.entry.status.state,
+                f"{call.function} {call.version}" if call else "-",
+                step.target or f"cannot call: {step.refusal}",
+                json.dumps(step.args) if step.args is not None else "",
+            ]
         )
-    console.print(table)
+    typer.echo(f"Compensation plan of {ns}/{saga}")
+    typer.echo(table(["ORDER", "POS", "STEP", "STATE", "CALL", "TARGET", "ARGS"], rows))
 
 
 # -- resolutions -----------------------------------------------------------------------------
@@ -320,14 +208,8 @@ def retry(
 ) -> None:
     """Retry a Halted saga: its Failed entries go back to Pending and it resumes."""
     ns = namespace or default_namespace()
-
-    async def act(kube: Kube) -> None:
-        await saga_in(kube, ns, saga, ("Halted",), "only a Halted saga can be retried")
-        note = stamp(await actor(kube), reason)
-        await kube.patch("sagas", ns, saga, {"metadata": {"annotations": {RETRY_ANNOTATION: note}}})
-
-    run(act)
-    console.print(f"retry requested for {ns}/{saga}; follow it with `undolog wait {saga} -n {ns} --for Compensated`")
+    run(lambda inspector: inspector.retry(ns, saga, reason))
+    typer.echo(f"retry requested for {ns}/{saga}; follow it with `undolog wait {saga} -n {ns} --for Compensated`")
 
 
 def skip(
@@ -338,22 +220,8 @@ def skip(
 ) -> None:
     """Mark one entry of a Halted saga Skipped (undone by hand) and let the saga go on."""
     ns = namespace or default_namespace()
-
-    async def act(kube: Kube) -> None:
-        body = await saga_in(kube, ns, saga, ("Halted",), "only entries of a Halted saga can be skipped")
-        entries = {e.spec.stack_position: e for e in await entries_of(kube, body)}
-        entry = entries.get(position)
-        if entry is None:
-            raise CommandError(f"saga {saga!r} has no entry at position {position} (it has {sorted(entries)})")
-        if entry.status.state not in ("Failed", "Pending") and entry.status.effect != "Failed":
-            raise CommandError(
-                f"entry {entry.metadata.name} is {entry.status.state}: only a Pending or Failed entry can be skipped"
-            )
-        note = stamp(await actor(kube), reason)
-        await kube.patch("undoentries", ns, entry.metadata.name, {"metadata": {"annotations": {SKIP_ANNOTATION: note}}})
-
-    run(act)
-    console.print(f"entry {saga}-{position} will be skipped; the saga then goes on")
+    entry = run(lambda inspector: inspector.skip(ns, saga, position, reason))
+    typer.echo(f"entry {entry.metadata.name} will be skipped; the saga then goes on")
 
 
 def abort(
@@ -363,37 +231,17 @@ def abort(
 ) -> None:
     """Abort an Active saga: it fails and is compensated, newest first."""
     ns = namespace or default_namespace()
-
-    async def act(kube: Kube) -> None:
-        await saga_in(kube, ns, saga, (None, "Active"), "only an Active saga can be aborted")
-        note = stamp(await actor(kube), reason)
-        patch = {"metadata": {"annotations": {ABORT_REASON_ANNOTATION: note}}, "spec": {"outcome": "Abort"}}
-        await kube.patch("sagas", ns, saga, patch)
-
-    run(act)
-    console.print(f"{ns}/{saga} aborted; it will be compensated newest-first")
+    run(lambda inspector: inspector.abort(ns, saga, reason))
+    typer.echo(f"{ns}/{saga} aborted; it will be compensated newest-first")
 
 
 def wait(
     saga: str,
-    for_: Annotated[str, typer.Option("--for", help="The phase to wait for, e.g. Compensated.")],
+    for_: Annotated[SagaPhase, typer.Option("--for", help="The phase to wait for, e.g. Compensated.")],
     namespace: Namespace = None,
     timeout: Annotated[float, typer.Option(help="Seconds before giving up (exit 1).")] = 60.0,
 ) -> None:
     """Wait until a saga reaches a phase."""
     ns = namespace or default_namespace()
-    wanted = for_.capitalize()
-
-    async def act(kube: Kube) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            phase = (await get_saga(kube, ns, saga)).get("status", {}).get("phase")
-            if phase == wanted:
-                return str(phase)
-            if phase in TERMINAL:
-                raise CommandError(f"saga {saga!r} ended {phase}; it will never be {wanted}")
-            if time.monotonic() > deadline:
-                raise CommandError(f"saga {saga!r} is {phase}, not {wanted}, after {timeout:g} s")
-            await asyncio.sleep(0.2)
-
-    console.print(f"{ns}/{saga} is {run(act)}")
+    reached = run(lambda inspector: inspector.wait(ns, saga, for_, timeout))
+    typer.echo(f"{ns}/{saga} is {reached.status.phase}")

@@ -11,13 +11,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from undolog import metrics
-from undolog.api.saga import Saga
-from undolog.api.undo_entry import UndoEntry
-from undolog.calls import protocol
+from undolog.api import Attempt, AttemptKind, EntryReason, EntryState, EventReason, Saga, UndoEntry
 from undolog.calls.runner import AttemptRecord
-from undolog.controller.recorded_call import CallRecorder, EntryCall, headers_for, now_text
-from undolog.kube import Body
+from undolog.controller.recorded_call import CallRecorder, EntryCall, gave_up, headers_for
+from undolog.conventions import compensation_key, now
+from undolog.decisions.retry import Verdict
+from undolog.errors import CallNotPossible
+
+
+def failure_reason(verdict: Verdict, refused: bool) -> EntryReason:
+    if refused:
+        return EntryReason.TARGET_REFUSED
+    return EntryReason.PERMANENT_FAILURE if verdict == Verdict.PERMANENT else EntryReason.RETRIES_EXHAUSTED
 
 
 @dataclass
@@ -25,61 +30,68 @@ class Compensator:
     recorder: CallRecorder
 
     async def compensate(
-        self, saga: Saga, saga_body: Body, entry_body: Body, outputs: Mapping[str, Mapping[str, Any] | None]
-    ) -> Body:
+        self, saga: Saga, entry: UndoEntry, outputs: Mapping[str, Mapping[str, Any] | None]
+    ) -> UndoEntry:
         ledger, timeline = self.recorder.ledger, self.recorder.timeline
-        entry = UndoEntry.model_validate(entry_body)
         name, call = entry.metadata.name, entry.spec.compensation
         if call is None:
-            timeline.record(saga_body, "EntrySkipped", f"{name} (step {entry.spec.step}) has no compensation")
-            return await ledger.write_entry_status(
-                entry_body, {"state": "Skipped", "skipReason": "the step has no compensation (Pivot or Retriable)"}
+            timeline.record(saga, EventReason.ENTRY_SKIPPED, f"{name} (step {entry.spec.step}) has no compensation")
+            skipped = entry.status.model_copy(
+                update={
+                    "state": EntryState.SKIPPED,
+                    "reason": EntryReason.NO_COMPENSATION,
+                    "skip_reason": "the step has no compensation (Pivot or Retriable)",
+                }
             )
+            return await ledger.write_entry_status(entry, skipped)
         label = f"{name} (step {entry.spec.step}, {call.function} {call.version})"
         prepared = await self.recorder.prepare(
-            saga, saga_body, call, outputs, label, missing_as_null=True, counter=metrics.compensation_attempts
+            saga, call, outputs, label, missing_as_null=True, kind=AttemptKind.COMPENSATION
         )
-        if isinstance(prepared, str):
-            return await ledger.write_entry_status(entry_body, {"state": "Failed", "lastError": prepared})
+        if isinstance(prepared, CallNotPossible):
+            failed = entry.status.model_copy(
+                update={"state": EntryState.FAILED, "reason": EntryReason(prepared.reason), "last_error": str(prepared)}
+            )
+            return await ledger.write_entry_status(entry, failed)
         args, target = prepared
 
-        def retried(record: AttemptRecord, attempts: list[Body]) -> Body:
-            return {"retryCount": record.number, "lastError": record.error, "attempts": attempts}
+        def retried(record: AttemptRecord, attempts: list[Attempt]) -> dict[str, Any]:
+            return {"retry_count": record.number, "last_error": record.error, "attempts": attempts}
 
         spec = EntryCall(
-            kind="Compensation",
+            kind=AttemptKind.COMPENSATION,
             label=label,
             call=call,
             target=target,
             args=args,
             headers=headers_for(
-                saga,
-                key=protocol.compensation_key(entry.spec.undo_id),
-                step=entry.spec.step,
-                forward=entry.spec.effect_id,
+                saga, key=compensation_key(entry.spec.undo_id), step=entry.spec.step, forward=entry.spec.effect_id
             ),
             backoff=saga.spec.compensation_policy.backoff,
             max_retries=call.max_retries,
             first_attempt=entry.status.retry_count + 1,
-            in_flight={"state": "Running"},
-            already_in_flight=entry.status.state == "Running",
+            in_flight={"state": EntryState.RUNNING},
+            already_in_flight=entry.status.state == EntryState.RUNNING,
             retried=retried,
-            attempts_metric=metrics.compensation_attempts,
-            seconds_metric=metrics.compensation_seconds,
-            attempts=[a.to_api() for a in entry.status.attempts],
+            retry_reason=EventReason.COMPENSATION_RETRY,
+            attempts=list(entry.status.attempts),
         )
-        result, entry_body = await self.recorder.run(saga_body, entry_body, spec)
+        result, entry = await self.recorder.run(saga, entry, spec)
         last = result.last
-        if result.verdict == "Succeeded":
+        changes: dict[str, Any] = {"retry_count": last.number - 1, "attempts": spec.attempts}
+        if result.verdict == Verdict.SUCCEEDED:
             timeline.record(
-                saga_body,
-                "EntryCompensated",
+                saga,
+                EventReason.ENTRY_COMPENSATED,
                 f"{label}: HTTP {last.outcome.status_code} in {last.duration_milliseconds} ms, attempt {last.number}",
             )
-            changes: Body = {"state": "Compensated", "compensatedAt": now_text()}
+            changes |= {"state": EntryState.COMPENSATED, "compensated_at": now(), "reason": None}
         else:
-            why = "permanent failure" if result.verdict == "Permanent" else f"gave up after {last.number} attempts"
-            timeline.record(saga_body, "CompensationFailed", f"{label}: {last.error} ({why})", warning=True)
-            changes = {"state": "Failed", "lastError": f"{last.error} ({why})"}
-        changes |= {"retryCount": last.number - 1, "attempts": spec.attempts}
-        return await ledger.write_entry_status(entry_body, changes)
+            why = gave_up(result)
+            timeline.record(saga, EventReason.COMPENSATION_FAILED, f"{label}: {last.error} ({why})", warning=True)
+            changes |= {
+                "state": EntryState.FAILED,
+                "last_error": f"{last.error} ({why})",
+                "reason": failure_reason(result.verdict, last.outcome.refusal is not None),
+            }
+        return await ledger.write_entry_status(entry, entry.status.model_copy(update=changes))

@@ -2,7 +2,9 @@
 
 Woken by watch events (the saga's or its entries'), by a deadline, or after a failure with
 backoff. It holds no state that matters across restarts: everything it acts on is read from
-the API, and every write is conditional on what it read.
+the API, and every write is conditional on what it read. What it keeps between reconciles is
+how far its entries are proven complete (a consistent LIST since the saga failed), which a
+new driver starts without.
 """
 
 from __future__ import annotations
@@ -11,77 +13,74 @@ import asyncio
 import contextlib
 import logging
 import time
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import timedelta
 
-from pydantic import ValidationError
-
-from undolog import metrics
-from undolog.api.saga import EffectStatus, LostEntry, Saga, SagaPhase, SagaStatus
-from undolog.api.undo_entry import UndoEntry
-from undolog.controller.forward import owned_by
-from undolog.decisions import lifo, moves, phases
-from undolog.kube import ApiException, Body, refusal, trimmed
-
-if TYPE_CHECKING:
-    from undolog.controller.engine import Engine
+from undolog import errors, metrics
+from undolog.api import (
+    EffectDeliveryState,
+    EffectState,
+    EffectStatus,
+    EntryReason,
+    EntryState,
+    EventReason,
+    LostEntry,
+    Saga,
+    SagaPhase,
+    SagaReason,
+    SagaStatus,
+    UndoEntry,
+)
+from undolog.controller.context import DriverContext
+from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, now, owned_by
+from undolog.decisions import compensation_plan, moves, phases
+from undolog.decisions.moves import EntryProof
+from undolog.decisions.retry import operator_retry_seconds
+from undolog.ledger import newest
 
 log = logging.getLogger("undolog.driver")
-MAX_FAILURE_DELAY = 30.0
 COUNTER_INTERVAL = 5.0  # seconds between progress writes of stackDepth and compensatedCount
+CALLS = (moves.CompensateEntry, moves.ExecuteStep, moves.DeliverEffect)  # moves that take time
+Entries = dict[str, UndoEntry]
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def fresher(a: Body | None, b: Body | None) -> Body | None:
-    """The newer of two copies of a saga; None when they cannot be ordered (read it again).
-
-    resourceVersions are opaque; etcd's are integers, and then an event that arrives while a
-    write is in flight, or a write response older than an event already seen, is ordered.
-    """
-    if a is None or b is None:
-        return a if b is None else b
-    ra, rb = a["metadata"].get("resourceVersion", ""), b["metadata"].get("resourceVersion", "")
-    if ra.isascii() and rb.isascii() and ra.isdigit() and rb.isdigit():
-        return a if int(ra) >= int(rb) else b
-    return None
+def lost_entry(entry: UndoEntry, why: str) -> LostEntry:
+    call = entry.spec.compensation
+    return LostEntry(
+        name=entry.metadata.name,
+        stack_position=entry.spec.stack_position,
+        step=entry.spec.step,
+        function=call.function if call else None,
+        why=why[:1024],
+    )
 
 
 class SagaDriver:
-    def __init__(self, engine: Engine, namespace: str, name: str) -> None:
-        self.engine = engine
+    def __init__(self, context: DriverContext, namespace: str, name: str) -> None:
+        self.context = context
         self.namespace, self.name = namespace, name
-        self.latest: Body | None = None
+        self.latest: Saga | None = None
         self.gone = False
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.last_status_write = 0.0
         self.last_error: str | None = None
         self.lost: list[LostEntry] = []  # entries gone since the last reconcile, to be reported
-        self.verified = False  # the entries were listed (or shown complete) since compensation began
+        self.proof = EntryProof.NONE
 
-    def lose(self, entry: Body, why: str) -> None:
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.namespace, self.name
+
+    def lose(self, lost: LostEntry) -> None:
         """An entry can no longer be compensated: record it on the saga at the next reconcile."""
-        spec = entry.get("spec", {})
-        compensation = spec.get("compensation") or {}
-        self.lost.append(
-            LostEntry(
-                name=entry["metadata"]["name"],
-                stack_position=spec.get("stackPosition"),
-                step=spec.get("step"),
-                function=compensation.get("function"),
-                why=why[:1024],
-            )
-        )
+        self.lost.append(lost)
         self.wake.set()
 
-    def notify(self, body: Body | None) -> None:
-        if body is None:
+    def notify(self, saga: Saga | None) -> None:
+        if saga is None:
             self.gone = True
         else:
-            self.latest = fresher(trimmed(body), self.latest)
+            self.latest = newest(saga, self.latest)
         self.wake.set()
 
     async def run(self) -> None:
@@ -89,244 +88,286 @@ class SagaDriver:
         while not self.gone:
             self.wake.clear()
             try:
-                async with self.engine.slots:  # bounded: memory and fairness with thousands of sagas
+                async with self.context.slots:
                     wait = await self.reconcile()
                 failures, self.last_error = 0, None
-            except ApiException as error:
-                if error.status == 404:
-                    return  # deleted: nothing of ours is left to hold
-                if error.status == 409:  # someone wrote first: read again and decide again
-                    self.latest = None
-                    continue
-                failures += 1
-                wait = self._backoff(failures, error)
-            except Exception as error:
+            except errors.NotFound:
+                return  # the saga was deleted: nothing of ours is left to hold
+            except errors.Conflict:  # someone wrote first: read again and decide again
+                self.latest = None
+                continue
+            except errors.NotLeading:
+                return  # the next leader picks up from the ledger
+            except (errors.KubeError, errors.StaleEntry) as error:
                 failures += 1
                 wait = self._backoff(failures, error)
             if wait.finished and not self.wake.is_set():
                 return
-            timeout = None if wait.until is None else max((wait.until - utcnow()).total_seconds(), 0.0)
+            timeout = None if wait.until is None else max((wait.until - now()).total_seconds(), 0.0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout)
 
-    def _backoff(self, failures: int, error: BaseException) -> moves.Wait:
-        delay = min(2.0 ** (failures - 1), MAX_FAILURE_DELAY)
-        log.error("saga %s/%s: %s; retrying in %.0f s", self.namespace, self.name, error, delay, exc_info=error)
-        text = refusal(error) if isinstance(error, ApiException) else f"{type(error).__name__}: {error}"
+    def _backoff(self, failures: int, error: errors.UndoLogError) -> moves.Wait:
+        delay = operator_retry_seconds(failures)
+        text = error.message if isinstance(error, errors.KubeError) else str(error)
+        log.error("saga %s/%s: %s; retrying in %.0f s", self.namespace, self.name, text, delay)
         if text != self.last_error and self.latest is not None:  # say it once, not at every retry
-            self.engine.timeline.record(self.latest, "OperatorError", f"{text}; retrying with backoff", warning=True)
+            self.context.timeline.record(
+                self.latest, EventReason.OPERATOR_ERROR, f"{text}; retrying with backoff", warning=True
+            )
         self.last_error = text
-        return moves.Wait(until=utcnow() + timedelta(seconds=delay))
+        return moves.Wait(until=now() + timedelta(seconds=delay))
 
     async def reconcile(self) -> moves.Wait:
-        ledger = self.engine.ledger
-        saga_body = self.latest or await ledger.saga(self.namespace, self.name)
-        uid = saga_body["metadata"]["uid"]
-        entries = await self.entries(saga_body)
+        ledger, index = self.context.ledger, self.context.index
+        saga = self.latest or await ledger.saga(self.namespace, self.name)
         # Entries of an earlier saga with the same name, not yet collected, are not ours.
-        entries = {name: e for name, e in entries.items() if owned_by(e, uid)}
-        for name, body in list(entries.items()):
-            try:
-                UndoEntry.model_validate(body)
-            except ValidationError as error:  # the API took it, the operator cannot use it: report it
-                del entries[name]
-                self.lose(body, f"unreadable: {error.errors()[0]['loc']}: {error.errors()[0]['msg']}")
+        entries = {n: e for n, e in index.of(self.key).items() if owned_by(e, saga.metadata.uid)}
+        if self.proof == EntryProof.FRESH:
+            self.proof = EntryProof.STALE  # time passed since the listing: something may have come
         while True:
             if self.lost:  # noticed by the watch meanwhile: never compensate from a stale copy
                 for lost in self.lost:
                     entries.pop(lost.name, None)
-                saga_body = await self.report_lost(Saga.model_validate(saga_body), saga_body)
-            saga = Saga.model_validate(saga_body)
-            parsed = [UndoEntry.model_validate(e) for e in entries.values()]
-            move = phases.decide(saga, parsed, utcnow())
+                saga = await self.report_lost(saga)
+            move = phases.decide(saga, list(entries.values()), now(), self.proof)
             log.debug("saga %s/%s: %s", self.namespace, self.name, type(move).__name__)
             if isinstance(move, moves.Wait):
-                self.latest = fresher(saga_body, self.latest)
+                self.latest = newest(saga, self.latest)
                 return move
+            self.context.fence.check()
             try:
-                written = await self.apply(move, saga, saga_body, parsed, entries)
-            except ApiException as error:
+                written = await self.apply(move, saga, entries)
+            except errors.NotFound:
                 entry = getattr(move, "entry", None)
-                if error.status != 404 or entry is None:
+                if entry is None:
                     raise
                 # The entry was deleted while its call was being made: report it, go on.
-                self.lose(entries.pop(entry.metadata.name), "deleted by hand while its call was in flight")
-                written = saga_body
-            for body in entries.values():  # what the move wrote is the newest copy
-                self.engine.index.keep(body)
+                entries.pop(entry.metadata.name, None)
+                self.lose(lost_entry(entry, "deleted by hand while its call was in flight"))
+                written = saga
+            except errors.Invalid as refused:
+                written = await self.refused(move, saga, list(entries.values()), refused)
+            if isinstance(move, CALLS) and self.proof == EntryProof.FRESH:
+                self.proof = EntryProof.STALE
+            for entry in entries.values():  # what the move wrote is the newest copy
+                index.keep(entry)
             # An event may have brought a newer copy while the write was in flight.
-            saga_body = fresher(written, self.latest) or await ledger.saga(self.namespace, self.name)
-            self.latest = saga_body
+            saga = newest(written, self.latest) or await ledger.saga(self.namespace, self.name)
+            self.latest = saga
 
-    async def entries(self, saga_body: Body) -> dict[str, Body]:
-        """The saga's entries: from the index, or listed when compensating and the index cannot
-        be shown to hold every entry written before the saga's current version (an agent's last
-        entry and its abort may arrive on different watch streams in either order)."""
-        index = self.engine.index
-        key = (self.namespace, self.name)
-        phase = saga_body.get("status", {}).get("phase")
-        compensating = phase in ("Failed", "Compensating")
-        if (
-            self.verified
-            or not compensating
-            or index.complete_at(self.namespace, saga_body["metadata"]["resourceVersion"])
-        ):
-            self.verified = self.verified or compensating
-            return index.of(key)
-        listed = await self.engine.ledger.entries(self.namespace, self.name)
-        uid = saga_body["metadata"]["uid"]
-        for body in index.replace(key, listed):
-            # Its deletion event may come after this saga is final: report it now (once, by name).
-            if owned_by(body, uid) and body.get("status", {}).get("state", "Pending") not in lifo.SETTLED:
-                self.lose(body, "deleted by hand")
-        self.verified = True
-        return index.of(key)
+    async def prove(self, saga: Saga, entries: Entries) -> None:
+        """A consistent LIST of the saga's entries: the proof that none is missing. What the
+        index held and the listing lacks was deleted; what cannot be read is reported."""
+        listing = await self.context.ledger.entries_of(saga)
+        for gone in self.context.index.replace(self.key, listing.entries):
+            if owned_by(gone, saga.metadata.uid) and gone.status.state not in compensation_plan.SETTLED:
+                self.lose(lost_entry(gone, "deleted by hand"))
+        for unreadable in listing.unreadable:
+            self.lose(unreadable.lost)
+        entries.clear()
+        entries.update((e.metadata.name, e) for e in listing.entries)
+        self.proof = EntryProof.FRESH
+
+    async def refused(self, move: moves.Move, saga: Saga, entries: list[UndoEntry], refused: errors.Invalid) -> Saga:
+        """The API refused a write this move needs, and would refuse it again: never retried
+        forever. A step that cannot be registered fails the saga (what ran is compensated);
+        anything else halts it for a person, with the API's own message."""
+        if isinstance(move, moves.RegisterStep):
+            message = f"step {move.step.name!r} could not be registered: {refused.message}"
+            return await self.enter(
+                saga, entries, SagaPhase.FAILED, SagaReason.STEP_NOT_REGISTERED, message, failed_step=move.step.name
+            )
+        message = f"the API refused a write the operator needs ({type(move).__name__}): {refused.message}"
+        return await self.enter(saga, entries, SagaPhase.HALTED, SagaReason.LEDGER_WRITE_REFUSED, message[:4096])
 
     # -- applying moves ----------------------------------------------------------------------
 
-    async def apply(
-        self, move: moves.Move, saga: Saga, saga_body: Body, parsed: list[UndoEntry], entries: dict[str, Body]
-    ) -> Body:
-        engine = self.engine
-        ledger, timeline = engine.ledger, engine.timeline
+    async def apply(self, move: moves.Move, saga: Saga, entries: Entries) -> Saga:
+        context = self.context
+        ledger, timeline = context.ledger, context.timeline
+        parsed = list(entries.values())
         outputs = {e.spec.step: e.status.output for e in parsed}
         match move:
             case moves.Initialize():
-                return await self.enter(saga_body, saga, parsed, "Active", "Started", "the operator took charge")
+                return await self.enter(saga, parsed, SagaPhase.ACTIVE, SagaReason.STARTED, "the operator took charge")
             case moves.SyncMetadata(labels=labels, finalizers=finalizers):
-                return await ledger.write_saga_metadata(saga_body, labels=labels, finalizers=finalizers)
+                return await ledger.write_saga_metadata(saga, labels=labels, finalizers=finalizers)
             case moves.UpdateDepth(stack_depth=depth):
-                return await self.write_status(saga_body, saga.status.model_copy(update={"stack_depth": depth}))
+                return await self.write_status(saga, saga.status.model_copy(update={"stack_depth": depth}))
+            case moves.ProveEntries():
+                await self.prove(saga, entries)
+                return saga
             case moves.Transition(phase=phase, reason=reason, message=message, failed_step=failed_step):
-                extra = {"failed_step": failed_step} if failed_step else {}
-                return await self.enter(saga_body, saga, parsed, phase, reason, message, **extra)
+                return await self.enter(saga, parsed, phase, reason, message, failed_step=failed_step)
             case moves.RegisterStep(position=position, step=step):
-                body = await engine.forwarder.register(saga, position, step)
-                entries[body["metadata"]["name"]] = body
-                return await self.counted(saga_body, saga, entries)
+                entry = await context.forwarder.register(saga, position, step)
+                entries[entry.metadata.name] = entry
+                return await self.counted(saga, entries)
             case moves.ExecuteStep(entry=entry, step=step):
                 name = entry.metadata.name
-                entries[name] = await engine.forwarder.execute(saga, saga_body, entries[name], step, outputs)
-                return await self.counted(saga_body, saga, entries)
+                entries[name] = await context.forwarder.execute(saga, entries[name], step, outputs)
+                return await self.counted(saga, entries)
             case moves.MarkPivot():
-                timeline.record(saga_body, "PivotCommitted", "the Pivot step committed: the saga only goes forward now")
-                return await self.write_status(saga_body, saga.status.model_copy(update={"pivot_committed": True}))
+                timeline.record(
+                    saga, EventReason.PIVOT_COMMITTED, "the Pivot step committed: the saga only goes forward now"
+                )
+                return await self.write_status(saga, saga.status.model_copy(update={"pivot_committed": True}))
             case moves.RefuseAbort(message=message):
-                timeline.record(saga_body, "AbortRefused", message, warning=True)
-                status = saga.status.model_copy(update={"reason": "AbortRefused", "message": message})
-                return await self.write_status(saga_body, status)
+                timeline.record(saga, EventReason.ABORT_REFUSED, message, warning=True)
+                status = saga.status.model_copy(update={"reason": SagaReason.ABORT_REFUSED, "message": message})
+                return await self.write_status(saga, status)
             case moves.CompensateEntry(entry=entry):
                 name = entry.metadata.name
-                entries[name] = await engine.compensator.compensate(saga, saga_body, entries[name], outputs)
-                return await self.counted(saga_body, saga, entries)
+                entries[name] = await context.compensator.compensate(saga, entries[name], outputs)
+                return await self.counted(saga, entries)
             case moves.DeliverEffect(effect=effect):
-                delivered = await engine.forwarder.deliver(saga, saga_body, effect, outputs)
-                return await self.write_status(saga_body, _with_effect(saga.status, delivered))
+                delivered = await context.forwarder.deliver(saga, effect, outputs)
+                return await self.write_status(saga, _with_effect(saga.status, delivered))
             case moves.Retry(request=request, resume=resume):
-                return await self.retry(saga, saga_body, entries, request, resume)
+                return await self.retry(saga, entries, request, resume)
             case moves.SkipEntry(entry=entry, reason=reason, resume=resume):
                 name = entry.metadata.name
-                skipped = await ledger.write_entry_status(entries[name], {"state": "Skipped", "skipReason": reason})
-                entries[name] = await ledger.drop_annotation("undoentries", skipped, phases.SKIP_ANNOTATION)
-                timeline.record(entries[name], "Skipped", f"skipped by a person: {reason}", warning=True)
-                parsed = [UndoEntry.model_validate(e) for e in entries.values()]
-                return await self.enter(saga_body, saga, parsed, resume, "EntrySkipped", f"{name} skipped: {reason}")
+                skipped = entries[name].status.model_copy(
+                    update={"state": EntryState.SKIPPED, "skip_reason": reason, "reason": EntryReason.SKIPPED_BY_PERSON}
+                )
+                written = await ledger.write_entry_status(entries[name], skipped)
+                entries[name] = await ledger.drop_annotation(written, SKIP_ANNOTATION)
+                timeline.record(entries[name], EventReason.SKIPPED, f"skipped by a person: {reason}", warning=True)
+                return await self.enter(
+                    saga, list(entries.values()), resume, SagaReason.ENTRY_SKIPPED, f"{name} skipped: {reason}"
+                )
             case moves.RefuseAnnotation(entry=entry, key=key, message=message):
-                timeline.record(saga_body, "AnnotationIgnored", message, warning=True)
+                timeline.record(saga, EventReason.ANNOTATION_IGNORED, message, warning=True)
                 if entry is None:
-                    return await ledger.drop_annotation("sagas", saga_body, key)
+                    return await ledger.drop_annotation(saga, key)
                 name = entry.metadata.name
-                entries[name] = await ledger.drop_annotation("undoentries", entries[name], key)
-                return saga_body
+                entries[name] = await ledger.drop_annotation(entries[name], key)
+                return saga
+            case moves.RecordLateEntry(entry=entry):
+                return await self.record_late(saga, entries, entry)
         raise AssertionError(f"unhandled move {move!r}")
 
-    async def report_lost(self, saga: Saga, saga_body: Body) -> Body:
+    async def record_late(self, saga: Saga, entries: Entries, entry: UndoEntry) -> Saga:
+        why = (
+            f"registered after saga {saga.metadata.name} was Completed: a committed saga is never compensated, "
+            "so nothing will undo this step's effect"
+        )
+        settled = entry.status.model_copy(
+            update={"state": EntryState.SKIPPED, "reason": EntryReason.REGISTERED_AFTER_COMPLETION, "skip_reason": why}
+        )
+        entries[entry.metadata.name] = await self.context.ledger.write_entry_status(entry, settled)
+        self.context.timeline.record(
+            saga,
+            EventReason.ENTRY_AFTER_COMPLETION,
+            f"{entry.metadata.name} (step {entry.spec.step}) {why}",
+            warning=True,
+        )
+        return saga
+
+    async def report_lost(self, saga: Saga) -> Saga:
         known = {e.name for e in saga.status.lost_entries}
         new = [e for e in self.lost if e.name not in known]
         self.lost = []
         if not new:
-            return saga_body
+            return saga
         for entry in new:
-            self.engine.timeline.record(
-                saga_body,
-                "EntryLost",
+            self.context.timeline.record(
+                saga,
+                EventReason.ENTRY_LOST,
                 f"{entry.name} (step {entry.step}) {entry.why} before it was compensated",
                 warning=True,
             )
         status = saga.status.model_copy(update={"lost_entries": [*saga.status.lost_entries, *new]})
-        return await self.write_status(saga_body, status)
+        return await self.write_status(saga, status)
 
-    async def retry(
-        self, saga: Saga, saga_body: Body, entries: dict[str, Body], request: str, resume: SagaPhase
-    ) -> Body:
+    async def retry(self, saga: Saga, entries: Entries, request: str, resume: SagaPhase) -> Saga:
         """A person's retry: what failed goes back to Pending, and the saga resumes."""
-        ledger = self.engine.ledger
-        if resume == "Completed":
+        ledger = self.context.ledger
+        if resume == SagaPhase.COMPLETED:
             effects = [
-                e.model_copy(update={"state": "Pending"}) if e.state == "Failed" else e for e in saga.status.effects
+                e.model_copy(update={"state": EffectDeliveryState.PENDING})
+                if e.state == EffectDeliveryState.FAILED
+                else e
+                for e in saga.status.effects
             ]
             status = saga.status.model_copy(
-                update={"effects": effects, "reason": "RetryRequested", "message": f"retry requested: {request}"}
+                update={
+                    "effects": effects,
+                    "reason": SagaReason.RETRY_REQUESTED,
+                    "message": f"retry requested: {request}",
+                }
             )
-            saga_body = await self.write_status(saga_body, status)
+            saga = await self.write_status(saga, status)
         else:
-            for name, body in list(entries.items()):
-                entry = UndoEntry.model_validate(body)
-                if resume == "Active" and entry.status.effect == "Failed" and entry.status.state != "Skipped":
-                    entries[name] = await ledger.write_entry_status(body, {"effect": "Pending"})
-                elif resume == "Compensating" and entry.status.state == "Failed":
-                    entries[name] = await ledger.write_entry_status(body, {"state": "Pending", "retryCount": 0})
-            parsed = [UndoEntry.model_validate(e) for e in entries.values()]
+            for name, entry in list(entries.items()):
+                was = entry.status
+                if resume == SagaPhase.ACTIVE and was.effect == EffectState.FAILED and was.state != EntryState.SKIPPED:
+                    again = was.model_copy(update={"effect": EffectState.PENDING, "reason": None})
+                elif resume == SagaPhase.COMPENSATING and was.state == EntryState.FAILED:
+                    again = was.model_copy(update={"state": EntryState.PENDING, "retry_count": 0, "reason": None})
+                else:
+                    continue
+                entries[name] = await ledger.write_entry_status(entry, again)
             # Retrying says the person dealt with the lost entries: the saga goes on without them.
             acknowledged = [e.model_copy(update={"acknowledged": True}) for e in saga.status.lost_entries]
             saga = saga.model_copy(update={"status": saga.status.model_copy(update={"lost_entries": acknowledged})})
-            saga_body = await self.enter(
-                saga_body, saga, parsed, resume, "RetryRequested", f"retry requested: {request}"
+            saga = await self.enter(
+                saga, list(entries.values()), resume, SagaReason.RETRY_REQUESTED, f"retry requested: {request}"
             )
-        return await ledger.drop_annotation("sagas", saga_body, phases.RETRY_ANNOTATION)
+        return await ledger.drop_annotation(saga, RETRY_ANNOTATION)
 
     async def enter(
         self,
-        saga_body: Body,
         saga: Saga,
-        parsed: list[UndoEntry],
+        entries: list[UndoEntry],
         phase: SagaPhase,
-        reason: str,
+        reason: SagaReason,
         message: str,
-        **extra: Any,
-    ) -> Body:
+        *,
+        failed_step: str | None = None,
+    ) -> Saga:
         """Write the saga's new phase (conditions, counters), then post the Event."""
         status = phases.with_phase(
-            saga.status, phase, reason=reason, message=message, now=utcnow(), generation=saga.metadata.generation
+            saga.status, phase, reason=reason, message=message, now=now(), generation=saga.metadata.generation
         )
-        status = _with_counters(status, parsed).model_copy(update=extra)
-        written = await self.write_status(saga_body, status)
-        metrics.saga_transitions.labels(phase, reason).inc()
-        self.engine.phase_seen(self.namespace, self.name, phase)
-        warning = phase in ("Failed", "Halted")
-        self.engine.timeline.record(written, phase, f"{reason}: {message}", warning=warning)
+        status = _with_counters(status, entries)
+        if failed_step:
+            status = status.model_copy(update={"failed_step": failed_step})
+        if phase == SagaPhase.COMPLETED and not saga.spec.steps:
+            # The proven top of the stack at the commit: an entry above it came later.
+            top = max((e.spec.stack_position for e in entries), default=0)
+            status = status.model_copy(update={"top_position": top})
+        if phase == SagaPhase.ACTIVE:
+            self.proof = EntryProof.NONE  # a new failure needs a new proof
+        written = await self.write_status(saga, status)
+        metrics.saga_transitions.labels(self.namespace, phase, reason).inc()
+        self.context.phase_changed(self.key, phase)
+        warning = phase in (SagaPhase.FAILED, SagaPhase.HALTED)
+        self.context.timeline.record(written, phase, f"{reason}: {message}", warning=warning)
         return written
 
-    async def counted(self, saga_body: Body, saga: Saga, entries: dict[str, Body]) -> Body:
+    async def counted(self, saga: Saga, entries: Entries) -> Saga:
         """Refresh stackDepth and compensatedCount after an entry moved, at most once per
         COUNTER_INTERVAL: fast sagas show their counts with the next phase, slow ones show
         progress (STEPS and UNDONE in `kubectl get sagas`) while they run."""
         if time.monotonic() - self.last_status_write < COUNTER_INTERVAL:
-            return saga_body
-        parsed = [UndoEntry.model_validate(e) for e in entries.values()]
-        status = _with_counters(saga.status, parsed)
+            return saga
+        status = _with_counters(saga.status, list(entries.values()))
         if status == saga.status:
-            return saga_body
-        return await self.write_status(saga_body, status)
+            return saga
+        return await self.write_status(saga, status)
 
-    async def write_status(self, saga_body: Body, status: SagaStatus) -> Body:
-        written = await self.engine.ledger.write_saga_status(saga_body, status)
+    async def write_status(self, saga: Saga, status: SagaStatus) -> Saga:
+        written = await self.context.ledger.write_saga_status(saga, status)
         self.last_status_write = time.monotonic()
         return written
 
 
 def _with_counters(status: SagaStatus, entries: list[UndoEntry]) -> SagaStatus:
-    return status.model_copy(update={"stack_depth": len(entries), "compensated_count": lifo.settled_count(entries)})
+    return status.model_copy(
+        update={"stack_depth": len(entries), "compensated_count": compensation_plan.settled_count(entries)}
+    )
 
 
 def _with_effect(status: SagaStatus, delivered: EffectStatus) -> SagaStatus:

@@ -1,86 +1,104 @@
-"""The drivers of every saga that needs work, fed by the watch events kopf delivers."""
+"""The drivers of every saga that needs work, fed by the watches: kopf's of Sagas, the
+operator's own ordered one of UndoEntries. Objects are parsed once, here."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
 from undolog import metrics
-from undolog.api.saga import Saga
+from undolog.api import EntryReason, EventReason, Saga, SagaPhase, UndoEntry
+from undolog.calls.runner import Fence
 from undolog.controller.compensation import Compensator
-from undolog.controller.driver import SagaDriver
-from undolog.controller.entry_index import EntryIndex
-from undolog.controller.entry_watch import EntryWatch
+from undolog.controller.context import DriverContext
+from undolog.controller.driver import SagaDriver, lost_entry
+from undolog.controller.entry_index import EntryIndex, SagaKey
+from undolog.controller.entry_watch import EntryEvent, EntryWatch
 from undolog.controller.forward import Forwarder
-from undolog.controller.ledger import Ledger
 from undolog.controller.timeline import Timeline
-from undolog.decisions import lifo, phases
-from undolog.kube import Body
+from undolog.decisions import compensation_plan, phases
+from undolog.errors import KubeError
+from undolog.kube import Body, Kube
+from undolog.ledger import Ledger, Unreadable
 
-SagaKey = tuple[str, str]
-
-
-def needs_driver(saga: Saga) -> bool:
-    """Work is (or may be) left: not final, a finalizer to release, a request to answer."""
-    meta = saga.metadata
-    return (
-        saga.status.phase not in phases.TERMINAL
-        or phases.FINALIZER in meta.finalizers
-        or phases.RETRY_ANNOTATION in meta.annotations
-        or phases.metadata_move(saga) is not None
-    )
+log = logging.getLogger("undolog.engine")
 
 
-def entry_needs_saga(entry: Body) -> bool:
-    """An entry event that may give its saga work: one still owed, or a person's annotation."""
-    state = entry.get("status", {}).get("state", "Pending")
-    annotations = entry["metadata"].get("annotations") or {}
-    return state in ("Pending", "Running") or phases.SKIP_ANNOTATION in annotations
+@dataclass
+class Seen:
+    """What the engine remembers of a saga between events (small: kept for every saga)."""
+
+    phase: SagaPhase | None
+    top_position: int | None
 
 
 @dataclass
 class Engine:
+    kube: Kube
     ledger: Ledger
     compensator: Compensator
     forwarder: Forwarder
     timeline: Timeline
-    drivers: dict[SagaKey, SagaDriver] = field(default_factory=dict)
-    phases: dict[SagaKey, str] = field(default_factory=dict)
-    phase_counts: Counter[str] = field(default_factory=Counter)
+    fence: Fence
     namespaces: list[str] = field(default_factory=list)  # watched; empty: all
-    leading: bool = False  # True once `lead` has indexed the entries (and, with HA, holds the Lease)
     max_concurrent: int = 200  # sagas reconciled at once; the others wait their turn
-    slots: asyncio.Semaphore = field(init=False)
-    index: EntryIndex = field(init=False)
+    drivers: dict[SagaKey, SagaDriver] = field(default_factory=dict)
+    sagas: dict[SagaKey, Seen] = field(default_factory=dict)
+    phase_counts: Counter[tuple[str, SagaPhase]] = field(default_factory=Counter)
+    leading: bool = False  # True once `lead` has indexed the entries (and holds the Lease)
     watches: list[asyncio.Task[None]] = field(default_factory=list)
+    index: EntryIndex = field(default_factory=EntryIndex)
+    context: DriverContext = field(init=False)
 
     def __post_init__(self) -> None:
-        self.slots = asyncio.Semaphore(self.max_concurrent)
-        self.index = EntryIndex(clusterwide=not self.namespaces)
+        self.context = DriverContext(
+            ledger=self.ledger,
+            timeline=self.timeline,
+            index=self.index,
+            compensator=self.compensator,
+            forwarder=self.forwarder,
+            slots=asyncio.Semaphore(self.max_concurrent),
+            phase_changed=self.phase_seen,
+            fence=self.fence,
+        )
 
     async def lead(self) -> None:
         """Start driving sagas (at start, or on taking the Lease): index every entry with one
         consistent listing and follow the entries' watch from there, then pick up every saga
         that needs work (and every saga an entry says is owed something)."""
         targets: list[str | None] = [*self.namespaces] or [None]
-        watches = [EntryWatch(self.ledger.kube, self.index, self.entry_event, namespace) for namespace in targets]
-        listed = [body for watch in watches for body in await watch.sync()]
+        watches = [EntryWatch(self.kube, self.index, self.entry_event, namespace) for namespace in targets]
+        listed = [entry for watch in watches for entry in await watch.sync()]
         self.leading = True
+        metrics.leader.set(1)
         self.watches = [asyncio.create_task(w.run(), name=f"undo entries of {w.namespace or 'all'}") for w in watches]
         for namespace in targets:
-            for body in await self.ledger.kube.list("sagas", namespace):
-                self.saga_event(None, body)
-        for body in listed:
-            self.entry_event(None, body)
+            for saga in await self.ledger.sagas(namespace):
+                self.saga_seen(saga)
+        for entry in listed:
+            self.entry_event((entry, False))
 
     async def follow(self) -> None:
         """Another operator leads: stop driving (it picks up where this one stopped)."""
         self.leading = False
+        metrics.leader.set(0)
         await self.stop()
+        for namespace, phase in list(self.phase_counts):
+            metrics.sagas_by_phase.remove(namespace, phase)
+        for namespace in {ns for ns, _ in self.phase_counts}:
+            metrics.halted_sagas.remove(namespace)
+        self.phase_counts.clear()
+        self.sagas.clear()
+
+    # -- events --------------------------------------------------------------------------------
 
     def saga_event(self, event_type: str | None, body: Body) -> None:
+        """A Saga event from kopf: parsed once, then handed to its driver."""
         key: SagaKey = (body["metadata"]["namespace"], body["metadata"]["name"])
         if event_type == "DELETED":
             self._forget(key)
@@ -89,70 +107,122 @@ class Engine:
             if driver is not None:
                 driver.notify(None)
             return
-        self.phase_seen(*key, body.get("status", {}).get("phase") or "New")
-        if not self.leading:
+        try:
+            saga = Saga.model_validate(body)
+        except ValidationError as error:  # the API took it, this version cannot use it
+            log.error("saga %s/%s cannot be read and is left alone: %s", *key, error)
             return
+        if self.leading:
+            self.saga_seen(saga)
+
+    def saga_seen(self, saga: Saga) -> None:
+        key = saga.key
+        self.phase_seen(key, saga.status.phase)
+        self.sagas[key].top_position = saga.status.top_position
         driver = self.drivers.get(key)
         if driver is not None:
-            driver.notify(body)
-        elif needs_driver(Saga.model_validate(body)):
-            self._start(key, body)
+            driver.notify(saga)
+        elif phases.needs_driver(saga):
+            self._start(key).notify(saga)
 
-    def entry_event(self, event_type: str | None, body: Body) -> None:
-        key: SagaKey = (body["metadata"]["namespace"], body["spec"]["saga"])
-        self.index.watched(body, deleted=event_type == "DELETED")  # trimmed by the adapter
+    def entry_event(self, event: EntryEvent) -> None:
+        if isinstance(event, Unreadable):
+            self._unreadable(event)
+            return
+        entry, deleted = event
         if not self.leading:
             return
-        if event_type == "DELETED":
-            self._entry_deleted(key, body)
+        key: SagaKey = (entry.metadata.namespace, entry.spec.saga)
+        if deleted:
+            self._entry_deleted(key, entry)
             return
         driver = self.drivers.get(key)
         if driver is not None:
             driver.wake.set()
-        elif self.phases.get(key) != "Completed" and entry_needs_saga(body):
-            self._start(key, None)
+        elif self._gives_work(key, entry):
+            self._start(key)
 
-    def _entry_deleted(self, key: SagaKey, body: Body) -> None:
+    def _gives_work(self, key: SagaKey, entry: UndoEntry) -> bool:
+        seen = self.sagas.get(key)
+        if seen is None:  # no such saga known (yet): its driver finds out, and says so on the entry
+            return phases.unclaimed(entry)
+        if seen.phase == SagaPhase.COMPLETED:  # only an entry registered after the commit
+            top = seen.top_position
+            return top is not None and entry.spec.stack_position > top and phases.entry_needs_saga(entry)
+        return phases.entry_needs_saga(entry)
+
+    def _unreadable(self, event: Unreadable) -> None:
+        key = (event.namespace, event.saga)
+        if not self.leading or key not in self.sagas:
+            return
+        (self.drivers.get(key) or self._start(key)).lose(event.lost)
+
+    def _entry_deleted(self, key: SagaKey, entry: UndoEntry) -> None:
         """An entry gone before it was compensated is reported on its saga, never skipped silently.
         (After a saga is deleted, the garbage collector removes its settled entries: no report.)"""
-        state = body.get("status", {}).get("state", "Pending")
-        if state in lifo.SETTLED or self.phases.get(key) in (None, *phases.TERMINAL):
+        seen = self.sagas.get(key)
+        if entry.status.state in compensation_plan.SETTLED or seen is None or seen.phase in (None, *phases.TERMINAL):
             return
-        driver = self.drivers.get(key)
-        if driver is None:
-            self._start(key, None)
-            driver = self.drivers[key]
-        driver.lose(body, "deleted by hand")
+        (self.drivers.get(key) or self._start(key)).lose(lost_entry(entry, "deleted by hand"))
 
-    def phase_seen(self, namespace: str, name: str, phase: str) -> None:
-        before = self.phases.get((namespace, name))
-        if before != phase:
-            self.phases[(namespace, name)] = phase
-            self._count(before, phase)
+    # -- gauges -----------------------------------------------------------------------------------
+
+    def phase_seen(self, key: SagaKey, phase: SagaPhase | None) -> None:
+        seen = self.sagas.setdefault(key, Seen(None, None))
+        if seen.phase != phase:
+            self._count(key[0], seen.phase, phase)
+            seen.phase = phase
 
     def _forget(self, key: SagaKey) -> None:
-        self._count(self.phases.pop(key, None), None)
+        seen = self.sagas.pop(key, None)
+        if seen is not None:
+            self._count(key[0], seen.phase, None)
 
-    def _count(self, before: str | None, after: str | None) -> None:
+    def _count(self, namespace: str, before: SagaPhase | None, after: SagaPhase | None) -> None:
+        if not self.leading:
+            return
         for phase, change in ((before, -1), (after, 1)):
             if phase is not None:
-                self.phase_counts[phase] += change
-                metrics.sagas_by_phase.labels(phase).set(self.phase_counts[phase])
-        metrics.halted_sagas.set(self.phase_counts["Halted"])
+                self.phase_counts[(namespace, phase)] += change
+                metrics.sagas_by_phase.labels(namespace, phase).set(self.phase_counts[(namespace, phase)])
+        metrics.halted_sagas.labels(namespace).set(self.phase_counts[(namespace, SagaPhase.HALTED)])
 
-    def _start(self, key: SagaKey, body: Body | None) -> None:
-        driver = SagaDriver(self, *key)
-        if body is not None:
-            driver.notify(body)
+    # -- drivers ----------------------------------------------------------------------------------
+
+    def _start(self, key: SagaKey) -> SagaDriver:
+        driver = SagaDriver(self.context, *key)
         self.drivers[key] = driver
         driver.task = asyncio.create_task(self._run(key, driver), name=f"saga {key[0]}/{key[1]}")
+        return driver
 
     async def _run(self, key: SagaKey, driver: SagaDriver) -> None:
         try:
             await driver.run()
+            if driver.latest is None and key not in self.sagas:
+                await self._orphans(key)
         finally:
             if self.drivers.get(key) is driver:
                 del self.drivers[key]
+
+    async def _orphans(self, key: SagaKey) -> None:
+        """Entries that name a saga that does not exist (in their namespace) are owed by nobody:
+        said on each entry (reason SagaNotFound) and in a Warning Event, never ignored. They stay
+        Pending: a saga created later under that name takes them on."""
+        namespace, saga = key
+        for entry in self.index.of(key).values():
+            if not phases.unclaimed(entry):
+                continue
+            why = (
+                f"no Saga {saga!r} in namespace {namespace}: nothing will compensate this entry until that saga "
+                "exists (an entry belongs to the saga of its spec.saga in its own namespace)"
+            )
+            status = entry.status.model_copy(update={"reason": EntryReason.SAGA_NOT_FOUND, "last_error": why})
+            try:
+                self.index.keep(await self.ledger.write_entry_status(entry, status))
+            except KubeError as error:
+                log.warning("could not record SagaNotFound on %s: %s", entry.reference, error.message)
+                continue
+            self.timeline.record(entry, EventReason.SAGA_NOT_FOUND, why, warning=True)
 
     async def stop(self) -> None:
         """Stop driving and watching (a new `lead` lists afresh)."""

@@ -1,13 +1,10 @@
-"""Every UndoEntry the operator watches, by saga: one consistent LIST when it starts leading,
-then the watch's events and the operator's own write responses.
+"""Every UndoEntry the operator watches, by saga: fed by one consistent LIST when it starts
+leading, then by the watch's events, the operator's own write responses and the per-saga LISTs
+that prove completeness.
 
-Listing a saga's entries from the apiserver costs a scan of every entry in its namespace
-(field and label selectors are not indexed for custom resources), so at thousands of sagas
-per-saga LISTs dominate the apiserver's CPU. The index answers instead, when it is known to be
-complete: the watch delivers a namespace's entry events in resourceVersion order and they are
-applied in that order (controller.entry_watch), so once it has applied (or the priming LIST
-covered) revision R, every entry written before R is here. When that cannot be shown, the
-driver lists (and the listing refreshes the index).
+The index spares a LIST for everything that does not need proof (an Active saga's depth, a
+person's skip annotation, waking the right driver). It is never the proof that a saga's entries
+are all known: a watch can lag (decisions.phases explains what proves it).
 """
 
 from __future__ import annotations
@@ -15,96 +12,54 @@ from __future__ import annotations
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 
-from undolog.kube import Body
+from undolog.api import UndoEntry
+from undolog.ledger import newest
 
 SagaKey = tuple[str, str]
 TOMBSTONES = 10_000
 
 
-def revision(body: Body | str) -> int | None:
-    """An etcd revision as an integer; None when the resourceVersion is not one (then: list)."""
-    value = body if isinstance(body, str) else body.get("metadata", {}).get("resourceVersion", "")
-    return int(value) if value.isascii() and value.isdigit() else None
-
-
 @dataclass
 class EntryIndex:
-    clusterwide: bool = True  # one watch stream for all namespaces: its progress covers them all
-    _by_saga: dict[SagaKey, dict[str, Body]] = field(default_factory=lambda: defaultdict(dict))
-    _progress: dict[str, int] = field(default_factory=dict)  # namespace -> revision reflected
+    _by_saga: dict[SagaKey, dict[str, UndoEntry]] = field(default_factory=lambda: defaultdict(dict))
     # Deleted entries' last revision, so an older copy a driver still holds cannot bring one
     # back; the oldest are dropped past TOMBSTONES (such copies live for one reconcile).
     _deleted: OrderedDict[tuple[str, str], int] = field(default_factory=OrderedDict)
-    _everywhere: int = 0
 
-    def prime(self, items: list[Body], version: str, namespace: str | None) -> None:
-        """Load a consistent listing (of one namespace, or of all when `namespace` is None)."""
-        for body in items:
-            self.keep(body)
-        self.reached(namespace, version)
-
-    def reached(self, namespace: str | None, version: str) -> None:
-        """Every change of the namespace (of all, for None) up to `version` has been applied."""
-        seen = revision(version)
-        if seen is None:
-            return
-        if namespace is None:
-            self._everywhere = max(self._everywhere, seen)
-        else:
-            self._progress[namespace] = max(self._progress.get(namespace, 0), seen)
-
-    def held(self, namespace: str | None) -> list[Body]:
+    def held(self, namespace: str | None) -> list[UndoEntry]:
         """Every entry held, of one namespace or of all."""
         return [
-            body for (ns, _), entries in self._by_saga.items() if namespace in (None, ns) for body in entries.values()
+            entry for (ns, _), entries in self._by_saga.items() if namespace in (None, ns) for entry in entries.values()
         ]
 
-    def watched(self, body: Body, deleted: bool) -> None:
-        """An event from the watch, applied in the stream's order: apply it, and record how far
-        the stream has come."""
-        if deleted:
-            meta = body["metadata"]
-            self._by_saga[(meta["namespace"], body["spec"]["saga"])].pop(meta["name"], None)
-            self._deleted[(meta["namespace"], meta["name"])] = revision(body) or 0
-            while len(self._deleted) > TOMBSTONES:
-                self._deleted.popitem(last=False)
-        else:
-            self.keep(body)
-        self.reached(
-            None if self.clusterwide else body["metadata"]["namespace"], body["metadata"].get("resourceVersion", "")
-        )
+    def deleted(self, entry: UndoEntry) -> None:
+        namespace, name = entry.key
+        self._by_saga[(namespace, entry.spec.saga)].pop(name, None)
+        self._deleted[entry.key] = entry.metadata.revision or 0
+        while len(self._deleted) > TOMBSTONES:
+            self._deleted.popitem(last=False)
 
-    def keep(self, body: Body) -> None:
+    def keep(self, entry: UndoEntry) -> None:
         """A copy of an entry (from a listing, an event or a write response), if it is newer."""
-        meta = body["metadata"]
-        new = revision(body)
-        gone = self._deleted.get((meta["namespace"], meta["name"]))
-        if gone is not None and (new is None or new <= gone):
+        gone = self._deleted.get(entry.key)
+        revision = entry.metadata.revision
+        if gone is not None and (revision is None or revision <= gone):
             return  # a copy from before its deletion
-        entries = self._by_saga[(meta["namespace"], body["spec"]["saga"])]
-        held = entries.get(meta["name"])
-        old = revision(held) if held else None
-        if held is None or new is None or old is None or new >= old:
-            entries[meta["name"]] = body
+        entries = self._by_saga[(entry.metadata.namespace, entry.spec.saga)]
+        held = entries.get(entry.metadata.name)
+        entries[entry.metadata.name] = newest(entry, held) or entry
 
-    def replace(self, key: SagaKey, listed: list[Body]) -> list[Body]:
+    def replace(self, key: SagaKey, listed: list[UndoEntry]) -> list[UndoEntry]:
         """A saga's entries as just listed: what the listing lacks is gone (returned: deleted,
         perhaps before the watch says so), the rest newest wins."""
-        names = {body["metadata"]["name"] for body in listed}
+        names = {entry.metadata.name for entry in listed}
         held = self._by_saga[key]
         gone = [held.pop(name) for name in [n for n in held if n not in names]]
-        for body in listed:
-            self.keep(body)
+        for entry in listed:
+            self.keep(entry)
         return gone
 
-    def complete_at(self, namespace: str, version: str) -> bool:
-        """Whether every entry written before resourceVersion `version` is in the index."""
-        wanted = revision(version)
-        if wanted is None:
-            return False
-        return max(self._everywhere, self._progress.get(namespace, 0)) >= wanted
-
-    def of(self, key: SagaKey) -> dict[str, Body]:
+    def of(self, key: SagaKey) -> dict[str, UndoEntry]:
         return dict(self._by_saga.get(key, {}))
 
     def forget(self, key: SagaKey) -> None:

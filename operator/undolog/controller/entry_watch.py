@@ -1,85 +1,63 @@
-"""The operator's own watch of UndoEntries: the entry index is fed in the stream's order.
-
-kopf hands each object's events to a worker of its own, so across objects they reach
-handlers in no fixed order; an entry created before its saga's abort could then be applied
-after a later entry's event had already vouched for the index's completeness, and the saga
-would be compensated without it (out of LIFO order). So entries are watched here, one stream
-per watched namespace (or one for all), each event applied before the next is read.
-"""
+"""UndoEntries as the operator sees them: one ordered watch per watched namespace (or one for
+all), each event parsed once and applied to the index before the engine hears of it."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import aiohttp
-
+from undolog.api import UndoEntry
 from undolog.controller.entry_index import EntryIndex
-from undolog.kube import ApiException, Body, Kube
+from undolog.kube import Body, Kube
+from undolog.kube.watch import OrderedWatch
+from undolog.ledger import Unreadable, parse_entry
 
-log = logging.getLogger("undolog.entries")
-RETRY_CAP_SECONDS = 30.0
+# (the entry, deleted?) for a readable entry; Unreadable for one the API took and UndoLog cannot use.
+EntryEvent = tuple[UndoEntry, bool] | Unreadable
 
 
 @dataclass
 class EntryWatch:
     kube: Kube
     index: EntryIndex
-    deliver: Callable[[str, Body], None]  # each event, in order (the engine's entry_event)
+    deliver: Callable[[EntryEvent], None]
     namespace: str | None  # None: all namespaces
-    version: str = ""  # the revision the stream has reached
+    stream: OrderedWatch = field(init=False)
 
-    async def sync(self) -> list[Body]:
-        """List consistently and load the index. Entries it held that the listing lacks were
-        deleted while no stream was open: they are delivered as deletions (so a pending one is
-        reported on its saga). Returns the listing."""
-        items, version = await self.kube.list_versioned("undoentries", self.namespace)
-        listed = {named(b) for b in items}
-        vanished = [b for b in self.index.held(self.namespace) if named(b) not in listed]
-        self.index.prime(items, version, self.namespace)
-        for body in vanished:
-            self.apply("DELETED", body)
-        self.version = version
-        return items
+    def __post_init__(self) -> None:
+        self.stream = OrderedWatch(self.kube, "undoentries", self.namespace, self._event, self._relisted)
+
+    async def sync(self) -> list[UndoEntry]:
+        """List consistently and load the index; returns the readable entries listed."""
+        listed = [parse_entry(body) for body in await self.stream.sync()]
+        return [e for e in listed if isinstance(e, UndoEntry)]
 
     async def run(self) -> None:
-        """Follow the stream from where `sync` left it, forever: resume after the apiserver
-        closes it, list again when the revision is too old to resume from."""
-        failures = 0
-        expired = False
-        while True:
-            try:
-                if expired:
-                    for body in await self.sync():
-                        self.apply("MODIFIED", body)  # wakes the sagas whose entries changed unseen
-                    expired = False
-                async for kind, body in self.kube.watch("undoentries", self.namespace, self.version):
-                    failures = 0
-                    if kind == "BOOKMARK":
-                        self.index.reached(self.namespace, body["metadata"]["resourceVersion"])
-                    else:
-                        self.apply(kind, body)
-                    self.version = body["metadata"]["resourceVersion"]
-            except ApiException as error:
-                expired = error.status == 410
-                if not expired:
-                    failures += 1
-                    log.warning("watching undo entries failed (%s %s); watching again", error.status, error.reason)
-            except (aiohttp.ClientError, TimeoutError, OSError) as error:
-                failures += 1
-                log.warning("the undo entry watch broke (%s); watching again", error or type(error).__name__)
-            if failures:
-                await asyncio.sleep(min(RETRY_CAP_SECONDS, 0.25 * 2**failures))
+        await self.stream.run()
 
-    def apply(self, kind: str, body: Body) -> None:
-        """One event; one that cannot be handled is logged, never the end of the watch."""
-        try:
-            self.deliver(kind, body)
-        except Exception:
-            log.exception("the %s event of undo entry %s/%s could not be handled", kind, *named(body))
+    def _event(self, kind: str, body: Body) -> None:
+        parsed = parse_entry(body)
+        if isinstance(parsed, Unreadable):
+            self.deliver(parsed)
+            return
+        deleted = kind == "DELETED"
+        if deleted:
+            self.index.deleted(parsed)
+        else:
+            self.index.keep(parsed)
+        self.deliver((parsed, deleted))
 
-
-def named(body: Body) -> tuple[str, str]:
-    return body["metadata"]["namespace"], body["metadata"]["name"]
+    def _relisted(self, items: list[Body]) -> None:
+        """Entries held that the listing lacks were deleted while no stream was open: delivered
+        as deletions (so a pending one is reported on its saga); the rest as changes, which
+        wakes the sagas whose entries changed unseen."""
+        listed = [parse_entry(body) for body in items]
+        names = {e.key for e in listed if isinstance(e, UndoEntry)}
+        for entry in self.index.held(self.namespace):
+            if entry.key not in names:
+                self.index.deleted(entry)
+                self.deliver((entry, True))
+        for parsed in listed:
+            if isinstance(parsed, UndoEntry):
+                self.index.keep(parsed)
+            self.deliver(parsed if isinstance(parsed, Unreadable) else (parsed, False))

@@ -9,102 +9,80 @@ since a Pending entry is sent again under the same key just like an Executing on
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from undolog import metrics
-from undolog.api.common import API_VERSION
-from undolog.api.saga import Effect, EffectStatus, Saga, Step
-from undolog.api.undo_entry import UndoEntry
-from undolog.calls import protocol
+from undolog import errors, metrics
+from undolog.api import (
+    Attempt,
+    AttemptKind,
+    Effect,
+    EffectDeliveryState,
+    EffectState,
+    EffectStatus,
+    EntryReason,
+    EventReason,
+    Saga,
+    Step,
+    StepType,
+    UndoEntry,
+)
 from undolog.calls.runner import AttemptRecord
-from undolog.controller.ledger import capped_output
-from undolog.controller.recorded_call import CallRecorder, EntryCall, headers_for, now_text
+from undolog.controller.compensation import failure_reason
+from undolog.controller.recorded_call import CallRecorder, EntryCall, gave_up, headers_for
+from undolog.conventions import effect_key, entry_name, kept_output, new_undo_entry, now, owned_by, stable_undo_id
 from undolog.decisions.forward import EFFECT_RETRIES, FORWARD_RECOVERY_RETRIES
-from undolog.kube import Body, is_conflict
-
-
-class StaleEntry(RuntimeError):
-    """An entry with this name belongs to an earlier saga of the same name, not yet collected."""
-
-
-def undo_id(saga_uid: str, position: int, step: str) -> str:
-    """Stable for this saga and step, new for a recreated saga: a re-registration after a crash
-    finds the same entry, a saga created again under the same name gets new keys."""
-    return str(uuid.uuid5(uuid.UUID(saga_uid), f"{position}:{step}"))
-
-
-def owned_by(entry: Body, saga_uid: str) -> bool:
-    owners = entry["metadata"].get("ownerReferences") or []
-    return not owners or any(o.get("uid") == saga_uid for o in owners)
+from undolog.decisions.retry import Verdict
+from undolog.errors import CallNotPossible, StaleEntry
 
 
 @dataclass
 class Forwarder:
     recorder: CallRecorder
 
-    async def register(self, saga: Saga, position: int, step: Step) -> Body:
-        meta = saga.metadata
-        name = f"{meta.name}-{position}"
-        spec: Body = {
-            "saga": meta.name,
-            "undoId": undo_id(meta.uid, position, step.name),
-            "stackPosition": position,
-            "effectId": protocol.forward_key(meta.uid, step.name),
-            "step": step.name,
-            "registeredAt": datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
-        }
-        if step.compensation is not None:
-            spec["compensation"] = step.compensation.to_api()
-        owner = {
-            "apiVersion": API_VERSION,
-            "kind": "Saga",
-            "name": meta.name,
-            "uid": meta.uid,
-            "blockOwnerDeletion": True,
-        }
-        body = {
-            "apiVersion": API_VERSION,
-            "kind": "UndoEntry",
-            "metadata": {"name": name, "ownerReferences": [owner]},
-            "spec": spec,
-        }
-        kube = self.recorder.ledger.kube
+    async def register(self, saga: Saga, position: int, step: Step) -> UndoEntry:
+        """Create the step's entry; after a crash, the one created before is found again."""
+        ledger = self.recorder.ledger
+        entry = new_undo_entry(
+            saga, position, step.name, step.compensation, undo_id=stable_undo_id(saga.metadata.uid, position, step.name)
+        )
         try:
-            return await kube.create("undoentries", meta.namespace, body)
-        except Exception as error:
-            if not is_conflict(error):
-                raise
-        existing = await kube.get("undoentries", meta.namespace, name)  # registered before a crash
-        if not owned_by(existing, meta.uid):
-            raise StaleEntry(f"UndoEntry {meta.namespace}/{name} belongs to an earlier saga named {meta.name}")
+            return await ledger.create_entry(entry)
+        except errors.AlreadyExists:
+            existing = await ledger.entry(saga.metadata.namespace, entry_name(saga.metadata.name, position))
+        if not owned_by(existing, saga.metadata.uid):
+            raise StaleEntry(f"UndoEntry {existing.reference} belongs to an earlier saga named {saga.metadata.name}")
         return existing
 
     async def execute(
-        self, saga: Saga, saga_body: Body, entry_body: Body, step: Step, outputs: Mapping[str, Mapping[str, Any] | None]
-    ) -> Body:
+        self, saga: Saga, entry: UndoEntry, step: Step, outputs: Mapping[str, Mapping[str, Any] | None]
+    ) -> UndoEntry:
         ledger, timeline = self.recorder.ledger, self.recorder.timeline
-        entry = UndoEntry.model_validate(entry_body)
         call = step.action
         label = f"{entry.metadata.name} (step {step.name}, {call.function} {call.version})"
         prepared = await self.recorder.prepare(
-            saga, saga_body, call, outputs, label, missing_as_null=False, counter=metrics.forward_attempts
+            saga, call, outputs, label, missing_as_null=False, kind=AttemptKind.FORWARD
         )
-        if isinstance(prepared, str):
-            failed: Body = {"effect": "Failed", "executedAt": now_text(), "lastError": prepared}
-            return await ledger.write_entry_status(entry_body, failed)
+        if isinstance(prepared, CallNotPossible):
+            failed = entry.status.model_copy(
+                update={
+                    "effect": EffectState.FAILED,
+                    "executed_at": now(),
+                    "last_error": str(prepared),
+                    "reason": EntryReason(prepared.reason),
+                }
+            )
+            return await ledger.write_entry_status(entry, failed)
         args, target = prepared
 
-        def retried(record: AttemptRecord, attempts: list[Body]) -> Body:
-            return {"lastError": record.error, "attempts": attempts}
+        def retried(record: AttemptRecord, attempts: list[Attempt]) -> dict[str, Any]:
+            return {"last_error": record.error, "attempts": attempts}
 
-        previous = [a.to_api() for a in entry.status.attempts]
-        default_retries = FORWARD_RECOVERY_RETRIES if step.type == "Retriable" else None
+        previous = list(entry.status.attempts)
+        default_retries = FORWARD_RECOVERY_RETRIES if step.type == StepType.RETRIABLE else None
         spec = EntryCall(
-            kind="Forward",
+            kind=AttemptKind.FORWARD,
             label=label,
             call=call,
             target=target,
@@ -112,62 +90,81 @@ class Forwarder:
             headers=headers_for(saga, key=entry.spec.effect_id, step=step.name),
             backoff=saga.spec.compensation_policy.backoff,
             max_retries=call.max_retries if call.max_retries is not None else default_retries,
-            first_attempt=sum(1 for a in previous if a["kind"] == "Forward") + 1,
-            in_flight={"effect": "Executing"},
-            already_in_flight=entry.status.effect == "Executing",
+            first_attempt=sum(1 for a in previous if a.kind == AttemptKind.FORWARD) + 1,
+            in_flight={"effect": EffectState.EXECUTING},
+            already_in_flight=entry.status.effect == EffectState.EXECUTING,
             retried=retried,
-            attempts_metric=metrics.forward_attempts,
-            seconds_metric=metrics.forward_seconds,
+            retry_reason=EventReason.FORWARD_RETRY,
             attempts=previous,
         )
-        result, entry_body = await self.recorder.run(saga_body, entry_body, spec)
+        result, entry = await self.recorder.run(saga, entry, spec)
         last = result.last
-        changes: Body = {"executedAt": now_text(), "attempts": spec.attempts}
-        if result.verdict == "Succeeded":
+        changes: dict[str, Any] = {"executed_at": now(), "attempts": spec.attempts}
+        if result.verdict == Verdict.SUCCEEDED:
+            output, kept_omitted = kept_output(last.outcome.output)
+            omitted = last.outcome.omitted or kept_omitted
+            note = f"; {omitted.message}" if omitted else ""
             timeline.record(
-                saga_body, "StepCommitted", f"{label}: HTTP {last.outcome.status_code}, attempt {last.number}"
+                saga,
+                EventReason.STEP_COMMITTED,
+                f"{label}: HTTP {last.outcome.status_code}, attempt {last.number}{note}",
             )
-            changes |= {"effect": "Committed", "output": capped_output(last.output)}
+            changes |= {
+                "effect": EffectState.COMMITTED,
+                "output": output,
+                "output_omitted": last.outcome.omitted or omitted,
+            }
         else:
-            why = "permanent failure" if result.verdict == "Permanent" else f"gave up after {last.number} attempts"
-            timeline.record(saga_body, "StepFailed", f"{label}: {last.error} ({why})", warning=True)
-            changes |= {"effect": "Failed", "lastError": f"{last.error} ({why})"}
-        return await ledger.write_entry_status(entry_body, changes)
+            why = gave_up(result)
+            timeline.record(saga, EventReason.STEP_FAILED, f"{label}: {last.error} ({why})", warning=True)
+            changes |= {
+                "effect": EffectState.FAILED,
+                "last_error": f"{last.error} ({why})",
+                "reason": failure_reason(result.verdict, last.outcome.refusal is not None),
+            }
+        return await ledger.write_entry_status(entry, entry.status.model_copy(update=changes))
 
     async def deliver(
-        self, saga: Saga, saga_body: Body, effect: Effect, outputs: Mapping[str, Mapping[str, Any] | None]
+        self, saga: Saga, effect: Effect, outputs: Mapping[str, Mapping[str, Any] | None]
     ) -> EffectStatus:
         """Send one post-commit effect (at least once: retried, always under the same key)."""
         timeline = self.recorder.timeline
         call = effect.call
         label = f"effect {effect.name} ({call.function} {call.version})"
         prepared = await self.recorder.prepare(
-            saga, saga_body, call, outputs, label, missing_as_null=True, counter=metrics.effect_attempts
+            saga, call, outputs, label, missing_as_null=True, kind=AttemptKind.EFFECT
         )
-        if isinstance(prepared, str):
-            return EffectStatus(name=effect.name, state="Failed", last_error=prepared)
+        if isinstance(prepared, CallNotPossible):
+            return EffectStatus(name=effect.name, state=EffectDeliveryState.FAILED, last_error=str(prepared))
         args, target = prepared
 
         async def on_attempt(record: AttemptRecord, delay: float | None) -> None:
-            metrics.effect_attempts.labels(call.function, "succeeded" if record.error is None else "failed").inc()
+            namespace = saga.metadata.namespace
+            metrics.effect_attempts.labels(namespace, call.function, record.verdict.lower()).inc()
+            metrics.effect_seconds.labels(namespace, call.function).observe(record.duration_milliseconds / 1000)
             if delay is not None:
                 timeline.record(
-                    saga_body, "EffectRetry", f"{label} attempt {record.number}: {record.error}; retrying", warning=True
+                    saga,
+                    EventReason.EFFECT_RETRY,
+                    f"{label} attempt {record.number}: {record.error}; retrying",
+                    warning=True,
                 )
 
         result = await self.recorder.runner.call(
             target,
             args,
-            headers_for(saga, key=protocol.effect_key(saga.metadata.uid, effect.name), step=effect.name),
+            headers_for(saga, key=effect_key(saga.metadata.uid, effect.name), step=effect.name),
             backoff=saga.spec.compensation_policy.backoff,
             max_retries=call.max_retries if call.max_retries is not None else EFFECT_RETRIES,
             on_attempt=on_attempt,
         )
         last = result.last
-        if result.verdict == "Succeeded":
-            timeline.record(saga_body, "EffectDelivered", f"{label}: HTTP {last.outcome.status_code}")
+        if result.verdict == Verdict.SUCCEEDED:
+            timeline.record(saga, EventReason.EFFECT_DELIVERED, f"{label}: HTTP {last.outcome.status_code}")
             return EffectStatus(
-                name=effect.name, state="Delivered", attempts=last.number, delivered_at=datetime.now(UTC)
+                name=effect.name, state=EffectDeliveryState.DELIVERED, attempts=last.number, delivered_at=now()
             )
-        timeline.record(saga_body, "EffectFailed", f"{label}: {last.error}", warning=True)
-        return EffectStatus(name=effect.name, state="Failed", attempts=last.number, last_error=last.error)
+        timeline.record(saga, EventReason.EFFECT_FAILED, f"{label}: {last.error}", warning=True)
+        return EffectStatus(
+            name=effect.name, state=EffectDeliveryState.FAILED, attempts=last.number, last_error=last.error
+        )

@@ -1,10 +1,17 @@
-"""Leader election with a coordination.k8s.io Lease: one operator drives sagas, the others
-watch and wait. kopf's peering is hot standby by priority and freezes peers of equal priority,
-so a Lease (as controller-runtime uses) decides instead.
+"""Leader election with a coordination.k8s.io Lease, always on, and the fencing token it gives.
 
-The leader renews the Lease every retry period; a standby takes over once the Lease has not
-been renewed for its duration. A leader that cannot renew within the renew deadline stops
-driving sagas before a standby can take over, so two never act at once.
+One operator holds the Lease and drives sagas; any other started with the same Lease (by
+mistake, or as a standby) waits. kopf's peering freezes peers of equal priority, so a Lease
+(as client-go's leader election) decides instead, written here so that its transition count
+can serve as a fencing token:
+
+- the holder renews every retry period; a standby takes the Lease once it has seen no renewal
+  for the Lease's duration (measured on its own clock, so clocks need not agree);
+- the holder stops sending anything as soon as its last renewal is older than the renew
+  deadline (shorter than the Lease): a holder frozen by SIGSTOP or a long pause finds on waking
+  that it may not send, before any standby could have taken over;
+- every call carries the Lease's transition count as `Undolog-Fence`, higher for each new
+  holder, so a participant can refuse a call from a holder that was replaced.
 """
 
 from __future__ import annotations
@@ -13,14 +20,14 @@ import asyncio
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
-from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
-
-from undolog.kube import Kube
+from undolog import errors
+from undolog.conventions import timestamp
+from undolog.kube import Body, Kube
 
 log = logging.getLogger("undolog.leadership")
 
@@ -48,32 +55,116 @@ def identity() -> str:
     return f"{os.environ.get('HOSTNAME') or socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-async def campaign(
-    kube: Kube, settings: LeaseSettings, lead: Callable[[], Awaitable[None]], follow: Callable[[], Awaitable[None]]
-) -> None:
-    """Run for leadership forever: `lead` when the Lease is ours, `follow` when it is lost."""
-    me = identity()
+class Leadership:
+    """Runs for the Lease forever; is the fence every call and every write is checked against."""
 
-    async def started() -> None:
-        log.info("%s leads (Lease %s/%s)", me, settings.namespace, settings.name)
-        await lead()
+    def __init__(self, kube: Kube, settings: LeaseSettings, me: str | None = None) -> None:
+        self.kube, self.settings = kube, settings
+        self.me = me or identity()
+        self.leading = False
+        self._renewed_at = float("-inf")  # monotonic time of the last successful acquire or renew
+        self._fence: int | None = None
+        self._observed: tuple[str, str, str] | None = None  # the other holder's last record seen...
+        self._observed_at = 0.0  # ...and when it was first seen, on this clock
 
-    async def stopped() -> None:
-        log.warning("%s lost the Lease %s/%s; it stops driving sagas", me, settings.namespace, settings.name)
-        await follow()
+    # -- the fence -------------------------------------------------------------------------------
 
-    while True:  # run() returns only after leading and losing the Lease: stand for it again
-        config = electionconfig.Config(
-            LeaseLock(settings.name, settings.namespace, me, kube.api),
-            lease_duration=settings.lease_seconds,
-            renew_deadline=settings.renew_deadline,
-            retry_period=settings.retry_period,
-            onstarted_leading=started,
-            onstopped_leading=stopped,
-        )
+    def check(self) -> None:
+        if not self.leading or time.monotonic() - self._renewed_at > self.settings.renew_deadline:
+            raise errors.NotLeading(f"{self.me} does not hold the Lease {self.reference} (or cannot be sure)")
+
+    def token(self) -> int | None:
+        return self._fence
+
+    @property
+    def reference(self) -> str:
+        return f"{self.settings.namespace}/{self.settings.name}"
+
+    # -- the election ----------------------------------------------------------------------------
+
+    async def run(self, lead: Callable[[], Awaitable[None]], follow: Callable[[], Awaitable[None]]) -> None:
+        """Stand for the Lease forever: `lead` when it is ours, `follow` when it is lost."""
+        while True:
+            try:
+                held = await self._acquire_or_renew()
+            except errors.KubeError as error:
+                log.warning("the Lease %s could not be read or written: %s", self.reference, error.message)
+                held = False
+            if held:
+                self._renewed_at = time.monotonic()
+            if held and not self.leading:
+                self.leading = True
+                log.info("%s leads (Lease %s, fence %s)", self.me, self.reference, self._fence)
+                await lead()
+            elif self.leading and time.monotonic() - self._renewed_at > self.settings.renew_deadline:
+                self.leading = False
+                log.warning("%s lost the Lease %s; it stops driving sagas", self.me, self.reference)
+                await follow()
+            await asyncio.sleep(self.settings.retry_period)
+
+    async def release(self) -> None:
+        """On a clean shutdown: hand the Lease back, so a standby takes over at once."""
+        if not self.leading:
+            return
+        self.leading = False
         try:
-            await leaderelection.LeaderElection(config).run()
-        except Exception as error:  # the API went away mid-election: not leading, try again
-            log.error("leader election failed: %s; standing again in %.0f s", error, settings.retry_period)
-            await follow()
-            await asyncio.sleep(settings.retry_period)
+            lease = await self.kube.get_lease(self.settings.namespace, self.settings.name)
+            if lease["spec"].get("holderIdentity") == self.me:
+                lease["spec"]["holderIdentity"] = ""
+                await self.kube.replace_lease(self.settings.namespace, self.settings.name, lease)
+        except errors.KubeError as error:
+            log.warning("the Lease %s was not released: %s", self.reference, error.message)
+
+    async def _acquire_or_renew(self) -> bool:
+        settings = self.settings
+        try:
+            lease = await self.kube.get_lease(settings.namespace, settings.name)
+        except errors.NotFound:
+            return await self._create()
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        record = (holder, str(spec.get("renewTime")), str(lease["metadata"].get("resourceVersion")))
+        if record != self._observed:
+            self._observed, self._observed_at = record, time.monotonic()
+        duration = spec.get("leaseDurationSeconds") or settings.lease_seconds
+        if holder and holder != self.me and time.monotonic() - self._observed_at < duration:
+            return False  # another holder renewed within its Lease duration, as far as this clock saw
+        transitions = int(spec.get("leaseTransitions") or 0)
+        now = timestamp()
+        if holder != self.me:
+            transitions += 1
+            spec["acquireTime"] = now
+        spec.update(
+            holderIdentity=self.me,
+            leaseDurationSeconds=settings.lease_seconds,
+            renewTime=now,
+            leaseTransitions=transitions,
+        )
+        lease["spec"] = spec
+        try:
+            await self.kube.replace_lease(settings.namespace, settings.name, lease)
+        except errors.Conflict:
+            return False
+        self._fence = transitions
+        return True
+
+    async def _create(self) -> bool:
+        now = timestamp()
+        body: Body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.settings.name, "namespace": self.settings.namespace},
+            "spec": {
+                "holderIdentity": self.me,
+                "leaseDurationSeconds": self.settings.lease_seconds,
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 0,
+            },
+        }
+        try:
+            await self.kube.create_lease(self.settings.namespace, body)
+        except errors.AlreadyExists:
+            return False
+        self._fence = 0
+        return True

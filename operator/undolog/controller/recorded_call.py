@@ -11,42 +11,34 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import Counter, Histogram
-
-from undolog.api.common import Call
-from undolog.api.saga import Backoff, Saga
-from undolog.api.undo_entry import MAX_ATTEMPTS, AttemptKind
-from undolog.calls import protocol, registry
-from undolog.calls.registry import Target
+from undolog import metrics
+from undolog.api import Attempt, AttemptKind, Backoff, Call, EventReason, Saga, UndoEntry
+from undolog.api.undo_entry import MAX_ATTEMPTS
+from undolog.calls import protocol
+from undolog.calls.registry import Registry
 from undolog.calls.runner import AttemptRecord, CallResult, Runner
-from undolog.controller.ledger import Ledger
+from undolog.calls.transport import Target
 from undolog.controller.timeline import Timeline
-from undolog.decisions.arguments import UnresolvedReference, resolve
-from undolog.decisions.retry import classify
-from undolog.kube import Body
+from undolog.decisions.arguments import resolve
+from undolog.decisions.retry import Verdict
+from undolog.errors import CallNotPossible
+from undolog.ledger import Ledger
 
 IN_FLIGHT_MARK_AFTER = 0.5  # seconds a call may take before its entry is marked in flight
+Changes = dict[str, Any]  # UndoEntryStatus fields to update, by Python name
 
 
-def attempt_status(record: AttemptRecord, kind: AttemptKind) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "kind": kind,
-        "time": record.started_at.isoformat().replace("+00:00", "Z"),
-        "number": record.number,
-        "durationMilliseconds": record.duration_milliseconds,
-    }
-    if record.outcome.status_code is not None:
-        entry["statusCode"] = record.outcome.status_code
-    if record.error:
-        entry["error"] = record.error[:1024]
-    return entry
-
-
-def now_text() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+def attempt_of(record: AttemptRecord, kind: AttemptKind) -> Attempt:
+    return Attempt(
+        kind=kind,
+        time=record.started_at,
+        number=record.number,
+        status_code=record.outcome.status_code,
+        error=record.error[:1024] if record.error else None,
+        duration_milliseconds=record.duration_milliseconds,
+    )
 
 
 @dataclass
@@ -54,7 +46,7 @@ class EntryCall:
     """What differs between a forward call and a compensation of one entry."""
 
     kind: AttemptKind
-    label: str  # "<entry> (<function> <version>)" in Events
+    label: str  # "<entry> (step <step>, <function> <version>)" in Events
     call: Call
     target: Target
     args: dict[str, Any]
@@ -62,73 +54,71 @@ class EntryCall:
     backoff: Backoff
     max_retries: int | None
     first_attempt: int
-    in_flight: Body  # status written when the call is slow: {"state": "Running"} / {"effect": "Executing"}
+    in_flight: Changes  # written when the call is slow: state Running / effect Executing
     already_in_flight: bool
-    retried: Callable[[AttemptRecord, list[Body]], Body]  # status written after a failed attempt
-    attempts_metric: Counter
-    seconds_metric: Histogram
-    attempts: list[Body] = field(default_factory=list)  # the entry's recorded attempts so far
+    retried: Callable[[AttemptRecord, list[Attempt]], Changes]  # written after a failed attempt
+    retry_reason: EventReason
+    attempts: list[Attempt] = field(default_factory=list)  # the entry's recorded attempts so far
 
 
 def headers_for(saga: Saga, *, key: str, step: str, forward: str | None = None) -> Callable[[int], dict[str, str]]:
     """The wire protocol's headers of each attempt of one call of this saga."""
-    reference = f"{saga.metadata.namespace}/{saga.metadata.name}"
     return lambda number: protocol.headers(
-        idempotency_key=key, saga=reference, step=step, org=saga.spec.org_id, attempt=number, forward=forward
+        idempotency_key=key, saga=saga.reference, step=step, org=saga.spec.org_id, attempt=number, forward=forward
     )
 
 
 @dataclass
 class CallRecorder:
     ledger: Ledger
+    registry: Registry
     runner: Runner
     timeline: Timeline
 
     async def prepare(
         self,
         saga: Saga,
-        saga_body: Body,
         call: Call,
         outputs: Mapping[str, Mapping[str, Any] | None],
         label: str,
         *,
         missing_as_null: bool,
-        counter: Counter,
-    ) -> tuple[dict[str, Any], Target] | str:
-        """The call's arguments and target, or, for a call that cannot be made at all (no such
-        function, a bad reference), its "Reason: message", recorded as an Event: nothing is sent."""
+        kind: AttemptKind,
+    ) -> tuple[dict[str, Any], Target] | CallNotPossible:
+        """The call's arguments and target, or why the call cannot be made at all (no such
+        function, a bad reference, a refused target), recorded as an Event: nothing is sent."""
         try:
             args = resolve(call.args, outputs, missing_as_null=missing_as_null)
-            return args, await registry.resolve(self.ledger.kube, saga.metadata.namespace, call)
-        except registry.CallNotPossible as error:
-            reason, message = error.reason, error.message
-        except UnresolvedReference as error:
-            reason, message = "UnresolvedReference", str(error)
-        counter.labels(call.function, "permanent").inc()
-        self.timeline.record(saga_body, reason, f"{label}: {message}; nothing was sent", warning=True)
-        return f"{reason}: {message}"
+            return args, await self.registry.target(saga.metadata.namespace, call)
+        except CallNotPossible as refused:
+            metrics.attempts(kind).labels(saga.metadata.namespace, call.function, "permanent").inc()
+            self.timeline.record(
+                saga, EventReason(refused.reason), f"{label}: {refused.message}; nothing was sent", warning=True
+            )
+            return refused
 
-    async def run(self, saga_body: Body, entry_body: Body, spec: EntryCall) -> tuple[CallResult, Body]:
+    async def run(self, saga: Saga, entry: UndoEntry, spec: EntryCall) -> tuple[CallResult, UndoEntry]:
         """Make the call; returns its result and the entry as last written."""
         writing = asyncio.Lock()  # the in-flight mark and the attempt records share one copy
-        latest = entry_body
+        latest = entry
 
-        async def write(changes: Body) -> None:
+        async def write(changes: Changes) -> None:
             nonlocal latest
             async with writing:
-                latest = await self.ledger.write_entry_status(latest, changes)
+                latest = await self.ledger.write_entry_status(latest, latest.status.model_copy(update=changes))
 
         async def on_attempt(record: AttemptRecord, delay: float | None) -> None:
-            spec.attempts.append(attempt_status(record, spec.kind))
+            spec.attempts.append(attempt_of(record, spec.kind))
             del spec.attempts[:-MAX_ATTEMPTS]
-            spec.seconds_metric.labels(spec.call.function).observe(record.duration_milliseconds / 1000)
-            spec.attempts_metric.labels(spec.call.function, classify(record.outcome).lower()).inc()
+            namespace, function = saga.metadata.namespace, spec.call.function
+            metrics.seconds(spec.kind).labels(namespace, function).observe(record.duration_milliseconds / 1000)
+            metrics.attempts(spec.kind).labels(namespace, function, record.verdict.lower()).inc()
             if delay is None:
                 return
-            await write({**spec.in_flight, **spec.retried(record, spec.attempts)})
+            await write({**spec.in_flight, **spec.retried(record, list(spec.attempts))})
             self.timeline.record(
-                saga_body,
-                f"{spec.kind}Retry",
+                saga,
+                spec.retry_reason,
                 f"{spec.label} attempt {record.number}: {record.error}; retrying in {delay:.2f} s",
                 warning=True,
             )
@@ -152,3 +142,11 @@ class CallRecorder:
         finally:
             calling.cancel()
         return result, latest
+
+
+def gave_up(result: CallResult) -> str:
+    """Why a failed call ended, for lastError."""
+    last = result.last
+    if last.outcome.refusal is not None:
+        return "refused: nothing was sent"
+    return "permanent failure" if result.verdict == Verdict.PERMANENT else f"gave up after {last.number} attempts"

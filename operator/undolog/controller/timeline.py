@@ -11,18 +11,32 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
+from typing import Protocol
 
-from undolog.kube import Body, Kube
+from undolog import errors
+from undolog.api import EventReason, Resource, SagaPhase
+from undolog.conventions import now
+from undolog.kube import Body
+
+Reason = EventReason | SagaPhase
 
 log = logging.getLogger("undolog.timeline")
 WORKERS = 4
 
 
+class EventSink(Protocol):
+    """Where Events go (undolog.kube.Kube; a fake in unit tests)."""
+
+    async def emit_event(
+        self, regarding: Body, *, reason: str, message: str, warning: bool, at: datetime, name: str
+    ) -> None: ...
+
+
 @dataclass(frozen=True)
 class Event:
     regarding: Body
-    reason: str
+    reason: Reason
     message: str
     warning: bool
     at: datetime  # when it happened, not when it was posted
@@ -30,8 +44,8 @@ class Event:
 
 
 class Timeline:
-    def __init__(self, kube: Kube, capacity: int = 10_000) -> None:
-        self._kube = kube
+    def __init__(self, sink: EventSink, capacity: int = 10_000) -> None:
+        self._sink = sink
         self._queue: asyncio.Queue[Event] = asyncio.Queue(capacity)
         self._workers: list[asyncio.Task[None]] = []
         self._last_sequence = 0
@@ -39,28 +53,26 @@ class Timeline:
     def start(self) -> None:
         self._workers = [asyncio.create_task(self._post(), name=f"timeline-{i}") for i in range(WORKERS)]
 
-    def record(self, regarding: Body, reason: str, message: str, *, warning: bool = False) -> None:
-        meta = regarding["metadata"]
+    def record(self, regarding: Resource, reason: Reason, message: str, *, warning: bool = False) -> None:
+        meta = regarding.metadata
         # Only what an Event points at: a backed-up queue must not hold whole objects.
-        regarding = {
-            "apiVersion": regarding.get("apiVersion"),
-            "kind": regarding.get("kind"),
-            "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")},
+        reference = {
+            "apiVersion": regarding.api_version,
+            "kind": regarding.kind,
+            "metadata": {
+                "name": meta.name,
+                "namespace": meta.namespace,
+                "uid": meta.uid,
+                "resourceVersion": meta.resource_version,
+            },
         }
-        log.log(
-            logging.WARNING if warning else logging.INFO,
-            "%s %s/%s: %s: %s",
-            regarding.get("kind", "Object"),
-            meta["namespace"],
-            meta["name"],
-            reason,
-            message,
-        )
+        level = logging.WARNING if warning else logging.INFO
+        log.log(level, "%s %s: %s: %s", regarding.kind, regarding.reference, reason, message)
         self._last_sequence = max(time.time_ns(), self._last_sequence + 1)
         try:
-            self._queue.put_nowait(Event(regarding, reason, message, warning, datetime.now(UTC), self._last_sequence))
+            self._queue.put_nowait(Event(reference, reason, message, warning, now(), self._last_sequence))
         except asyncio.QueueFull:
-            log.warning("event queue full; dropped %s event for %s", reason, meta["name"])
+            log.warning("event queue full; dropped %s event for %s", reason, meta.name)
 
     async def stop(self, drain_seconds: float = 5.0) -> None:
         with contextlib.suppress(TimeoutError):
@@ -73,7 +85,7 @@ class Timeline:
         while True:
             event = await self._queue.get()
             try:
-                await self._kube.emit_event(
+                await self._sink.emit_event(
                     event.regarding,
                     reason=event.reason,
                     message=event.message,
@@ -81,7 +93,9 @@ class Timeline:
                     at=event.at,
                     name=f"{event.regarding['metadata']['name']}.{event.sequence:x}",
                 )
-            except Exception as error:  # an Event is best effort; the objects hold the truth
-                log.debug("could not post event %s: %s", event.reason, error)
+            except errors.KubeError as error:  # an Event is best effort; the objects hold the truth
+                log.debug("could not post event %s: %s", event.reason, error.message)
+            except Exception:  # a bug: say so, and keep posting the others
+                log.exception("posting event %s failed", event.reason)
             finally:
                 self._queue.task_done()

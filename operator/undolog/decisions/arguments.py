@@ -12,12 +12,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from undolog.errors import UnresolvedReference
+
 REFERENCE = re.compile(r"\$\{([^}]*)\}")
 STEP_REFERENCE = re.compile(r"^steps\.([a-z0-9][-_a-z0-9]*)\.output(?:\.(.+))?$")
-
-
-class UnresolvedReference(ValueError):
-    """A reference that cannot be resolved; the message names it."""
 
 
 def references(value: Any) -> list[str]:

@@ -12,9 +12,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from undolog.api.saga import Saga, Step
-from undolog.api.undo_entry import UndoEntry
-from undolog.decisions.arguments import UnresolvedReference, referenced_steps
+from undolog.api import (
+    EffectDeliveryState,
+    EffectState,
+    EntryState,
+    Outcome,
+    Saga,
+    SagaPhase,
+    SagaReason,
+    Step,
+    StepType,
+    UndoEntry,
+)
+from undolog.decisions.arguments import referenced_steps
 from undolog.decisions.moves import (
     DeliverEffect,
     ExecuteStep,
@@ -24,6 +34,8 @@ from undolog.decisions.moves import (
     RegisterStep,
     Transition,
 )
+from undolog.decisions.resolutions import how_to_resolve
+from undolog.errors import UnresolvedReference
 
 FORWARD_RECOVERY_RETRIES = 30  # a Retriable step's retries unless its Call says otherwise
 EFFECT_RETRIES = 30
@@ -57,9 +69,9 @@ def reference_problems(steps: Sequence[Step]) -> list[str]:
 def pivot_committed(steps: Sequence[Step], entries: Sequence[UndoEntry]) -> bool:
     positions = {e.spec.stack_position: e for e in entries}
     for position, step in enumerate(steps, start=1):
-        if step.type == "Pivot":
+        if step.type == StepType.PIVOT:
             entry = positions.get(position)
-            return entry is not None and entry.status.effect == "Committed"
+            return entry is not None and entry.status.effect == EffectState.COMMITTED
     return False
 
 
@@ -67,26 +79,28 @@ def forward_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, deadli
     steps = saga.spec.steps or []
     meta, status = saga.metadata, saga.status
     committed_pivot = pivot_committed(steps, entries)
-    if saga.spec.outcome == "Abort":
+    if saga.spec.outcome == Outcome.ABORT:
         if not committed_pivot:
-            return Transition("Failed", "Aborted", "spec.outcome is Abort")
-        if status.reason != "AbortRefused":
+            return Transition(SagaPhase.FAILED, SagaReason.ABORTED, "spec.outcome is Abort")
+        if status.reason != SagaReason.ABORT_REFUSED:
             return RefuseAbort(
                 "abort refused: the Pivot step has committed, so the saga can only go forward; "
                 "its Retriable steps run until they succeed"
             )
     if not committed_pivot:
         if meta.deletion_timestamp is not None:
-            return Transition("Failed", "Deleted", "the saga was deleted while Active; its effects are undone first")
+            return Transition(
+                SagaPhase.FAILED, SagaReason.DELETED, "the saga was deleted while Active; its effects are undone first"
+            )
         if deadline is not None and now >= deadline:
             return Transition(
-                "Failed",
-                "DeadlineExceeded",
+                SagaPhase.FAILED,
+                SagaReason.DEADLINE_EXCEEDED,
                 f"not finished within spec.activeDeadlineSeconds={saga.spec.active_deadline_seconds}",
             )
     problems = reference_problems(steps)
     if problems:
-        return Transition("Failed", "InvalidReference", "; ".join(problems))
+        return Transition(SagaPhase.FAILED, SagaReason.INVALID_REFERENCE, "; ".join(problems))
     if committed_pivot and not status.pivot_committed:
         return MarkPivot()
     by_position = {e.spec.stack_position: e for e in entries}
@@ -95,27 +109,27 @@ def forward_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, deadli
         if entry is None:
             return RegisterStep(position, step)
         effect = entry.status.effect
-        if effect in ("Pending", "Executing"):
+        if effect in (EffectState.PENDING, EffectState.EXECUTING):
             return ExecuteStep(entry, step)
-        if effect == "Failed" and entry.status.state != "Skipped":
+        if effect == EffectState.FAILED and entry.status.state != EntryState.SKIPPED:
             error = entry.status.last_error or "unknown error"
-            if step.type == "Retriable":
+            if step.type == StepType.RETRIABLE:
                 return Transition(
-                    "Halted",
-                    "ForwardRecoveryExhausted",
+                    SagaPhase.HALTED,
+                    SagaReason.FORWARD_RECOVERY_EXHAUSTED,
                     f"Retriable step {step.name!r} ({step.action.function} {step.action.version}) did not succeed: "
-                    f"{error}. The pivot has committed, so nothing is compensated. Fix the cause, then "
-                    f"`kubectl annotate saga {meta.name} undolog.io/retry=now`, or skip the step with "
-                    f'`kubectl annotate undo {entry.metadata.name} undolog.io/skip="<why>"`',
+                    f"{error}. The pivot has committed, so nothing is compensated. {how_to_resolve(saga, entry)}",
                     failed_step=step.name,
                 )
-            return Transition("Failed", "StepFailed", f"step {step.name!r} failed: {error}", failed_step=step.name)
-    return Transition("Completed", "Committed", f"all {len(steps)} steps committed")
+            return Transition(
+                SagaPhase.FAILED, SagaReason.STEP_FAILED, f"step {step.name!r} failed: {error}", failed_step=step.name
+            )
+    return Transition(SagaPhase.COMPLETED, SagaReason.COMMITTED, f"all {len(steps)} steps committed")
 
 
 def effects_move(saga: Saga) -> DeliverEffect | None:
     """The first post-commit effect not yet delivered (nor given up on)."""
-    done = {e.name for e in saga.status.effects if e.state != "Pending"}
+    done = {e.name for e in saga.status.effects if e.state != EffectDeliveryState.PENDING}
     for effect in saga.spec.effects or []:
         if effect.name not in done:
             return DeliverEffect(effect)

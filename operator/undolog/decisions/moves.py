@@ -1,12 +1,26 @@
-"""The moves the state machine can ask for; the controller applies each with one write or call."""
+"""The moves the state machine can ask for; the controller applies each with one write, one
+read or one call."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 
-from undolog.api.saga import Effect, SagaPhase, Step
-from undolog.api.undo_entry import UndoEntry
+from undolog.api import Effect, SagaPhase, SagaReason, Step, UndoEntry
+
+
+class EntryProof(StrEnum):
+    """How far the entries the driver holds are known to be all of the saga's entries.
+
+    Only a consistent LIST of the saga's entries, taken after the saga failed, proves it (never
+    a watch's progress). FRESH: listed since the last call was made, nothing could have been
+    missed since. STALE: listed after the failure, calls made since. NONE: not listed since the
+    failure (or the driver just started)."""
+
+    NONE = "None"
+    STALE = "Stale"
+    FRESH = "Fresh"
 
 
 @dataclass(frozen=True)
@@ -34,9 +48,22 @@ class Transition:
     """Enter a phase: Failed, Compensating, Completed, Compensated, Halted, or Active again."""
 
     phase: SagaPhase
-    reason: str
+    reason: SagaReason
     message: str
     failed_step: str | None = None
+
+
+@dataclass(frozen=True)
+class ProveEntries:
+    """List the saga's entries consistently (the proof that none is missing) before going on."""
+
+
+@dataclass(frozen=True)
+class RecordLateEntry:
+    """An entry registered after its saga Completed: a committed saga is never compensated, so
+    the entry is settled (Skipped) with that reason, and a Warning says so."""
+
+    entry: UndoEntry
 
 
 @dataclass(frozen=True)
@@ -120,6 +147,8 @@ Move = (
     | SyncMetadata
     | UpdateDepth
     | Transition
+    | ProveEntries
+    | RecordLateEntry
     | RegisterStep
     | ExecuteStep
     | MarkPivot

@@ -1,8 +1,15 @@
-"""The saga state machine: given a saga and its entries, the next move.
+"""The saga state machine: given a saga, its entries and how far they are proven complete,
+the next move.
 
 Active -> Completed, or Active -> Failed -> Compensating -> Compensated | Halted.
-`decide` is pure: the controller applies the move it returns (one API write or one call),
-then asks again with what the write returned, until the answer is to wait.
+`decide` is pure: the controller applies the move it returns (one API write, read or call),
+then asks again with what it got back, until the answer is to wait.
+
+Completeness: a saga's entries reach the operator by a watch, which can lag (after an outage
+it may be seconds behind). So no compensation starts until a consistent LIST taken after the
+failure has shown every entry (EntryProof.STALE or better: LIFO holds from the top of the real
+stack), and the saga becomes Compensated, releasing its finalizer, only on a LIST taken after
+the last call (EntryProof.FRESH): every entry registered for it is compensated or skipped.
 """
 
 from __future__ import annotations
@@ -10,15 +17,38 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from undolog.api.common import Condition, ConditionStatus
-from undolog.api.saga import Saga, SagaPhase, SagaStatus
-from undolog.api.undo_entry import UndoEntry
-from undolog.decisions import lifo
+from undolog.api import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    EntryReason,
+    EntryState,
+    OnFailure,
+    Outcome,
+    Saga,
+    SagaPhase,
+    SagaReason,
+    SagaStatus,
+    UndoEntry,
+)
+from undolog.conventions import (
+    ABORT_REASON_ANNOTATION,
+    FAILED_STEP_ANNOTATION,
+    FINALIZER,
+    ORG_LABEL,
+    PHASE_LABEL,
+    RETRY_ANNOTATION,
+    SKIP_ANNOTATION,
+)
+from undolog.decisions import compensation_plan, resolutions
 from undolog.decisions.forward import effects_move, forward_move
 from undolog.decisions.moves import (
     CompensateEntry,
+    EntryProof,
     Initialize,
     Move,
+    ProveEntries,
+    RecordLateEntry,
     RefuseAnnotation,
     Retry,
     SkipEntry,
@@ -28,86 +58,106 @@ from undolog.decisions.moves import (
     Wait,
 )
 
-FINALIZER = "undolog.io/compensate-before-delete"
-PHASE_LABEL = "undolog.io/phase"
-ORG_LABEL = "undolog.io/org"
-RETRY_ANNOTATION = "undolog.io/retry"
-SKIP_ANNOTATION = "undolog.io/skip"
-ABORT_REASON_ANNOTATION = "undolog.io/abort-reason"  # why the agent or person aborted (SDK, CLI)
-FAILED_STEP_ANNOTATION = "undolog.io/failed-step"  # the step whose failure made the agent abort
-TERMINAL: frozenset[SagaPhase] = frozenset({"Completed", "Compensated"})
+TERMINAL: frozenset[SagaPhase] = frozenset({SagaPhase.COMPLETED, SagaPhase.COMPENSATED})
+FINAL: frozenset[SagaPhase] = TERMINAL | {SagaPhase.HALTED}  # nothing moves without a person
 QUICK = (Transition, UpdateDepth, Initialize)  # status writes that happen in milliseconds
 
 
-def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime) -> Move:
+def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof = EntryProof.NONE) -> Move:
     meta = saga.metadata
     if saga.status.phase is None:
         # The finalizer first: from the moment the saga is Active, deleting it compensates it.
         # The same write labels it active, one write early rather than one write more.
         if FINALIZER not in meta.finalizers and meta.deletion_timestamp is None:
-            labels = {k: v for k, v in desired_labels(saga, "Active").items() if meta.labels.get(k) != v}
+            labels = {k: v for k, v in desired_labels(saga, SagaPhase.ACTIVE).items() if meta.labels.get(k) != v}
             return SyncMetadata(labels, [*meta.finalizers, FINALIZER])
         return Initialize()
     annotation = annotation_move(saga, entries)
     if annotation is not None:
         return annotation
-    move = phase_move(saga, entries, now)
+    move = phase_move(saga, entries, now, proof)
     # Labels and finalizer follow the phase, but not through phases passed in a few
     # milliseconds: they are written before anything slow (a call, waiting).
-    if isinstance(move, QUICK):
+    if isinstance(move, (*QUICK, ProveEntries)):
         return move
     return metadata_move(saga) or move
 
 
-def phase_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime) -> Move:
+def phase_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof) -> Move:
     phase = saga.status.phase
-    if phase == "Active":
+    if phase == SagaPhase.ACTIVE:
         if saga.spec.steps:
             return forward_move(saga, entries, now, deadline_of(saga))
-        return external_move(saga, entries, now)
-    if phase == "Failed":
-        return Transition("Compensating", "Compensating", f"undoing {len(lifo.plan(entries))} entries newest-first")
-    if phase == "Compensating":
-        return compensating_move(saga, entries)
-    if phase == "Compensated" and lifo.plan(entries) and not saga.spec.steps:
-        late = lifo.plan(entries)[0]
-        return Transition("Compensating", "LateEntry", f"entry {late.metadata.name} was registered after compensation")
-    if phase == "Completed":
+        return external_move(saga, entries, now, proof)
+    if phase == SagaPhase.FAILED:
+        if proof == EntryProof.NONE:
+            return ProveEntries()
+        owed = len(compensation_plan.owed(entries))
+        return Transition(SagaPhase.COMPENSATING, SagaReason.COMPENSATING, f"undoing {owed} entries newest-first")
+    if phase == SagaPhase.COMPENSATING:
+        return compensating_move(saga, entries, proof)
+    if phase == SagaPhase.COMPENSATED and compensation_plan.owed(entries):
+        late = compensation_plan.owed(entries)[0]
+        return Transition(
+            SagaPhase.COMPENSATING,
+            SagaReason.LATE_ENTRY,
+            f"entry {late.metadata.name} was registered after the saga was compensated",
+        )
+    if phase == SagaPhase.COMPLETED:
+        after = registered_after_completion(saga, entries)
+        if after:
+            return RecordLateEntry(after[0])
         return effects_move(saga) or Wait(finished=True)
     if phase in TERMINAL:
         return Wait(finished=True)
     return Wait()  # Halted: a person resolves it (retry or skip annotations)
 
 
-def external_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime) -> Move:
+def external_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof) -> Move:
     """An agent's saga: it ends by spec.outcome, a deadline or a delete; entries come from the SDK."""
     spec, meta, status = saga.spec, saga.metadata, saga.status
-    if spec.outcome == "Abort":
+    if spec.outcome == Outcome.ABORT:
         why = meta.annotations.get(ABORT_REASON_ANNOTATION)
         message = f"spec.outcome is Abort: {why}" if why else "spec.outcome is Abort"
-        return Transition("Failed", "Aborted", message, meta.annotations.get(FAILED_STEP_ANNOTATION))
+        return Transition(SagaPhase.FAILED, SagaReason.ABORTED, message, meta.annotations.get(FAILED_STEP_ANNOTATION))
     if meta.deletion_timestamp is not None:
-        return Transition("Failed", "Deleted", "the saga was deleted while Active; its effects are undone first")
+        return Transition(
+            SagaPhase.FAILED, SagaReason.DELETED, "the saga was deleted while Active; its effects are undone first"
+        )
     deadline = deadline_of(saga)
     if deadline is not None and now >= deadline:
         return Transition(
-            "Failed",
-            "DeadlineExceeded",
+            SagaPhase.FAILED,
+            SagaReason.DEADLINE_EXCEEDED,
             f"not finished within spec.activeDeadlineSeconds={spec.active_deadline_seconds}",
         )
-    if spec.outcome == "Commit":
-        return Transition("Completed", "Committed", "spec.outcome is Commit")
+    if spec.outcome == Outcome.COMMIT:
+        # The top of the stack at the commit is proven, so a later entry can be told apart.
+        if proof == EntryProof.NONE:
+            return ProveEntries()
+        return Transition(SagaPhase.COMPLETED, SagaReason.COMMITTED, "spec.outcome is Commit")
     if status.stack_depth != len(entries):
         return UpdateDepth(len(entries))
     return Wait(until=deadline)
 
 
-def compensating_move(saga: Saga, entries: Sequence[UndoEntry]) -> Move:
-    """LIFO: the highest entry still owed. A Failed or lost entry stops the descent under Halt
-    (everything above it is compensated first); under Continue the rest goes on first."""
-    failure = lifo.blocking_failure(entries)
-    owed = lifo.plan(entries)
-    halting = saga.spec.compensation_policy.on_failure == "Halt"
+def registered_after_completion(saga: Saga, entries: Sequence[UndoEntry]) -> list[UndoEntry]:
+    """Entries of a Completed external saga above the top of its stack at the commit."""
+    top = saga.status.top_position
+    if saga.spec.steps or top is None:
+        return []
+    return [e for e in entries if e.spec.stack_position > top and e.status.state in compensation_plan.OWED]
+
+
+def compensating_move(saga: Saga, entries: Sequence[UndoEntry], proof: EntryProof) -> Move:
+    """LIFO: the highest entry still owed, once a LIST has shown where the top of the stack is.
+    A Failed or lost entry stops the descent under Halt (everything above it is compensated
+    first); under Continue the rest goes on first. Compensated only on a fresh LIST."""
+    if proof == EntryProof.NONE:
+        return ProveEntries()
+    failure = compensation_plan.blocking_failure(entries)
+    owed = compensation_plan.owed(entries)
+    halting = saga.spec.compensation_policy.on_failure == OnFailure.HALT
     lost = [e for e in saga.status.lost_entries if not e.acknowledged]
     if lost and halting:
         lowest_allowed = max(e.stack_position or 0 for e in lost)
@@ -117,63 +167,62 @@ def compensating_move(saga: Saga, entries: Sequence[UndoEntry]) -> Move:
     if lost:
         names = ", ".join(f"{e.name} ({e.why})" for e in lost)
         return Transition(
-            "Halted",
-            "EntryLost",
+            SagaPhase.HALTED,
+            SagaReason.ENTRY_LOST,
             f"cannot compensate {names}: its effect may remain. Undo it by hand, then "
             f"`kubectl annotate saga {saga.metadata.name} {RETRY_ANNOTATION}=<what you did>` to go on without it",
         )
     if failure is not None:
-        return Transition("Halted", *halt_reason(failure, entries))
-    return Transition("Compensated", "Compensated", f"{lifo.settled_count(entries)} entries compensated or skipped")
-
-
-def halt_reason(failure: UndoEntry, entries: Sequence[UndoEntry]) -> tuple[str, str]:
-    compensation = failure.spec.compensation
-    function = f"{compensation.function} {compensation.version}" if compensation else "no function"
-    failed = [e for e in entries if e.status.state == "Failed"]
-    error = failure.status.last_error or "unknown error"
-    reason = "FunctionNotFound" if error.startswith("FunctionNotFound") else "CompensationFailed"
-    others = f" ({len(failed) - 1} more failed)" if len(failed) > 1 else ""
-    return reason, (
-        f"entry {failure.metadata.name} (step {failure.spec.step}, {function}) could not be compensated: "
-        f"{error}{others}. Fix the cause, then `kubectl annotate saga {failure.spec.saga} {RETRY_ANNOTATION}=now`, "
-        f'or skip it with `kubectl annotate undo {failure.metadata.name} {SKIP_ANNOTATION}="<why>"`'
+        return Transition(SagaPhase.HALTED, *halt_reason(saga, failure, entries))
+    if proof != EntryProof.FRESH:
+        return ProveEntries()
+    return Transition(
+        SagaPhase.COMPENSATED,
+        SagaReason.COMPENSATED,
+        f"{compensation_plan.settled_count(entries)} entries compensated or skipped",
     )
 
 
-def halted_forward(saga: Saga) -> bool:
-    return saga.status.phase == "Halted" and saga.status.reason == "ForwardRecoveryExhausted"
+def halt_reason(saga: Saga, failure: UndoEntry, entries: Sequence[UndoEntry]) -> tuple[SagaReason, str]:
+    compensation = failure.spec.compensation
+    function = f"{compensation.function} {compensation.version}" if compensation else "no function"
+    failed = [e for e in entries if e.status.state == EntryState.FAILED]
+    error = failure.status.last_error or "unknown error"
+    reason = (
+        SagaReason.FUNCTION_NOT_FOUND
+        if failure.status.reason == EntryReason.FUNCTION_NOT_FOUND
+        else SagaReason.COMPENSATION_FAILED
+    )
+    others = f" ({len(failed) - 1} more failed)" if len(failed) > 1 else ""
+    return reason, (
+        f"entry {failure.metadata.name} (step {failure.spec.step}, {function}) could not be compensated: "
+        f"{error}{others}. {resolutions.how_to_resolve(saga, failure)}"
+    )
 
 
 def annotation_move(saga: Saga, entries: Sequence[UndoEntry]) -> Move | None:
-    phase = saga.status.phase
+    """A person's retry (on the saga) or skip (on an entry), checked by the shared rules."""
     request = saga.metadata.annotations.get(RETRY_ANNOTATION)
     if request is not None:
-        if phase == "Halted":
-            return Retry(request, "Active" if halted_forward(saga) else "Compensating")
-        if phase == "Completed" and any(e.state == "Failed" for e in saga.status.effects):
-            return Retry(request, "Completed")
-        return RefuseAnnotation(None, RETRY_ANNOTATION, f"retry ignored: the saga is {phase}, not Halted")
-    for entry in sorted(entries, key=lambda e: e.spec.stack_position, reverse=True):
+        verdict = resolutions.retry(saga)
+        if isinstance(verdict, resolutions.Allowed):
+            return Retry(request, verdict.resume)
+        return RefuseAnnotation(None, RETRY_ANNOTATION, verdict.why)
+    for entry in compensation_plan.newest_first(entries):
         reason = entry.metadata.annotations.get(SKIP_ANNOTATION)
         if reason is None:
             continue
-        if phase == "Halted" and halted_forward(saga) and entry.status.effect == "Failed":
-            return SkipEntry(entry, reason or "skipped by a person", "Active")
-        if phase == "Halted" and not halted_forward(saga) and entry.status.state in ("Failed", "Pending"):
-            return SkipEntry(entry, reason or "skipped by a person", "Compensating")
-        return RefuseAnnotation(
-            entry,
-            SKIP_ANNOTATION,
-            f"skip of {entry.metadata.name} ignored: only a Pending or Failed entry of a Halted saga can be "
-            f"skipped (saga {phase}, entry {entry.status.state})",
-        )
+        skip = resolutions.skip(saga, entry)
+        if isinstance(skip, resolutions.Allowed):
+            return SkipEntry(entry, reason or "skipped by a person", skip.resume)
+        return RefuseAnnotation(entry, SKIP_ANNOTATION, skip.why)
     return None
 
 
 def holds_finalizer(saga: Saga) -> bool:
     """Work is left that a delete must not cut short: not final, or effects still to send."""
-    return saga.status.phase not in TERMINAL or (saga.status.phase == "Completed" and effects_move(saga) is not None)
+    phase = saga.status.phase
+    return phase not in TERMINAL or (phase == SagaPhase.COMPLETED and effects_move(saga) is not None)
 
 
 def metadata_move(saga: Saga) -> SyncMetadata | None:
@@ -205,25 +254,47 @@ def deadline_of(saga: Saga) -> datetime | None:
     return start + timedelta(seconds=seconds)
 
 
+def needs_driver(saga: Saga) -> bool:
+    """Work is (or may be) left: not final, a finalizer to release, a request to answer."""
+    meta = saga.metadata
+    return (
+        saga.status.phase not in TERMINAL
+        or FINALIZER in meta.finalizers
+        or RETRY_ANNOTATION in meta.annotations
+        or metadata_move(saga) is not None
+    )
+
+
+def entry_needs_saga(entry: UndoEntry) -> bool:
+    """An entry event that may give its saga work: one still owed, or a person's annotation."""
+    return entry.status.state in compensation_plan.OWED or SKIP_ANNOTATION in entry.metadata.annotations
+
+
+def unclaimed(entry: UndoEntry) -> bool:
+    """An owed entry nobody has reported as missing its saga yet."""
+    return entry.status.state in compensation_plan.OWED and entry.status.reason != EntryReason.SAGA_NOT_FOUND
+
+
 # -- status ----------------------------------------------------------------------------------
 
+_T, _F, _U = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
 # Each phase's (Succeeded, Compensated, Halted) condition statuses.
 CONDITIONS: dict[SagaPhase, tuple[ConditionStatus, ConditionStatus, ConditionStatus]] = {
-    "Active": ("Unknown", "Unknown", "False"),
-    "Completed": ("True", "False", "False"),
-    "Failed": ("False", "Unknown", "False"),
-    "Compensating": ("False", "Unknown", "False"),
-    "Compensated": ("False", "True", "False"),
-    "Halted": ("False", "False", "True"),
+    SagaPhase.ACTIVE: (_U, _U, _F),
+    SagaPhase.COMPLETED: (_T, _F, _F),
+    SagaPhase.FAILED: (_F, _U, _F),
+    SagaPhase.COMPENSATING: (_F, _U, _F),
+    SagaPhase.COMPENSATED: (_F, _T, _F),
+    SagaPhase.HALTED: (_F, _F, _T),
 }
-PHASE_CONDITIONS = ("Succeeded", "Compensated", "Halted")
+PHASE_CONDITIONS = (ConditionType.SUCCEEDED, ConditionType.COMPENSATED, ConditionType.HALTED)
 
 
 def with_phase(
     status: SagaStatus,
     phase: SagaPhase,
     *,
-    reason: str,
+    reason: SagaReason,
     message: str,
     now: datetime,
     generation: int,
@@ -232,8 +303,8 @@ def with_phase(
 
     A forward-recovery halt leaves Compensated at Unknown: nothing was compensated, nor will be."""
     values = CONDITIONS[phase]
-    if phase == "Halted" and reason == "ForwardRecoveryExhausted":
-        values = ("Unknown", "False", "True")
+    if phase == SagaPhase.HALTED and reason == SagaReason.FORWARD_RECOVERY_EXHAUSTED:
+        values = (_U, _F, _T)
     conditions = [
         condition(status.conditions, type_, value, reason, message, now, generation)
         for type_, value in zip(PHASE_CONDITIONS, values, strict=True)

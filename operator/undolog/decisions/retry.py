@@ -1,8 +1,9 @@
-"""Classifying a call's outcome and timing the next attempt.
+"""Classifying a call's outcome and timing the next attempt; timing the operator's own retries.
 
 2xx succeeds. 429 retries after Retry-After (seconds or an HTTP date). 408, 5xx, timeouts
 and connection errors retry with exponential backoff and full jitter. Any other status is
-permanent. Retries stop after max_retries (the Call's value wins over the saga's backoff).
+permanent, and so is a call refused before anything was sent. Retries stop after max_retries
+(the Call's value wins over the saga's backoff).
 """
 
 from __future__ import annotations
@@ -11,32 +12,46 @@ import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Literal
+from enum import StrEnum
+from typing import Any
 
-from undolog.api.saga import Backoff
+from undolog.api import Backoff, OmittedOutput
+from undolog.errors import CallRefusal
 
-Verdict = Literal["Succeeded", "Transient", "Permanent"]
 MAX_RETRY_AFTER_SECONDS = 300.0  # a participant cannot park a compensation for longer per attempt
+MAX_OPERATOR_RETRY_SECONDS = 30.0
+
+
+class Verdict(StrEnum):
+    SUCCEEDED = "Succeeded"
+    TRANSIENT = "Transient"
+    PERMANENT = "Permanent"
 
 
 @dataclass(frozen=True)
 class CallOutcome:
-    """What one HTTP attempt produced: a status code, or an error before any status came back."""
+    """What one attempt produced, whatever the transport: a status, or an error before any came
+    back, or a refusal (nothing was sent)."""
 
     status_code: int | None = None
     error: str | None = None
     retry_after: str | None = None  # the raw Retry-After header, if any
+    refusal: CallRefusal | None = None  # refused before any byte left (say, by the egress policy)
+    output: dict[str, Any] | None = None  # a 2xx answer's JSON object
+    omitted: OmittedOutput | None = None  # a 2xx answer that is not kept as output, and why
 
 
 def classify(outcome: CallOutcome) -> Verdict:
+    if outcome.refusal is not None:
+        return Verdict.PERMANENT
     code = outcome.status_code
     if code is None:  # timeout, refused or reset connection, TLS failure: the network may heal
-        return "Transient"
+        return Verdict.TRANSIENT
     if 200 <= code < 300:
-        return "Succeeded"
+        return Verdict.SUCCEEDED
     if code in (408, 429) or code >= 500:
-        return "Transient"
-    return "Permanent"
+        return Verdict.TRANSIENT
+    return Verdict.PERMANENT
 
 
 def retry_after_seconds(header: str | None, now: datetime) -> float | None:
@@ -72,7 +87,7 @@ def next_delay(
 ) -> float | None:
     """Seconds to wait before the next attempt after `attempt` (1-based) ended with `outcome`,
     or None when there is no next attempt (success, permanent failure, retries used up)."""
-    if classify(outcome) != "Transient":
+    if classify(outcome) != Verdict.TRANSIENT:
         return None
     allowed = backoff.max_retries if max_retries is None else max_retries
     if attempt > allowed:
@@ -82,3 +97,9 @@ def next_delay(
         if waited is not None:
             return waited
     return rng.uniform(0.0, backoff_cap_seconds(backoff, attempt))  # full jitter
+
+
+def operator_retry_seconds(failures: int) -> float:
+    """Delay before the operator tries a saga again after `failures` failures of its own in a
+    row (the API unreachable, a write refused): doubling from 1 s, capped."""
+    return min(2.0 ** (max(failures, 1) - 1), MAX_OPERATOR_RETRY_SECONDS)

@@ -6,8 +6,9 @@ async with await undolog.sdk.open_saga(generate_name="onboard-", namespace="agen
 # leaving the block commits; an exception aborts, and the operator undoes what ran, newest first
 """
 
-from undolog.api.common import Call
-from undolog.sdk.saga import NoSaga, SagaEnded, SagaRun, StepRun, current_saga, current_step, open_saga, undoable
+from undolog.api import Call
+from undolog.errors import NoSaga, SagaEnded
+from undolog.sdk.saga import SagaRun, StepRun, current_saga, current_step, open_saga, undoable
 
 __all__ = [
     "Call",

@@ -6,31 +6,40 @@ import asyncio
 import contextvars
 import functools
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from undolog.api.common import API_VERSION, Call
-from undolog.api.saga import CompensationPolicy, SagaPhase
-from undolog.calls.protocol import forward_key
-from undolog.controller.ledger import capped_output
-from undolog.decisions.phases import ABORT_REASON_ANNOTATION, FAILED_STEP_ANNOTATION, FINALIZER, TERMINAL
-from undolog.kube import ApiException, Body, Kube, is_conflict
+from undolog import errors
+from undolog.api import (
+    API_VERSION,
+    Call,
+    CompensationPolicy,
+    EffectState,
+    Outcome,
+    Saga,
+    SagaPhase,
+    SagaSpec,
+    UndoEntry,
+)
+from undolog.conventions import (
+    ABORT_REASON_ANNOTATION,
+    FAILED_STEP_ANNOTATION,
+    FINALIZER,
+    forward_key,
+    kept_output,
+    new_undo_entry,
+    now,
+)
+from undolog.decisions.phases import FINAL
+from undolog.errors import NoSaga, SagaEnded
+from undolog.kube import Kube, default_namespace
+from undolog.ledger import Ledger
 
 CONFLICT_RETRIES = 10
-
-
-class SagaEnded(RuntimeError):
-    """The saga is no longer Active: no step may be registered or run."""
-
-
-class NoSaga(RuntimeError):
-    """An @undoable tool was called outside `async with saga:`."""
-
+POLL_SECONDS = 0.2
 
 _current_saga: contextvars.ContextVar[SagaRun] = contextvars.ContextVar("undolog_saga")
 _current_step: contextvars.ContextVar[StepRun] = contextvars.ContextVar("undolog_step")
@@ -57,10 +66,6 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _timestamp() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
 @dataclass
 class StepRun:
     """One registered tool call. Use `forward_key` as the call's Idempotency-Key; set `output`."""
@@ -68,8 +73,7 @@ class StepRun:
     saga: SagaRun
     name: str
     position: int
-    undo_id: str
-    entry: Body
+    entry: UndoEntry
     output: dict[str, Any] | None = None
 
     @property
@@ -77,33 +81,50 @@ class StepRun:
         return forward_key(self.saga.uid, self.name)
 
     @property
+    def undo_id(self) -> str:
+        return self.entry.spec.undo_id
+
+    @property
     def entry_name(self) -> str:
-        return str(self.entry["metadata"]["name"])
+        return self.entry.metadata.name
 
 
 @dataclass
 class SagaRun:
     kube: Kube
-    body: Body
+    saga: Saga
     owns_client: bool = False
+    kubeconfig: str | None = None  # to reconnect after `async with` closed an owned client
     _positions: int = 0
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _ended: str | None = None
+    _ended: Outcome | None = None
     _failed_step: str | None = None
     _names: set[str] = field(default_factory=set)
     _token: contextvars.Token[SagaRun] | None = None
+    _closed: bool = False
 
     @property
     def name(self) -> str:
-        return str(self.body["metadata"]["name"])
+        return self.saga.metadata.name
 
     @property
     def namespace(self) -> str:
-        return str(self.body["metadata"]["namespace"])
+        return self.saga.metadata.namespace
 
     @property
     def uid(self) -> str:
-        return str(self.body["metadata"]["uid"])
+        return self.saga.metadata.uid
+
+    @property
+    def ledger(self) -> Ledger:
+        return Ledger(self.kube)
+
+    async def _client(self) -> Ledger:
+        """The ledger, reconnecting when the block already closed an owned client."""
+        if self._closed:
+            self.kube = await Kube.connect(self.kubeconfig)
+            self._closed = False
+        return self.ledger
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -115,9 +136,10 @@ class SagaRun:
         """
         if self._ended:
             raise SagaEnded(f"saga {self.namespace}/{self.name} is {self._ended}: step {step!r} was not registered")
-        self.body = await self.kube.get("sagas", self.namespace, self.name)
-        phase = self.body.get("status", {}).get("phase")
-        if phase not in (None, "Active") or self.body["spec"].get("outcome"):
+        ledger = await self._client()
+        self.saga = await ledger.saga(self.namespace, self.name)
+        phase = self.saga.status.phase
+        if phase not in (None, SagaPhase.ACTIVE) or self.saga.spec.outcome:
             raise SagaEnded(f"saga {self.namespace}/{self.name} is {phase}: step {step!r} was not registered or run")
         async with self._lock:
             self._positions += 1
@@ -125,55 +147,22 @@ class SagaRun:
             if step in self._names:  # a tool called twice: each call its own step and forward key
                 step = f"{step}-{position}"
             self._names.add(step)
-        undo_id = str(uuid.uuid4())
-        spec: Body = {
-            "saga": self.name,
-            "undoId": undo_id,
-            "stackPosition": position,
-            "effectId": forward_key(self.uid, step),
-            "step": step,
-            "registeredAt": _timestamp(),
-        }
-        if compensation is not None:
-            spec["compensation"] = compensation.to_api()
-        entry = await self.kube.create(
-            "undoentries",
-            self.namespace,
-            {
-                "apiVersion": API_VERSION,
-                "kind": "UndoEntry",
-                "metadata": {
-                    "name": f"{self.name}-{position}",
-                    "ownerReferences": [
-                        {
-                            "apiVersion": API_VERSION,
-                            "kind": "Saga",
-                            "name": self.name,
-                            "uid": self.uid,
-                            "blockOwnerDeletion": True,
-                        }
-                    ],
-                },
-                "spec": spec,
-            },
+        entry = await ledger.create_entry(new_undo_entry(self.saga, position, step, compensation))
+        entry = await ledger.write_entry_status(
+            entry, entry.status.model_copy(update={"effect": EffectState.EXECUTING})
         )
-        entry = await self.kube.patch_status(
-            "undoentries", self.namespace, entry["metadata"]["name"], {"status": {"effect": "Executing"}}
-        )
-        return StepRun(self, step, position, undo_id, entry)
+        return StepRun(self, step, position, entry)
 
     async def finish(self, run: StepRun, error: BaseException | None = None) -> None:
         """Record the effect's outcome: Committed with its output, or Failed with the error."""
-        status: Body = {"executedAt": _timestamp()}
+        ledger = await self._client()
         if error is None:
-            status["effect"] = "Committed"
-            output = capped_output(run.output)
-            if output is not None:
-                status["output"] = output
+            output, omitted = kept_output(run.output)
+            changes: dict[str, Any] = {"effect": EffectState.COMMITTED, "output": output, "output_omitted": omitted}
         else:
-            status["effect"] = "Failed"
-            status["lastError"] = describe_error(error)[:4096]
-        run.entry = await self.kube.patch_status("undoentries", self.namespace, run.entry_name, {"status": status})
+            changes = {"effect": EffectState.FAILED, "last_error": describe_error(error)[:4096]}
+        changes["executed_at"] = now()
+        run.entry = await ledger.write_entry_status(run.entry, run.entry.status.model_copy(update=changes))
 
     @asynccontextmanager
     async def step(self, name: str, compensation: Call | None = None) -> AsyncIterator[StepRun]:
@@ -210,54 +199,62 @@ class SagaRun:
     async def stage_effect(self, name: str, call: Call) -> None:
         """A post-commit effect: sent by the operator once the saga is Completed, never after an
         abort (the same outbox as orchestrated sagas' spec.effects)."""
+        ledger = await self._client()
         async with self._lock:
             for _ in range(CONFLICT_RETRIES):  # the operator writes the same saga: retry on conflict
-                self.body = await self.kube.get("sagas", self.namespace, self.name)
-                effects = [*self.body["spec"].get("effects", []), {"name": name, "call": call.to_api()}]
+                self.saga = await ledger.saga(self.namespace, self.name)
+                effects = [e.to_api() for e in self.saga.spec.effects or []]
                 patch = {
-                    "metadata": {"resourceVersion": self.body["metadata"]["resourceVersion"]},
-                    "spec": {"effects": effects},
+                    "metadata": {"resourceVersion": self.saga.metadata.resource_version},
+                    "spec": {"effects": [*effects, {"name": name, "call": call.to_api()}]},
                 }
                 try:
-                    self.body = await self.kube.patch("sagas", self.namespace, self.name, patch)
+                    self.saga = Saga.model_validate(await self.kube.patch("sagas", self.namespace, self.name, patch))
                     return
-                except ApiException as error:
-                    if not is_conflict(error):
-                        raise
+                except errors.Conflict:
+                    continue
             raise SagaEnded(f"saga {self.namespace}/{self.name} kept changing: effect {name!r} was not staged")
 
     async def commit(self) -> None:
-        await self._end("Commit", {})
+        await self._end(Outcome.COMMIT, {})
 
     async def abort(self, reason: str, failed_step: str | None = None) -> None:
         annotations = {ABORT_REASON_ANNOTATION: reason[:1024]}
         if failed_step:
             annotations[FAILED_STEP_ANNOTATION] = failed_step
-        await self._end("Abort", annotations)
+        await self._end(Outcome.ABORT, annotations)
 
-    async def _end(self, outcome: str, annotations: dict[str, str]) -> None:
+    async def _end(self, outcome: Outcome, annotations: dict[str, str]) -> None:
         if self._ended:
             return
         self._ended = outcome
-        patch: Body = {"spec": {"outcome": outcome}}
+        await self._client()
+        patch: dict[str, Any] = {"spec": {"outcome": outcome.value}}
         if annotations:
             patch["metadata"] = {"annotations": annotations}
-        self.body = await self.kube.patch("sagas", self.namespace, self.name, patch)
+        self.saga = Saga.model_validate(await self.kube.patch("sagas", self.namespace, self.name, patch))
 
-    async def wait(self, phases: tuple[SagaPhase, ...] = (*TERMINAL, "Halted"), within: float = 60.0) -> Body:
-        """Poll until the saga reaches one of `phases`; TimeoutError after `within` seconds."""
+    async def wait(self, phases: tuple[SagaPhase, ...] = tuple(FINAL), within: float = 60.0) -> Saga:
+        """Poll until the saga reaches one of `phases`; TimeoutError after `within` seconds.
+        Works after the `async with` block too (it reconnects)."""
+        ledger = await self._client()
         deadline = time.monotonic() + within
-        while True:
-            self.body = await self.kube.get("sagas", self.namespace, self.name)
-            if self.body.get("status", {}).get("phase") in phases:
-                return self.body
-            if time.monotonic() > deadline:
-                phase = self.body.get("status", {}).get("phase")
-                raise TimeoutError(f"saga {self.namespace}/{self.name} is {phase}, not {' or '.join(phases)}")
-            await asyncio.sleep(0.2)
+        try:
+            while True:
+                self.saga = await ledger.saga(self.namespace, self.name)
+                if self.saga.status.phase in phases:
+                    return self.saga
+                if time.monotonic() > deadline:
+                    wanted = " or ".join(phases)
+                    raise TimeoutError(f"saga {self.namespace}/{self.name} is {self.saga.status.phase}, not {wanted}")
+                await asyncio.sleep(POLL_SECONDS)
+        finally:
+            if self._ended:
+                await self.close()
 
     async def close(self) -> None:
-        if self.owns_client:
+        if self.owns_client and not self._closed:
+            self._closed = True
             await self.kube.close()
 
     async def __aenter__(self) -> SagaRun:
@@ -278,37 +275,36 @@ async def open_saga(
     name: str | None = None,
     *,
     generate_name: str | None = None,
-    namespace: str = "default",
+    namespace: str | None = None,
     org: str | None = None,
     deadline_seconds: int | None = None,
     policy: CompensationPolicy | None = None,
     kube: Kube | None = None,
     kubeconfig: str | None = None,
 ) -> SagaRun:
-    """Create an Active external saga (from KUBECONFIG, or in-cluster when unset)."""
+    """Create an Active external saga (from KUBECONFIG, or in-cluster when unset), in
+    `namespace`, else the kubeconfig context's namespace (in a pod: the pod's)."""
     if (name is None) == (generate_name is None):
         raise ValueError("give exactly one of name or generate_name")
     owns = kube is None
     client = kube or await Kube.connect(kubeconfig)
-    spec: Body = {}
-    if org:
-        spec["orgId"] = org
-    if deadline_seconds:
-        spec["activeDeadlineSeconds"] = deadline_seconds
-    if policy:
-        spec["compensationPolicy"] = policy.to_api()
-    # Created with the operator's finalizer: deleting it at any moment compensates it first.
-    metadata: Body = {"name": name} if name else {"generateName": generate_name}
-    metadata["finalizers"] = [FINALIZER]
+    spec = SagaSpec(
+        org_id=org, active_deadline_seconds=deadline_seconds, compensation_policy=policy or CompensationPolicy()
+    )
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": "Saga",
+        # Created with the operator's finalizer: deleting it at any moment compensates it first.
+        "metadata": {"finalizers": [FINALIZER], **({"name": name} if name else {"generateName": generate_name})},
+        "spec": spec.to_api(),
+    }
     try:
-        body = await client.create(
-            "sagas", namespace, {"apiVersion": API_VERSION, "kind": "Saga", "metadata": metadata, "spec": spec}
-        )
+        created = await client.create("sagas", namespace or default_namespace(kubeconfig), body)
     except BaseException:
         if owns:
             await client.close()
         raise
-    return SagaRun(client, body, owns_client=owns)
+    return SagaRun(client, Saga.model_validate(created), owns_client=owns, kubeconfig=kubeconfig)
 
 
 P = ParamSpec("P")

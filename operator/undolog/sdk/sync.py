@@ -18,12 +18,12 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from undolog.api.common import Call
-from undolog.api.saga import CompensationPolicy, SagaPhase
-from undolog.decisions.phases import TERMINAL
-from undolog.kube import Body
+from undolog.api import Call, CompensationPolicy, SagaPhase
+from undolog.api import Saga as SagaObject
+from undolog.decisions.phases import FINAL
+from undolog.errors import NoSaga
 from undolog.sdk import saga as async_saga
-from undolog.sdk.saga import NoSaga, StepRun
+from undolog.sdk.saga import StepRun
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -89,7 +89,7 @@ class Saga:
     def abort(self, reason: str, failed_step: str | None = None) -> None:
         self._loop.run(self._run.abort(reason, failed_step))
 
-    def wait(self, phases: tuple[SagaPhase, ...] = (*TERMINAL, "Halted"), within: float = 60.0) -> Body:
+    def wait(self, phases: tuple[SagaPhase, ...] = tuple(FINAL), within: float = 60.0) -> SagaObject:
         return self._loop.run(self._run.wait(phases, within))
 
     def close(self) -> None:
@@ -118,13 +118,14 @@ def open_saga(
     name: str | None = None,
     *,
     generate_name: str | None = None,
-    namespace: str = "default",
+    namespace: str | None = None,
     org: str | None = None,
     deadline_seconds: int | None = None,
     policy: CompensationPolicy | None = None,
     kubeconfig: str | None = None,
 ) -> Saga:
-    """Create an Active external saga (from KUBECONFIG, or in-cluster when unset)."""
+    """Create an Active external saga (from KUBECONFIG, or in-cluster when unset), in
+    `namespace`, else the kubeconfig context's namespace (in a pod: the pod's)."""
     loop = _Loop()
     try:
         run = loop.run(

@@ -1,12 +1,15 @@
 """Render the CustomResourceDefinitions in crds/ from the API models.
 
-The pydantic models in `undolog.api` are the single source of truth. Their JSON Schema is
+The pydantic models in `undolog.api` are the single source of truth (this generator is a
+developer tool: it is not in the wheel). Their JSON Schema is
 turned into Kubernetes structural schemas: references inlined, optionals unwrapped, free-form
 objects marked x-kubernetes-preserve-unknown-fields, pydantic titles dropped. `make crds`
 writes the files; a test fails when the committed YAML and the models disagree.
 
 kopf keeps no bookkeeping in these objects: the operator uses only kopf's event handlers,
 which write neither progress nor diff-base, so status holds exactly the fields below.
+
+    python -m devtools.crds crds
 """
 
 from __future__ import annotations
@@ -18,12 +21,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from undolog.api.common import GROUP, VERSION
+from undolog.api import GROUP, VERSION, SagaSpec, SagaStatus, UndoEntrySpec, UndoEntryStatus, WebhookSpec
 from undolog.api.saga import ROOT_RULES as SAGA_ROOT_RULES
-from undolog.api.saga import SagaSpec, SagaStatus
 from undolog.api.undo_entry import ROOT_RULES as ENTRY_ROOT_RULES
-from undolog.api.undo_entry import UndoEntrySpec, UndoEntryStatus
-from undolog.api.webhook import WebhookSpec
 
 JsonSchema = dict[str, Any]
 

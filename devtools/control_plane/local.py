@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from undolog.control_plane.pki import write_pki
+from devtools.control_plane.pki import write_pki
 
 START_TIMEOUT = 60.0  # envtest allows 20 s per process; 2 cores need more headroom
 STOP_TIMEOUT = 10.0
@@ -50,6 +51,7 @@ class Endpoints:
     kubeconfig: Path
     started_in_seconds: float
     reused: bool
+    restarted: list[str] = field(default_factory=list)  # processes found dead and started again
 
 
 def free_port() -> int:
@@ -88,12 +90,17 @@ class LocalControlPlane:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def up(self) -> Endpoints:
-        """Start the control plane, or reuse the one already running from this directory."""
+        """Start the control plane, or reuse the one already running from this directory. When
+        some of its processes died, they are started again on the data they had: only `reset`
+        deletes a ledger."""
         begin = time.monotonic()
         state = self._read_state()
         if state and self._healthy(state):
             return Endpoints(state.server, self.kubeconfig, time.monotonic() - begin, reused=True)
-        self.down()  # a stale or half-started one is replaced cleanly
+        if state and set(state.commands) == set(PROCESSES) and (self.state_dir / "etcd").is_dir():
+            restarted = self._restart_dead(state)
+            return Endpoints(state.server, self.kubeconfig, time.monotonic() - begin, reused=True, restarted=restarted)
+        self.down()  # a half-started one (no data yet) is replaced cleanly
         self._check_binaries()
         for directory in (self.pki, self.state_dir / "etcd"):
             shutil.rmtree(directory, ignore_errors=True)
@@ -114,6 +121,26 @@ class LocalControlPlane:
             self.down()
             raise
         return Endpoints(state.server, self.kubeconfig, time.monotonic() - begin, reused=False)
+
+    def _restart_dead(self, state: RunState) -> list[str]:
+        """Start again, with their own arguments and data, the processes that are not running."""
+        self._check_binaries()
+        self.logs.mkdir(parents=True, exist_ok=True)
+        dead = [name for name in PROCESSES if not self._owned(name, state.pids.get(name, 0))]
+        for name in dead:
+            self._start(name, state.commands[name], state)
+            if name == "etcd":
+                client = next(a for a in state.commands[name] if a.startswith("--listen-client-urls="))
+                port = int(client.rsplit(":", 1)[1])
+                self._wait("etcd", functools.partial(self._etcd_healthy, port))
+        self._wait("kube-apiserver", lambda: self._get(state.server, "/readyz"))
+        return dead
+
+    def reset(self) -> list[int]:
+        """Stop everything and delete the data (every saga), the certificates and the logs."""
+        stopped = self.down()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        return stopped
 
     def down(self) -> list[int]:
         """Stop every process this directory started; returns the pids that were stopped."""
@@ -141,15 +168,17 @@ class LocalControlPlane:
             if not _alive(pid):
                 return
 
-    def restart(self, name: str) -> float:
-        """Stop one process (SIGTERM, as an upgrade or a node drain would) and start it again with
-        the same arguments and data; returns the seconds until the apiserver is ready again."""
+    def restart(self, name: str, down_for: float = 0.0) -> float:
+        """Stop one process (SIGTERM, as an upgrade or a node drain would), leave it down for
+        `down_for` seconds, and start it again with the same arguments and data; returns the
+        seconds from the stop until the apiserver is ready again."""
         state = self._read_state()
         if state is None or name not in state.pids:
             raise ControlPlaneError(f"{name} is not running from {self.state_dir}")
         begin = time.monotonic()
         self._stop(state.pids[name])
         self._reap()
+        time.sleep(down_for)
         self._start(name, state.commands[name], state)
         self._wait(f"{name} restart", lambda: self._get(state.server, "/readyz"))
         return time.monotonic() - begin
@@ -196,7 +225,7 @@ class LocalControlPlane:
 
     def _owned(self, name: str, pid: int) -> bool:
         """The pid still runs our binary (guards against a recycled pid)."""
-        return _alive(pid) and Path(_command_of(pid)).name == name
+        return pid > 0 and _alive(pid) and Path(_command_of(pid)).name == name
 
     def _reap(self, block: bool = False) -> None:
         for process in self._children.values():

@@ -1,4 +1,5 @@
-"""`undolog cluster up|down`: the local control plane used by `make demo` and the tests."""
+"""`python -m devtools.cluster up|down|reset`: the local control plane used by `make demo`
+and the tests (`make cluster-up`, `make cluster-down`, `make cluster-reset`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from undolog.control_plane import ControlPlaneError, LocalControlPlane
+from devtools.control_plane import ControlPlaneError, LocalControlPlane
 
 app = typer.Typer(help="A local control plane (etcd, kube-apiserver, kube-controller-manager) on loopback.")
 
@@ -27,7 +28,12 @@ def up(
     except ControlPlaneError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from error
-    verb = "already running" if endpoints.reused else f"ready in {endpoints.started_in_seconds:.1f} s"
+    if endpoints.restarted:
+        verb = f"restarted {', '.join(endpoints.restarted)} on its data, ready in {endpoints.started_in_seconds:.1f} s"
+    elif endpoints.reused:
+        verb = "already running"
+    else:
+        verb = f"ready in {endpoints.started_in_seconds:.1f} s"
     typer.echo(f"control plane {verb} at {endpoints.server}", err=True)
     typer.echo(f"export KUBECONFIG={endpoints.kubeconfig}")
 
@@ -41,3 +47,18 @@ def down(state_dir: StateDir = Path(".cluster"), bin_dir: BinDir = Path("bin")) 
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from error
     typer.echo(f"stopped {len(stopped)} processes" if stopped else "nothing was running", err=True)
+
+
+@app.command()
+def reset(state_dir: StateDir = Path(".cluster"), bin_dir: BinDir = Path("bin")) -> None:
+    """Stop the control plane in STATE_DIR and delete its data: every saga, for good."""
+    try:
+        stopped = LocalControlPlane(state_dir, bin_dir).reset()
+    except ControlPlaneError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from error
+    typer.echo(f"stopped {len(stopped)} processes and deleted {state_dir}", err=True)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,36 @@
+"""Reasons of the Events UndoLog posts, besides the saga's phases (an Event named after the
+phase marks each transition): `kubectl describe saga` reads as the saga's timeline."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class EventReason(StrEnum):
+    # Calls, one Event per attempt that failed and per call that ended.
+    STEP_COMMITTED = "StepCommitted"
+    STEP_FAILED = "StepFailed"
+    FORWARD_RETRY = "ForwardRetry"
+    ENTRY_COMPENSATED = "EntryCompensated"
+    COMPENSATION_RETRY = "CompensationRetry"
+    COMPENSATION_FAILED = "CompensationFailed"
+    EFFECT_DELIVERED = "EffectDelivered"
+    EFFECT_RETRY = "EffectRetry"
+    EFFECT_FAILED = "EffectFailed"
+    # A call that could not be made at all (nothing sent): the refusal's own reason.
+    FUNCTION_NOT_FOUND = "FunctionNotFound"
+    HEADERS_SECRET_NOT_FOUND = "HeadersSecretNotFound"
+    HEADERS_SECRET_NOT_OPTED_IN = "HeadersSecretNotOptedIn"
+    UNRESOLVED_REFERENCE = "UnresolvedReference"
+    TARGET_REFUSED = "TargetRefused"
+    # Entries.
+    ENTRY_SKIPPED = "EntrySkipped"
+    SKIPPED = "Skipped"  # by a person, on the entry
+    ENTRY_LOST = "EntryLost"
+    ENTRY_AFTER_COMPLETION = "EntryAfterCompletion"
+    SAGA_NOT_FOUND = "SagaNotFound"
+    # The saga.
+    PIVOT_COMMITTED = "PivotCommitted"
+    ABORT_REFUSED = "AbortRefused"
+    ANNOTATION_IGNORED = "AnnotationIgnored"
+    OPERATOR_ERROR = "OperatorError"

@@ -1,0 +1,41 @@
+"""The seam between the operator and participants: a prepared call in, an outcome out.
+
+A transport sends one attempt of one call and reports what came back in protocol-neutral
+terms (decisions.retry.CallOutcome). HTTP is one transport (calls.http); the unit tests of
+the operator layer use a fake one. Retries, recording and timing live above it (calls.runner).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from undolog.decisions.retry import CallOutcome
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how a registered function is called."""
+
+    url: str
+    timeout_seconds: float  # a limit on the whole attempt, whatever the participant sends
+    ca_bundle: str | None = None
+    # Secret header values: never logged, never copied to status or events.
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    """One attempt, ready to send: the target, the resolved arguments, the wire headers."""
+
+    target: Target
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+class Transport(Protocol):
+    async def send(self, call: PreparedCall) -> CallOutcome:
+        """Send one attempt; never raises for what the participant or the network did."""
+        ...
+
+    async def close(self) -> None: ...

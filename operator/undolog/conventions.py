@@ -1,0 +1,147 @@
+"""UndoLog's conventions in one place: names, labels, annotations, owner references, keys,
+timestamps and size caps, and the one constructor of an UndoEntry (the SDK and the operator
+register steps with it). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from undolog.api import (
+    API_VERSION,
+    Call,
+    ObjectMeta,
+    OmittedOutput,
+    OutputOmission,
+    Saga,
+    UndoEntry,
+    UndoEntrySpec,
+)
+from undolog.api.common import OwnerReference
+
+# -- labels, annotations, finalizer ----------------------------------------------------------------
+
+FINALIZER = "undolog.io/compensate-before-delete"
+PHASE_LABEL = "undolog.io/phase"  # the phase in lower case: `kubectl get sagas -l undolog.io/phase=halted`
+ORG_LABEL = "undolog.io/org"  # spec.orgId
+RETRY_ANNOTATION = "undolog.io/retry"  # on a Saga: a person's retry (the value says why)
+SKIP_ANNOTATION = "undolog.io/skip"  # on an UndoEntry: a person's skip (the value says why)
+ABORT_REASON_ANNOTATION = "undolog.io/abort-reason"  # why the agent or person aborted (SDK, CLI)
+FAILED_STEP_ANNOTATION = "undolog.io/failed-step"  # the step whose failure made the agent abort
+HEADERS_SECRET_LABEL = "undolog.io/webhook-headers"  # =true: a Secret may be sent as a Webhook's headers
+
+# -- sizes -------------------------------------------------------------------------------------------
+
+MAX_OUTPUT_BYTES = 16 * 1024  # a forward output kept in the ledger
+MAX_ANSWER_BYTES = 1024 * 1024  # read from a participant at most; the rest is never read
+MAX_ERROR_TEXT = 300  # of an error answer's body, in lastError
+MAX_EVENT_MESSAGE = 1024
+
+# -- keys (the wire protocol) -------------------------------------------------------------------------
+
+
+def forward_key(saga_uid: str, step: str) -> str:
+    return f"{saga_uid}:{step}:fwd"
+
+
+def compensation_key(undo_id: str) -> str:
+    return f"undo-{undo_id}"
+
+
+def effect_key(saga_uid: str, effect: str) -> str:
+    return f"{saga_uid}:effect:{effect}"
+
+
+def stable_undo_id(saga_uid: str, position: int, step: str) -> str:
+    """Stable for this saga and step, new for a recreated saga: a re-registration after a crash
+    finds the same entry, a saga created again under the same name gets new keys."""
+    return str(uuid.uuid5(uuid.UUID(saga_uid), f"{position}:{step}"))
+
+
+# -- time ------------------------------------------------------------------------------------------------
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def timestamp(moment: datetime | None = None) -> str:
+    """RFC 3339 in UTC with microseconds, as every time UndoLog writes is formatted."""
+    return (moment or now()).astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+# -- names and ownership ---------------------------------------------------------------------------------
+
+
+def entry_name(saga: str, position: int) -> str:
+    return f"{saga}-{position}"
+
+
+def owner_reference(saga_name: str, saga_uid: str) -> OwnerReference:
+    """Entries are owned by their saga: deleting a finished saga removes them."""
+    return OwnerReference(api_version=API_VERSION, kind="Saga", name=saga_name, uid=saga_uid, block_owner_deletion=True)
+
+
+def owned_by(entry: UndoEntry, saga_uid: str) -> bool:
+    """Whether the entry belongs to this saga (not to an earlier one of the same name)."""
+    owners = entry.metadata.owner_references
+    return not owners or any(o.uid == saga_uid for o in owners)
+
+
+def new_undo_entry(
+    saga: Saga,
+    position: int,
+    step: str,
+    compensation: Call | None,
+    *,
+    undo_id: str | None = None,
+    registered_at: datetime | None = None,
+) -> UndoEntry:
+    """The UndoEntry that registers `step` of `saga` at `position`, before the step runs."""
+    meta = saga.metadata
+    return UndoEntry(
+        metadata=ObjectMeta(
+            name=entry_name(meta.name, position),
+            namespace=meta.namespace,
+            owner_references=[owner_reference(meta.name, meta.uid)],
+        ),
+        spec=UndoEntrySpec(
+            saga=meta.name,
+            undo_id=undo_id or str(uuid.uuid4()),
+            stack_position=position,
+            effect_id=forward_key(meta.uid, step),
+            step=step,
+            compensation=compensation,
+            registered_at=registered_at or now(),
+        ),
+    )
+
+
+def creation_body(entry: UndoEntry) -> dict[str, Any]:
+    """What is sent to create an entry: metadata and spec (status belongs to its subresource)."""
+    body = entry.to_api()
+    body.pop("status", None)
+    metadata = {k: v for k, v in body["metadata"].items() if k in ("name", "ownerReferences", "labels")}
+    body["metadata"] = metadata
+    body["spec"]["registeredAt"] = timestamp(entry.spec.registered_at)
+    return body
+
+
+# -- outputs ------------------------------------------------------------------------------------------------
+
+
+def kept_output(output: dict[str, Any] | None) -> tuple[dict[str, Any] | None, OmittedOutput | None]:
+    """A forward output as the ledger keeps it: as is, or omitted (with why) when too large."""
+    if output is None:
+        return None, None
+    size = len(json.dumps(output, separators=(",", ":")).encode())
+    if size <= MAX_OUTPUT_BYTES:
+        return output, None
+    return None, OmittedOutput(
+        reason=OutputOmission.OUTPUT_TOO_LARGE,
+        message=f"the answer was a JSON object of {size} bytes; the ledger keeps at most {MAX_OUTPUT_BYTES}",
+        size_bytes=size,
+    )

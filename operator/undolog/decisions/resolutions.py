@@ -1,0 +1,89 @@
+"""Who may do what to a saga in which phase: a person's retry, skip and abort.
+
+One set of rules for every way in: the annotations the operator consumes, the CLI, and the
+dashboard. The CLI and the dashboard check them first to refuse early with the same words;
+the operator checks them again when it consumes the request (it is the only writer of phases).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from undolog.api import EffectDeliveryState, EffectState, EntryState, Saga, SagaPhase, SagaReason, UndoEntry
+from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION
+
+
+@dataclass(frozen=True)
+class Allowed:
+    resume: SagaPhase  # the phase the saga goes on in
+
+
+@dataclass(frozen=True)
+class Refused:
+    why: str
+
+
+Verdict = Allowed | Refused
+
+
+def halted_forward(saga: Saga) -> bool:
+    """Halted going forward (after its pivot), not in a compensation."""
+    return saga.status.phase == SagaPhase.HALTED and saga.status.reason == SagaReason.FORWARD_RECOVERY_EXHAUSTED
+
+
+def retry(saga: Saga) -> Verdict:
+    """A Halted saga resumes where it stopped (Failed entries go back to Pending); a Completed
+    saga's failed post-commit effects are sent again."""
+    phase = saga.status.phase
+    if phase == SagaPhase.HALTED:
+        return Allowed(SagaPhase.ACTIVE if halted_forward(saga) else SagaPhase.COMPENSATING)
+    if phase == SagaPhase.COMPLETED and any(e.state == EffectDeliveryState.FAILED for e in saga.status.effects):
+        return Allowed(SagaPhase.COMPLETED)
+    return Refused(f"retry refused: saga {saga.metadata.name} is {phase or 'new'}, not Halted")
+
+
+def skip(saga: Saga, entry: UndoEntry) -> Verdict:
+    """A person says an entry needs no (more) compensation: it was undone by hand."""
+    phase = saga.status.phase
+    if phase == SagaPhase.HALTED and halted_forward(saga) and entry.status.effect == EffectState.FAILED:
+        return Allowed(SagaPhase.ACTIVE)
+    if (
+        phase == SagaPhase.HALTED
+        and not halted_forward(saga)
+        and entry.status.state in (EntryState.FAILED, EntryState.PENDING)
+    ):
+        return Allowed(SagaPhase.COMPENSATING)
+    return Refused(
+        f"skip of {entry.metadata.name} refused: only a Pending or Failed entry of a Halted saga can be "
+        f"skipped (saga {phase or 'new'}, entry {entry.status.state})"
+    )
+
+
+def abort(saga: Saga) -> Verdict:
+    """An Active saga fails and is compensated, unless its pivot has committed."""
+    phase = saga.status.phase
+    if phase not in (None, SagaPhase.ACTIVE):
+        return Refused(f"abort refused: saga {saga.metadata.name} is {phase}; only an Active saga can be aborted")
+    if saga.spec.outcome is not None:
+        return Refused(f"abort refused: saga {saga.metadata.name} already has spec.outcome {saga.spec.outcome}")
+    if saga.status.pivot_committed:
+        return Refused(
+            f"abort refused: saga {saga.metadata.name}'s Pivot step has committed, so it can only go forward"
+        )
+    return Allowed(SagaPhase.FAILED)
+
+
+def how_to_resolve(saga: Saga, entry: UndoEntry | None, *, skip: bool = True) -> str:
+    """The way out of a halt, in the words of the CLI and of kubectl (both work)."""
+    name, namespace = saga.metadata.name, saga.metadata.namespace
+    text = (
+        f"Fix the cause, then `undolog retry {name} -n {namespace} --reason <what you did>` "
+        f"(or `kubectl annotate saga {name} {RETRY_ANNOTATION}=<what you did>`)"
+    )
+    if skip and entry is not None:
+        text += (
+            f", or skip the entry if it was undone by hand: `undolog skip {name} {entry.spec.stack_position} "
+            f"-n {namespace} --reason <why>` "
+            f'(or `kubectl annotate undo {entry.metadata.name} {SKIP_ANNOTATION}="<why>"`)'
+        )
+    return text

@@ -1,0 +1,110 @@
+"""Every error UndoLog raises on purpose, in one hierarchy.
+
+The Kubernetes adapter (`undolog.kube`) maps the client's exceptions to `KubeError`s once;
+nothing else looks at HTTP status codes of the API. Reasons are enums, never parsed from text.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class UndoLogError(Exception):
+    """Base of UndoLog's errors."""
+
+
+# -- the Kubernetes API --------------------------------------------------------------------------
+
+
+class KubeError(UndoLogError):
+    """The Kubernetes API refused or could not answer. `message` is the apiserver's own (it names
+    the object and the field), or what went wrong on the way."""
+
+    def __init__(self, message: str, *, status: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.reason = reason
+
+
+class NotFound(KubeError):
+    """404: the object does not exist (or no longer)."""
+
+
+class Conflict(KubeError):
+    """409: the object changed since it was read (a conditional write lost the race)."""
+
+
+class AlreadyExists(Conflict):
+    """409 AlreadyExists: an object of that name exists."""
+
+
+class Gone(KubeError):
+    """410: a watch's resourceVersion is too old to resume from."""
+
+
+class Forbidden(KubeError):
+    """401 or 403: RBAC (or authentication) refused the request."""
+
+
+class Invalid(KubeError):
+    """400 or 422: the request can never succeed as sent (validation, admission)."""
+
+
+class Unavailable(KubeError):
+    """5xx, 429, a timeout or a broken connection: the same request may succeed later."""
+
+
+# -- participant calls ---------------------------------------------------------------------------
+
+
+class CallRefusal(StrEnum):
+    """Why a call cannot be made at all; nothing is sent."""
+
+    FUNCTION_NOT_FOUND = "FunctionNotFound"
+    HEADERS_SECRET_NOT_FOUND = "HeadersSecretNotFound"
+    HEADERS_SECRET_NOT_OPTED_IN = "HeadersSecretNotOptedIn"
+    UNRESOLVED_REFERENCE = "UnresolvedReference"
+    TARGET_REFUSED = "TargetRefused"
+
+
+class CallNotPossible(UndoLogError):
+    """The call cannot be made at all (decided before any byte left); `reason` is recorded."""
+
+    def __init__(self, reason: CallRefusal, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+class UnresolvedReference(CallNotPossible, ValueError):
+    """A `${steps...}` reference that cannot be resolved; the message names it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(CallRefusal.UNRESOLVED_REFERENCE, message)
+
+
+# -- the operator --------------------------------------------------------------------------------
+
+
+class StaleEntry(UndoLogError):
+    """An entry with this name belongs to an earlier saga of the same name, not yet collected."""
+
+
+class NotLeading(UndoLogError):
+    """This operator no longer holds the Lease (or cannot be sure it does): it sends nothing."""
+
+
+# -- agents and people ---------------------------------------------------------------------------
+
+
+class SagaEnded(UndoLogError):
+    """The saga is no longer Active: no step may be registered or run."""
+
+
+class NoSaga(UndoLogError):
+    """An @undoable tool was called outside `async with saga:`."""
+
+
+class CommandError(UndoLogError):
+    """A refusal a person can act on (the CLI prints it without a traceback, exit code 1)."""

@@ -1,0 +1,185 @@
+"""The read model people use: list sagas, show one, plan its compensation, and ask for a
+resolution (retry, skip, abort). The CLI renders it; the dashboard renders the same.
+
+Everything here reads with the caller's own credentials and decides with the same rules as
+the operator (decisions.compensation_plan, decisions.resolutions): what `plan` shows is what
+the operator would do, and a resolution refused here would be refused by the operator too.
+Requests are annotations the operator consumes; it stays the only writer of phases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from undolog import errors
+from undolog.api import Outcome, Saga, SagaPhase, UndoEntry
+from undolog.calls.registry import Registry
+from undolog.conventions import (
+    ABORT_REASON_ANNOTATION,
+    ORG_LABEL,
+    PHASE_LABEL,
+    RETRY_ANNOTATION,
+    SKIP_ANNOTATION,
+    timestamp,
+)
+from undolog.decisions import compensation_plan, resolutions
+from undolog.decisions.arguments import resolve
+from undolog.decisions.phases import TERMINAL
+from undolog.errors import CallNotPossible, CommandError
+from undolog.kube import EventRecord, Kube
+from undolog.ledger import Ledger
+
+# Halted first (a person is needed), then what is moving, then what is done.
+PHASE_ORDER: dict[SagaPhase | None, int] = {
+    SagaPhase.HALTED: 0,
+    SagaPhase.FAILED: 1,
+    SagaPhase.COMPENSATING: 2,
+    SagaPhase.ACTIVE: 3,
+    None: 3,
+    SagaPhase.COMPLETED: 4,
+    SagaPhase.COMPENSATED: 5,
+}
+
+
+@dataclass(frozen=True)
+class SagaDetail:
+    saga: Saga
+    entries: list[UndoEntry]  # newest first: the undo stack as drawn
+    events: list[EventRecord]  # oldest first: the timeline
+
+
+@dataclass(frozen=True)
+class PlannedCompensation:
+    """One compensation the operator would make now, in order."""
+
+    order: int
+    entry: UndoEntry
+    target: str | None  # where it would be sent; None when it cannot be
+    args: Any
+    refusal: str | None  # why it cannot be sent (nothing would be); or "no compensation: skipped"
+
+
+@dataclass
+class Inspector:
+    kube: Kube
+
+    @property
+    def ledger(self) -> Ledger:
+        return Ledger(self.kube)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    async def sagas(
+        self, namespace: str | None = None, *, phase: SagaPhase | None = None, org: str | None = None
+    ) -> list[Saga]:
+        """Sagas of a namespace (or all), halted first, then oldest first."""
+        selector = ",".join(
+            part
+            for part in (f"{PHASE_LABEL}={phase.lower()}" if phase else "", f"{ORG_LABEL}={org}" if org else "")
+            if part
+        )
+        listed = await self.ledger.sagas(namespace, label_selector=selector or None)
+        return sorted(
+            listed,
+            key=lambda s: (PHASE_ORDER.get(s.status.phase, 9), s.metadata.creation_timestamp or 0, s.metadata.name),
+        )
+
+    async def saga(self, namespace: str, name: str) -> Saga:
+        try:
+            return await self.ledger.saga(namespace, name)
+        except errors.NotFound:
+            raise CommandError(f"saga {name!r} not found in namespace {namespace!r}") from None
+
+    async def entries(self, saga: Saga) -> list[UndoEntry]:
+        return compensation_plan.newest_first((await self.ledger.entries_of(saga)).entries)
+
+    async def show(self, namespace: str, name: str) -> SagaDetail:
+        saga = await self.saga(namespace, name)
+        entries, events = await asyncio.gather(
+            self.entries(saga), self.kube.events_about(namespace, name, saga.metadata.uid)
+        )
+        return SagaDetail(saga, entries, events)
+
+    async def plan(self, namespace: str, name: str) -> list[PlannedCompensation]:
+        """What a compensation would do now (or after a retry), in order, without doing it."""
+        saga = await self.saga(namespace, name)
+        if saga.status.phase in TERMINAL:
+            raise CommandError(f"saga {name!r} is {saga.status.phase}: there is nothing left to compensate")
+        entries = await self.entries(saga)
+        outputs = {e.spec.step: e.status.output for e in entries}
+        registry = Registry(self.ledger)
+        planned = []
+        for order, entry in enumerate(compensation_plan.unsettled(entries), start=1):
+            call = entry.spec.compensation
+            if call is None:
+                planned.append(PlannedCompensation(order, entry, None, None, "no compensation: skipped"))
+                continue
+            try:
+                args = resolve(call.args, outputs, missing_as_null=True)
+                target = await registry.target(namespace, call, with_headers=False)
+            except CallNotPossible as refused:
+                planned.append(PlannedCompensation(order, entry, None, None, str(refused)))
+                continue
+            planned.append(PlannedCompensation(order, entry, target.url, args, None))
+        return planned
+
+    # -- resolutions (annotations the operator consumes) -------------------------------------
+
+    async def actor(self) -> str:
+        try:
+            return await self.kube.whoami()
+        except errors.KubeError:
+            return "unknown user"
+
+    async def stamp(self, text: str) -> str:
+        """The reason, with who asked and when: kept on the saga or entry and in an Event."""
+        return f"{text} (by {await self.actor()} at {timestamp()[:19]}Z)"
+
+    async def retry(self, namespace: str, name: str, reason: str) -> Saga:
+        saga = await self.saga(namespace, name)
+        verdict = resolutions.retry(saga)
+        if isinstance(verdict, resolutions.Refused):
+            raise CommandError(verdict.why)
+        await self.ledger.annotate("sagas", namespace, name, {RETRY_ANNOTATION: await self.stamp(reason)})
+        return saga
+
+    async def skip(self, namespace: str, name: str, position: int, reason: str) -> UndoEntry:
+        saga = await self.saga(namespace, name)
+        entries = {e.spec.stack_position: e for e in await self.entries(saga)}
+        entry = entries.get(position)
+        if entry is None:
+            raise CommandError(f"saga {name!r} has no entry at position {position} (it has {sorted(entries)})")
+        verdict = resolutions.skip(saga, entry)
+        if isinstance(verdict, resolutions.Refused):
+            raise CommandError(verdict.why)
+        await self.ledger.annotate(
+            "undoentries", namespace, entry.metadata.name, {SKIP_ANNOTATION: await self.stamp(reason)}
+        )
+        return entry
+
+    async def abort(self, namespace: str, name: str, reason: str) -> Saga:
+        saga = await self.saga(namespace, name)
+        verdict = resolutions.abort(saga)
+        if isinstance(verdict, resolutions.Refused):
+            raise CommandError(verdict.why)
+        patch = {
+            "metadata": {"annotations": {ABORT_REASON_ANNOTATION: await self.stamp(reason)}},
+            "spec": {"outcome": Outcome.ABORT.value},
+        }
+        return Saga.model_validate(await self.kube.patch("sagas", namespace, name, patch))
+
+    async def wait(self, namespace: str, name: str, phase: SagaPhase, within: float, poll: float = 0.2) -> Saga:
+        """Until the saga is in `phase`; CommandError when it can no longer get there or time runs out."""
+        deadline = time.monotonic() + within
+        while True:
+            saga = await self.saga(namespace, name)
+            if saga.status.phase == phase:
+                return saga
+            if saga.status.phase in TERMINAL:
+                raise CommandError(f"saga {name!r} ended {saga.status.phase}; it will never be {phase}")
+            if time.monotonic() > deadline:
+                raise CommandError(f"saga {name!r} is {saga.status.phase}, not {phase}, after {within:g} s")
+            await asyncio.sleep(poll)

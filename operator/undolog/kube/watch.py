@@ -1,0 +1,76 @@
+"""A watch applied in the stream's order: one consistent LIST, then every change after it.
+
+kopf hands each object's events to a worker of its own, so across objects they reach handlers
+in no fixed order; UndoEntries are watched here instead, one stream per watched namespace (or
+one for all), each event delivered before the next is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from undolog import errors
+from undolog.api.common import Plural
+from undolog.kube.client import Body, Kube
+
+log = logging.getLogger("undolog.watch")
+RETRY_CAP_SECONDS = 2.0  # after an outage the stream is back within this of the API
+
+
+@dataclass
+class OrderedWatch:
+    kube: Kube
+    plural: Plural
+    namespace: str | None  # None: all namespaces
+    deliver: Callable[[str, Body], None]  # each event, in order: ADDED, MODIFIED or DELETED
+    relisted: Callable[[list[Body]], None]  # a fresh consistent listing (at start, and after a 410)
+    label_selector: str | None = None
+    version: str = ""  # the revision the stream has reached
+
+    async def sync(self) -> list[Body]:
+        """List consistently and hand the listing over; returns it."""
+        items, self.version = await self.kube.list_versioned(
+            self.plural, self.namespace, label_selector=self.label_selector
+        )
+        self.relisted(items)
+        return items
+
+    async def run(self) -> None:
+        """Follow the stream from where `sync` left it, forever: resume after the apiserver
+        closes it, list again when the revision is too old to resume from."""
+        failures = 0
+        expired = False
+        while True:
+            try:
+                if expired:
+                    await self.sync()
+                    expired = False
+                async for kind, body in self.kube.watch(
+                    self.plural, self.namespace, self.version, label_selector=self.label_selector
+                ):
+                    failures = 0
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        self.apply(kind, body)
+                    self.version = body["metadata"]["resourceVersion"]
+            except errors.Gone:
+                expired = True
+            except errors.KubeError as error:
+                failures += 1
+                log.warning("the %s watch broke (%s); watching again", self.plural, error.message)
+            if failures:
+                await asyncio.sleep(min(RETRY_CAP_SECONDS, 0.1 * 2**failures))
+
+    def apply(self, kind: str, body: Body) -> None:
+        """One event; one that cannot be handled is logged, never the end of the watch."""
+        try:
+            self.deliver(kind, body)
+        except Exception:
+            meta = body.get("metadata", {})
+            log.exception("the %s event of %s %s/%s could not be handled", kind, self.plural, *named(meta))
+
+
+def named(meta: Body) -> tuple[str, str]:
+    return meta.get("namespace", ""), meta.get("name", "")

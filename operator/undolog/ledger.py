@@ -1,0 +1,220 @@
+"""The ledger: Sagas and UndoEntries in etcd, read as typed objects and written conditionally.
+
+Objects are parsed once, here, into the API models (which keep their resourceVersion). Every
+write carries the resourceVersion it was decided from, so a stale writer (an older operator, a
+decision made on an old copy) gets errors.Conflict and decides again; an entry's status write
+that lost the race to a writer of *other* fields (an agent recording its effect) is replayed on
+the fresh copy instead of deciding (and calling) again.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from undolog import errors
+from undolog.api import LostEntry, Resource, Saga, SagaStatus, UndoEntry, UndoEntryStatus, Webhook
+from undolog.conventions import creation_body, owned_by
+from undolog.kube import Body, Plural
+
+R = TypeVar("R", bound=Resource)
+REBASES = 5  # replays of one entry write over other writers' changes before giving up
+
+
+class ObjectStore(Protocol):
+    """What the ledger needs of the Kubernetes adapter (undolog.kube.Kube; a fake in unit tests)."""
+
+    async def get(self, plural: Plural, namespace: str, name: str) -> Body: ...
+    async def list(
+        self,
+        plural: Plural,
+        namespace: str | None = None,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+    ) -> builtins.list[Body]: ...
+    async def create(self, plural: Plural, namespace: str, body: Body) -> Body: ...
+    async def patch(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body: ...
+    async def patch_status(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body: ...
+    async def secret(self, namespace: str, name: str) -> tuple[dict[str, str], dict[str, str]]: ...
+    def watch(
+        self, plural: Plural, namespace: str | None, version: str, *, label_selector: str | None = None
+    ) -> AsyncIterator[tuple[str, Body]]: ...
+    async def list_versioned(
+        self,
+        plural: Plural,
+        namespace: str | None = None,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+    ) -> tuple[builtins.list[Body], str]: ...
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """An UndoEntry the API accepted and UndoLog cannot use: reported on its saga, never skipped."""
+
+    namespace: str
+    saga: str
+    lost: LostEntry
+
+
+def parse_entry(body: Body) -> UndoEntry | Unreadable:
+    try:
+        return UndoEntry.model_validate(body)
+    except ValidationError as error:
+        spec = body.get("spec") or {}
+        first = error.errors()[0]
+        compensation = spec["compensation"] if isinstance(spec.get("compensation"), dict) else {}
+        position = spec.get("stackPosition")
+        return Unreadable(
+            namespace=body["metadata"]["namespace"],
+            saga=str(spec.get("saga", "")),
+            lost=LostEntry(
+                name=body["metadata"]["name"],
+                stack_position=position if isinstance(position, int) and position >= 0 else None,
+                step=str(spec["step"])[:63] if spec.get("step") else None,
+                function=str(compensation.get("function"))[:253] if compensation.get("function") else None,
+                why=f"unreadable: {'.'.join(map(str, first['loc']))}: {first['msg']}"[:1024],
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class EntryListing:
+    """A saga's entries as one consistent LIST showed them."""
+
+    entries: list[UndoEntry]
+    unreadable: list[Unreadable]
+
+
+def conditional(resource: Resource, patch: Body) -> Body:
+    """`patch` made conditional on the object's resourceVersion."""
+    metadata = {**patch.get("metadata", {}), "resourceVersion": resource.metadata.resource_version}
+    return {**patch, "metadata": metadata}
+
+
+def changed_fields(before: BaseModel, after: BaseModel) -> Body:
+    """The top-level fields (by wire name) whose values differ; None for a field removed."""
+    old = before.model_dump(mode="json", by_alias=True)
+    new = after.model_dump(mode="json", by_alias=True)
+    return {key: new.get(key) for key in old.keys() | new.keys() if old.get(key) != new.get(key)}
+
+
+@dataclass
+class Ledger:
+    kube: ObjectStore
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def saga(self, namespace: str, name: str) -> Saga:
+        return Saga.model_validate(await self.kube.get("sagas", namespace, name))
+
+    async def sagas(self, namespace: str | None = None, *, label_selector: str | None = None) -> list[Saga]:
+        listed = await self.kube.list("sagas", namespace, label_selector=label_selector)
+        return [Saga.model_validate(body) for body in listed]
+
+    async def entry(self, namespace: str, name: str) -> UndoEntry:
+        return UndoEntry.model_validate(await self.kube.get("undoentries", namespace, name))
+
+    async def entries_of(self, saga: Saga) -> EntryListing:
+        """Every entry of this saga (not of an earlier one of the same name), by a consistent LIST:
+        it reflects every entry whose creation was acknowledged before the LIST was sent."""
+        listed = await self.kube.list(
+            "undoentries", saga.metadata.namespace, field_selector=f"spec.saga={saga.metadata.name}"
+        )
+        entries, unreadable = [], []
+        for body in listed:
+            parsed = parse_entry(body)
+            if isinstance(parsed, Unreadable):
+                unreadable.append(parsed)
+            elif owned_by(parsed, saga.metadata.uid):
+                entries.append(parsed)
+        return EntryListing(entries, unreadable)
+
+    async def webhook(self, namespace: str, name: str) -> Webhook:
+        return Webhook.model_validate(await self.kube.get("webhooks", namespace, name))
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def create_entry(self, entry: UndoEntry) -> UndoEntry:
+        """errors.AlreadyExists when the position is taken: one entry per (saga, position)."""
+        created = await self.kube.create("undoentries", entry.metadata.namespace, creation_body(entry))
+        return UndoEntry.model_validate(created)
+
+    async def write_saga_status(self, saga: Saga, status: SagaStatus) -> Saga:
+        # The whole status with explicit nulls: a merge patch then clears what the new one drops.
+        patch = {"status": status.model_dump(mode="json", by_alias=True)}
+        written = await self.kube.patch_status("sagas", *saga.key, conditional(saga, patch))
+        return Saga.model_validate(written)
+
+    async def write_saga_metadata(
+        self, saga: Saga, *, labels: dict[str, str | None] | None = None, finalizers: list[str] | None = None
+    ) -> Saga:
+        metadata: Body = {}
+        if labels:
+            metadata["labels"] = labels
+        if finalizers is not None:
+            metadata["finalizers"] = finalizers
+        written = await self.kube.patch("sagas", *saga.key, conditional(saga, {"metadata": metadata}))
+        return Saga.model_validate(written)
+
+    async def write_entry_status(self, entry: UndoEntry, status: UndoEntryStatus) -> UndoEntry:
+        """Write what changed between entry.status and `status`, conditionally. When someone else
+        wrote the entry meanwhile without touching those fields (an agent recording its effect's
+        outcome while the operator compensates it), the change is replayed on the fresh copy."""
+        ours = changed_fields(entry.status, status)
+        if not ours:
+            return entry
+        base = entry
+        for _ in range(REBASES):
+            try:
+                written = await self.kube.patch_status("undoentries", *base.key, conditional(base, {"status": ours}))
+                return UndoEntry.model_validate(written)
+            except errors.Conflict:
+                fresh = await self.entry(*base.key)
+                theirs = changed_fields(entry.status, fresh.status)
+                if fresh.spec != entry.spec or theirs.keys() & ours.keys():
+                    raise
+                base = fresh
+        raise errors.Conflict(f"UndoEntry {entry.reference} kept changing: its status was not written")
+
+    async def drop_annotation(self, resource: R, key: str) -> R:
+        written = await self.kube.patch(
+            resource.plural, *resource.key, conditional(resource, {"metadata": {"annotations": {key: None}}})
+        )
+        return type(resource).model_validate(written)
+
+    async def annotate(self, plural: Plural, namespace: str, name: str, annotations: dict[str, str]) -> Body:
+        """Add annotations unconditionally (a person's or an agent's request to the operator)."""
+        return await self.kube.patch(plural, namespace, name, {"metadata": {"annotations": annotations}})
+
+
+def newest(a: R | None, b: R | None) -> R | None:
+    """The newer of two copies of an object; None when they cannot be ordered (read it again).
+
+    resourceVersions are opaque; etcd's are integers, and then an event that arrives while a
+    write is in flight, or a write response older than an event already seen, is ordered.
+    """
+    if a is None or b is None:
+        return a if b is None else b
+    ra, rb = a.metadata.revision, b.metadata.revision
+    if ra is None or rb is None:
+        return None
+    return a if ra >= rb else b
+
+
+__all__ = [
+    "EntryListing",
+    "Ledger",
+    "ObjectStore",
+    "Unreadable",
+    "changed_fields",
+    "conditional",
+    "newest",
+    "parse_entry",
+]

@@ -1,0 +1,260 @@
+"""Faults nobody tuned to (issue "The promise holds under faults"): each test reproduces one
+defect found by scenarios written independently of the project's own tests."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from devtools.control_plane import LocalControlPlane
+from kubernetes_asyncio import client
+
+from tests.chaos.invariants import check
+from tests.chaos.workload import as_call
+from tests.conftest import BIN, Cluster, install_crds
+from tests.support.manifests import call, saga, undo_entry, webhook
+from tests.support.operator_process import OperatorProcess
+from tests.support.participants import Participant, Received, Reply
+from tests.support.waiting import eventually, saga_phase
+from undolog.errors import KubeError
+from undolog.kube import Body, Kube
+
+pytestmark = pytest.mark.cluster
+
+
+async def committed_entry(kube: Kube, namespace: str, saga_body: Body, position: int, **args: Any) -> Body:
+    """An entry as the SDK writes it: created, then its effect Committed."""
+    name, uid = saga_body["metadata"]["name"], saga_body["metadata"]["uid"]
+    body = undo_entry(name, position, owner_uid=uid, compensation=call("undo", n=position, **args))
+    body["spec"]["effectId"] = f"{uid}:step{position}:fwd"
+    await kube.create("undoentries", namespace, body)
+    return await kube.patch_status("undoentries", namespace, f"{name}-{position}", {"status": {"effect": "Committed"}})
+
+
+async def events_of(kube: Kube, namespace: str, name: str) -> list[Any]:
+    return await kube.events_about(namespace, name)
+
+
+def rss_peak_kib(pid: int) -> int:
+    """The process's peak resident set (VmHWM), from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+# -- 1. completeness after an apiserver outage -----------------------------------------------
+
+
+@pytest.mark.skipif(bool(os.environ.get("KUBECONFIG")), reason="restarts the local control plane's apiserver")
+async def test_entries_registered_right_after_an_apiserver_outage_are_all_compensated_lifo(tmp_path: Path) -> None:
+    """Entry 1 seen by the operator; the apiserver down for 10 s; right after it is back, the
+    agent registers entry 2 and aborts (and new sagas are created and aborted). Every saga must
+    be compensated newest first, and none may be declared Compensated while an entry is owed."""
+    local = LocalControlPlane(tmp_path / "control-plane", BIN)
+    endpoints = local.up()
+    install_crds(Cluster(endpoints.kubeconfig, local))
+    kube = await Kube.connect(str(endpoints.kubeconfig))
+    namespace = f"o-{uuid.uuid4().hex[:8]}"
+    await client.CoreV1Api(kube.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    participant = Participant()
+    operator = OperatorProcess(endpoints.kubeconfig, namespace, tmp_path)
+    try:
+        operator.start()
+        await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
+        old = [await kube.create("sagas", namespace, saga(f"old-{i}")) for i in range(3)]
+        for body in old:
+            await committed_entry(kube, namespace, body, 1)
+        for body in old:  # the operator has seen entry 1 of each
+            await eventually(
+                functools.partial(kube.get, "sagas", namespace, body["metadata"]["name"]),
+                lambda s: s.get("status", {}).get("stackDepth") == 1,
+                30,
+                "stackDepth 1",
+            )
+        await asyncio.to_thread(local.restart, "kube-apiserver", 10.0)
+        for body in old:
+            await committed_entry(kube, namespace, body, 2)
+            await kube.patch("sagas", namespace, body["metadata"]["name"], {"spec": {"outcome": "Abort"}})
+        for i in range(3):
+            body = await kube.create("sagas", namespace, saga(f"new-{i}"))
+            for position in (1, 2):
+                await committed_entry(kube, namespace, body, position)
+            await kube.patch("sagas", namespace, f"new-{i}", {"spec": {"outcome": "Abort"}})
+        names = [f"old-{i}" for i in range(3)] + [f"new-{i}" for i in range(3)]
+        final = [await saga_phase(kube, namespace, name, "Compensated", within=120) for name in names]
+        entries = await kube.list("undoentries", namespace)
+        calls = [as_call(r) for r in participant.received("/undo")]
+        report = check(final, entries, [], calls)
+        assert report.violations == []
+        for body in final:
+            assert body["status"]["compensatedCount"] == 2, body["status"]
+            reasons = [e.reason for e in await events_of(kube, namespace, body["metadata"]["name"])]
+            assert "LateEntry" not in reasons, f"{body['metadata']['name']} was declared Compensated too early"
+        # Newest first, for every saga: entry 2's compensation arrived before entry 1's.
+        for name in names:
+            order = [r.body["n"] for r in participant.received("/undo") if r.headers["undolog-saga"].endswith(name)]
+            assert order[:2] == [2, 1], f"{name}: {order}"
+    finally:
+        operator.stop()
+        participant.close()
+        await kube.close()
+        local.down()
+
+
+# -- 2. timeoutSeconds bounds a whole attempt ---------------------------------------------------
+
+
+async def test_a_participant_that_trickles_bytes_is_cut_off_at_the_timeout(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    participant.script("/undo", Reply(200, drip=0.5))
+    hook = webhook("undo", url=participant.url("/undo"))
+    hook["spec"]["timeoutSeconds"] = 2
+    await kube.create("webhooks", namespace, hook)
+    created = await kube.create("sagas", namespace, saga("drip"))
+    await committed_entry(kube, namespace, created, 1)
+    await kube.patch("sagas", namespace, "drip", {"spec": {"outcome": "Abort"}})
+    # The first attempt is cut at 2 s and retried (the script is used up: the retry succeeds).
+    await saga_phase(kube, namespace, "drip", "Compensated", within=20)
+    entry = await kube.get("undoentries", namespace, "drip-1")
+    first = entry["status"]["attempts"][0]
+    assert first["error"] == "timed out after 2 s"
+    assert 1900 <= first["durationMilliseconds"] <= 3000, first
+
+
+# -- 3. answers are read with a cap --------------------------------------------------------------
+
+
+async def test_a_huge_answer_is_not_read_into_memory(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    size = 256 * 1024 * 1024
+    participant.script("/create-do", Reply(200, size=size))
+    for function in ("create-do", "create-undo"):
+        await kube.create("webhooks", namespace, webhook(function, url=participant.url(f"/{function}")))
+    assert operator.process is not None
+    before = rss_peak_kib(operator.process.pid)
+    steps = [
+        {
+            "name": "create",
+            "action": {"function": "create-do", "args": {}},
+            "compensation": {"function": "create-undo", "args": {}},
+        }
+    ]
+    await kube.create("sagas", namespace, saga("huge", steps))
+    await saga_phase(kube, namespace, "huge", "Completed", within=60)
+    grown_mib = (rss_peak_kib(operator.process.pid) - before) / 1024
+    print(f"\noperator peak RSS grew by {grown_mib:.1f} MiB for a {size >> 20} MiB answer")
+    assert grown_mib < 32
+    entry = await kube.get("undoentries", namespace, "huge-1")
+    assert entry["status"]["effect"] == "Committed"  # a 200 came back: the effect happened
+    omitted = entry["status"]["outputOmitted"]
+    assert omitted["reason"] == "AnswerTooLarge"
+    assert "was not read" in omitted["message"]
+
+
+# -- 4. names that cannot run are refused at admission ----------------------------------------
+
+
+async def test_a_saga_name_too_long_for_its_entries_is_refused_and_200_runs(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    for function in ("s-do", "s-undo"):
+        await kube.create("webhooks", namespace, webhook(function, url=participant.url(f"/{function}")))
+    steps = [{"name": "s", "action": call("s-do"), "compensation": call("s-undo")}]
+    with pytest.raises(KubeError) as refused:
+        await kube.create("sagas", namespace, saga("x" * 201, steps))
+    assert refused.value.status == 422
+    assert "metadata.name" in refused.value.message
+    assert "200" in refused.value.message
+    longest = "y" * 200
+    await kube.create("sagas", namespace, saga(longest, steps))
+    await saga_phase(kube, namespace, longest, "Completed")
+    assert (await kube.get("undoentries", namespace, f"{longest}-1"))["status"]["effect"] == "Committed"
+
+
+# -- 6. smaller: every outcome is recorded ---------------------------------------------------------
+
+
+async def test_an_entry_naming_no_saga_is_reported_on_the_entry(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    await kube.create("undoentries", namespace, undo_entry("nobody", 1, compensation=call("undo")))
+    entry = await eventually(
+        lambda: kube.get("undoentries", namespace, "nobody-1"),
+        lambda e: e.get("status", {}).get("reason") == "SagaNotFound",
+        30,
+        "SagaNotFound on the entry",
+    )
+    assert f"no Saga 'nobody' in namespace {namespace}" in entry["status"]["lastError"]
+    events = await eventually(
+        lambda: events_of(kube, namespace, "nobody-1"), lambda found: bool(found), 30, "an Event about the entry"
+    )
+    assert (events[0].type, events[0].reason) == ("Warning", "SagaNotFound")
+
+
+async def test_an_entry_registered_after_completion_is_recorded_never_compensated(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
+    created = await kube.create("sagas", namespace, saga("done"))
+    await committed_entry(kube, namespace, created, 1)
+    await kube.patch("sagas", namespace, "done", {"spec": {"outcome": "Commit"}})
+    await saga_phase(kube, namespace, "done", "Completed")
+    await committed_entry(kube, namespace, created, 2)
+    entry = await eventually(
+        lambda: kube.get("undoentries", namespace, "done-2"),
+        lambda e: e.get("status", {}).get("state") == "Skipped",
+        30,
+        "the late entry recorded",
+    )
+    assert entry["status"]["reason"] == "RegisteredAfterCompletion"
+    assert "Completed" in entry["status"]["skipReason"]
+    assert participant.received() == []
+    reasons = [e.reason for e in await events_of(kube, namespace, "done")]
+    assert "EntryAfterCompletion" in reasons
+
+
+async def test_a_forward_answer_that_is_not_json_says_why_the_output_is_missing(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    participant.script("/make-do", Reply(200, raw=b"<html>created</html>"))
+    for function in ("make-do", "make-undo"):
+        await kube.create("webhooks", namespace, webhook(function, url=participant.url(f"/{function}")))
+    steps = [{"name": "make", "action": call("make-do"), "compensation": call("make-undo")}]
+    await kube.create("sagas", namespace, saga("html", steps))
+    await saga_phase(kube, namespace, "html", "Completed")
+    entry = await kube.get("undoentries", namespace, "html-1")
+    assert "output" not in entry["status"]
+    assert entry["status"]["outputOmitted"]["reason"] == "AnswerNotJson"
+    assert "not a JSON object" in entry["status"]["outputOmitted"]["message"]
+
+
+async def test_an_agent_writing_its_entry_during_compensation_does_not_cause_a_second_call(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    loop = asyncio.get_running_loop()
+
+    def undo(request: Received) -> Reply:
+        # The agent records its effect's outcome late, while the compensation is in flight.
+        patch = {"status": {"effect": "Committed", "executedAt": "2099-01-01T00:00:00.000000Z"}}
+        asyncio.run_coroutine_threadsafe(kube.patch_status("undoentries", namespace, "race-1", patch), loop).result()
+        return Reply(200, {"undone": True})
+
+    participant.handle("/undo", undo)
+    await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
+    created = await kube.create("sagas", namespace, saga("race"))
+    body = undo_entry("race", 1, owner_uid=created["metadata"]["uid"], compensation=call("undo"))
+    await kube.create("undoentries", namespace, body)
+    await kube.patch("sagas", namespace, "race", {"spec": {"outcome": "Abort"}})
+    await saga_phase(kube, namespace, "race", "Compensated")
+    assert len(participant.received("/undo")) == 1
+    entry = await kube.get("undoentries", namespace, "race-1")
+    assert entry["status"]["state"] == "Compensated"
+    assert entry["status"]["effect"] == "Committed"  # the agent's write is kept too

@@ -1,0 +1,296 @@
+"""The operator layer (driver, recorder, compensator, forwarder, ledger) on its seams: an
+in-memory object store and a scripted transport. No sockets, no apiserver: what is called, in
+which order, with which headers, and what is written to the ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.support.fakes import FakeKube, FakeTransport, FixedFence
+from tests.support.objects import entry_body
+from undolog import errors
+from undolog.api import OmittedOutput, OutputOmission, Saga, UndoEntry
+from undolog.calls.registry import Registry
+from undolog.calls.runner import Runner
+from undolog.calls.transport import PreparedCall
+from undolog.controller.compensation import Compensator
+from undolog.controller.context import DriverContext
+from undolog.controller.driver import SagaDriver
+from undolog.controller.entry_index import EntryIndex
+from undolog.controller.forward import Forwarder
+from undolog.controller.recorded_call import CallRecorder
+from undolog.controller.timeline import Timeline
+from undolog.conventions import FINALIZER
+from undolog.decisions.retry import CallOutcome
+from undolog.errors import CallRefusal
+from undolog.kube import Body
+from undolog.ledger import Ledger
+
+NS = "ns"
+FAST = {"backoff": {"initialMilliseconds": 1, "maxMilliseconds": 2, "maxRetries": 3}}
+OK = CallOutcome(status_code=200)
+
+
+@dataclass
+class Operator:
+    kube: FakeKube
+    transport: FakeTransport
+    fence: FixedFence
+    context: DriverContext
+    timeline: Timeline
+
+    def webhook(self, name: str) -> None:
+        self.kube.put(
+            "webhooks",
+            {
+                "apiVersion": "undolog.io/v1alpha1",
+                "kind": "Webhook",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {"versions": [{"name": "v1", "url": f"http://participant.test/{name}"}], "timeoutSeconds": 2},
+            },
+        )
+
+    def saga(self, name: str, phase: str = "Active", **spec: Any) -> Body:
+        return self.kube.put(
+            "sagas",
+            {
+                "apiVersion": "undolog.io/v1alpha1",
+                "kind": "Saga",
+                "metadata": {"name": name, "namespace": NS, "finalizers": [FINALIZER], "labels": {}},
+                "spec": {"compensationPolicy": FAST, **spec},
+                "status": {"phase": phase, "stackDepth": 0},
+            },
+        )
+
+    def entry(self, saga: Body, position: int, *, indexed: bool = True, **fields: Any) -> Body:
+        body = entry_body(saga["metadata"]["name"], position, owner_uid=saga["metadata"]["uid"], **fields)
+        stored = self.kube.put("undoentries", body)
+        if indexed:  # seen by the watch; an entry that is not, is one the watch lags behind on
+            self.context.index.keep(UndoEntry.model_validate(stored))
+        return stored
+
+    async def drive(self, name: str) -> Saga:
+        """One reconcile of the saga's driver, to the point where it would wait."""
+        driver = SagaDriver(self.context, NS, name)
+        await driver.reconcile()
+        await self.timeline.stop(drain_seconds=1)
+        self.timeline.start()
+        return Saga.model_validate(self.kube.body("sagas", NS, name))
+
+    def state(self, name: str) -> tuple[str, str]:
+        body = self.kube.body("undoentries", NS, name)
+        return body["status"].get("effect", "Pending"), body["status"].get("state", "Pending")
+
+    def undone(self) -> list[int]:
+        """Positions compensated, in the order the calls were sent."""
+        return [c.body["n"] for c in self.transport.sent if c.target.url.endswith("/undo")]
+
+
+@pytest.fixture
+async def operator() -> AsyncIterator[Operator]:
+    kube, transport, fence = FakeKube(), FakeTransport(), FixedFence()
+    ledger = Ledger(kube)
+    timeline = Timeline(kube)
+    timeline.start()
+    recorder = CallRecorder(ledger, Registry(ledger), Runner(transport, fence, rng=random.Random(1)), timeline)
+    context = DriverContext(
+        ledger=ledger,
+        timeline=timeline,
+        index=EntryIndex(),
+        compensator=Compensator(recorder),
+        forwarder=Forwarder(recorder),
+        slots=asyncio.Semaphore(10),
+        phase_changed=lambda key, phase: None,
+        fence=fence,
+    )
+    harness = Operator(kube, transport, fence, context, timeline)
+    harness.webhook("undo")
+    yield harness
+    await timeline.stop(drain_seconds=1)
+
+
+async def test_an_aborted_saga_is_compensated_newest_first_with_the_protocols_headers(operator: Operator) -> None:
+    saga = operator.saga("s", outcome="Abort")
+    for position in (1, 2, 3):
+        operator.entry(saga, position)
+    done = await operator.drive("s")
+    assert done.status.phase == "Compensated"
+    assert done.status.compensated_count == 3
+    assert operator.undone() == [3, 2, 1]
+    first = operator.transport.sent[0]
+    entry3 = operator.kube.body("undoentries", NS, "s-3")
+    assert first.headers["Idempotency-Key"] == f"undo-{entry3['spec']['undoId']}"
+    assert first.headers["Undolog-Forward-Key"] == "uid:step3:fwd"
+    assert first.headers["Undolog-Saga"] == "ns/s"
+    assert first.headers["Undolog-Fence"] == "7"
+    assert [operator.state(f"s-{p}")[1] for p in (1, 2, 3)] == ["Compensated"] * 3
+
+
+async def test_an_entry_the_watch_has_not_delivered_is_still_compensated_first(operator: Operator) -> None:
+    """Defect 1 at this layer: the index (fed by the watch) lacks the newest entry, as after an
+    apiserver outage; the consistent LIST before compensating finds it, so LIFO holds."""
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1)
+    operator.entry(saga, 2, indexed=False)
+    done = await operator.drive("s")
+    assert operator.undone() == [2, 1]
+    assert done.status.compensated_count == 2
+    lists = [r for r in operator.kube.requests if r == ("list", "undoentries")]
+    assert len(lists) == 2  # before the first call, and before declaring it Compensated
+
+
+async def test_an_entry_registered_during_compensation_is_compensated_before_the_saga_is_done(
+    operator: Operator,
+) -> None:
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1)
+
+    def register_late(call: PreparedCall) -> None:
+        if not operator.transport.sent[:-1]:  # while the first compensation is in flight
+            operator.entry(saga, 2, indexed=False)
+
+    operator.transport.on_send = register_late
+    done = await operator.drive("s")
+    assert done.status.phase == "Compensated"
+    assert done.status.compensated_count == 2
+    assert sorted(operator.undone()) == [1, 2]
+
+
+async def test_transient_failures_are_retried_under_one_key_then_a_permanent_one_halts(operator: Operator) -> None:
+    operator.transport.script(
+        "/undo",
+        CallOutcome(status_code=503, error="HTTP 503"),
+        OK,  # entry 2 after one retry
+        CallOutcome(status_code=400, error="HTTP 400: unknown grant"),  # entry 1: permanent
+    )
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1)
+    operator.entry(saga, 2)
+    halted = await operator.drive("s")
+    assert halted.status.phase == "Halted"
+    assert halted.status.reason == "CompensationFailed"
+    keys = [c.headers["Idempotency-Key"] for c in operator.transport.sent]
+    assert keys[0] == keys[1] != keys[2]
+    assert [c.headers["Undolog-Attempt"] for c in operator.transport.sent] == ["1", "2", "1"]
+    entry2 = operator.kube.body("undoentries", NS, "s-2")["status"]
+    assert (entry2["state"], entry2["retryCount"]) == ("Compensated", 1)
+    assert [a.get("statusCode") for a in entry2["attempts"]] == [503, 200]
+    entry1 = operator.kube.body("undoentries", NS, "s-1")["status"]
+    assert (entry1["state"], entry1["reason"]) == ("Failed", "PermanentFailure")
+
+
+async def test_an_unregistered_function_is_recorded_by_reason_and_nothing_is_sent(operator: Operator) -> None:
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1, compensation={"function": "nowhere"})
+    halted = await operator.drive("s")
+    assert halted.status.reason == "FunctionNotFound"  # from the entry's reason, not its text
+    entry = operator.kube.body("undoentries", NS, "s-1")["status"]
+    assert entry["reason"] == "FunctionNotFound"
+    assert entry["lastError"].startswith("FunctionNotFound: no Webhook 'nowhere'")
+    assert operator.transport.sent == []
+
+
+async def test_a_target_refused_by_the_transport_is_permanent(operator: Operator) -> None:
+    refused = CallOutcome(
+        error="127.0.0.1:80 is refused by the operator's egress policy", refusal=CallRefusal.TARGET_REFUSED
+    )
+    operator.transport.script("/undo", refused)
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1)
+    halted = await operator.drive("s")
+    assert halted.status.phase == "Halted"
+    entry = operator.kube.body("undoentries", NS, "s-1")["status"]
+    assert entry["reason"] == "TargetRefused"
+    assert "refused: nothing was sent" in entry["lastError"]
+    assert len(operator.transport.sent) == 1  # not retried
+
+
+async def test_an_agent_writing_its_entry_during_the_compensation_costs_no_second_call(operator: Operator) -> None:
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1, effect="Executing")
+
+    async def agent_records_its_effect(call: PreparedCall) -> None:
+        await operator.kube.patch_status("undoentries", NS, "s-1", {"status": {"effect": "Committed"}})
+
+    operator.transport.on_send = agent_records_its_effect
+    done = await operator.drive("s")
+    assert done.status.phase == "Compensated"
+    assert len(operator.transport.sent) == 1
+    assert operator.state("s-1") == ("Committed", "Compensated")
+
+
+async def test_a_replaced_leader_sends_nothing(operator: Operator) -> None:
+    operator.fence.leading = False
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1)
+    with pytest.raises(errors.NotLeading):
+        await operator.drive("s")
+    assert operator.transport.sent == []
+    assert operator.kube.body("sagas", NS, "s")["status"]["phase"] == "Active"
+
+
+async def test_orchestrated_steps_run_in_order_with_outputs_flowing(operator: Operator) -> None:
+    operator.webhook("create")
+    operator.webhook("grant")
+    operator.transport.script("/create", CallOutcome(status_code=200, output={"user_id": "u-7"}))
+    steps = [
+        {"name": "create", "action": {"function": "create"}, "compensation": {"function": "undo"}},
+        {
+            "name": "grant",
+            "action": {"function": "grant", "args": {"user": "${steps.create.output.user_id}"}},
+            "compensation": {"function": "undo"},
+        },
+    ]
+    saga = operator.saga("o", steps=steps)
+    done = await operator.drive("o")
+    assert done.status.phase == "Completed"
+    assert operator.transport.paths() == ["/create", "/grant"]
+    assert operator.transport.sent[1].body == {"user": "u-7"}
+    assert operator.transport.sent[0].headers["Idempotency-Key"] == f"{saga['metadata']['uid']}:create:fwd"
+    assert operator.kube.body("undoentries", NS, "o-1")["status"]["output"] == {"user_id": "u-7"}
+
+
+async def test_an_answer_that_is_not_kept_as_output_says_why(operator: Operator) -> None:
+    operator.webhook("create")
+    omitted = OmittedOutput(reason=OutputOmission.ANSWER_NOT_JSON, message="not a JSON object (text/html, 9 bytes)")
+    operator.transport.script("/create", CallOutcome(status_code=200, omitted=omitted))
+    steps = [{"name": "create", "action": {"function": "create"}, "compensation": {"function": "undo"}}]
+    operator.saga("o", steps=steps)
+    done = await operator.drive("o")
+    assert done.status.phase == "Completed"
+    status = operator.kube.body("undoentries", NS, "o-1")["status"]
+    assert "output" not in status
+    assert status["outputOmitted"]["reason"] == "AnswerNotJson"
+
+
+async def test_a_step_the_api_refuses_to_register_fails_the_saga_instead_of_retrying(operator: Operator) -> None:
+    operator.webhook("create")
+    operator.kube.refuse[("create", "undoentries")] = errors.Invalid("spec.saga: Too long", status=422)
+    steps = [{"name": "create", "action": {"function": "create"}, "compensation": {"function": "undo"}}]
+    operator.saga("o", steps=steps)
+    done = await operator.drive("o")
+    assert (done.status.phase, done.status.reason) == ("Compensated", "Compensated")
+    succeeded = next(c for c in done.status.conditions if c.type == "Succeeded")
+    assert succeeded.reason == "StepNotRegistered"
+    assert "spec.saga: Too long" in succeeded.message
+    assert operator.transport.sent == []
+
+
+async def test_an_entry_registered_after_completion_is_settled_and_said(operator: Operator) -> None:
+    saga = operator.saga("c", outcome="Commit")
+    operator.entry(saga, 1)
+    done = await operator.drive("c")
+    assert (done.status.phase, done.status.top_position) == ("Completed", 1)
+    operator.entry(saga, 2)
+    await operator.drive("c")
+    late = operator.kube.body("undoentries", NS, "c-2")["status"]
+    assert (late["state"], late["reason"]) == ("Skipped", "RegisteredAfterCompletion")
+    assert operator.state("c-1") == ("Committed", "Pending")  # the committed step is left alone
+    assert any(reason == "EntryAfterCompletion" for _, reason, _ in operator.kube.events)
+    assert operator.transport.sent == []
