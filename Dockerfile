@@ -1,15 +1,18 @@
-# The UndoLog operator image: `undolog operator` as a non-root user, no build tools inside.
 # syntax=docker/dockerfile:1
+# The UndoLog operator image: `undolog operator` as a non-root user, no build tools inside.
+# Dependencies come from the lock (requirements/operator.txt: exact versions, hashes checked).
+ARG BASE=python:3.11-slim-bookworm
 
-FROM python:3.11-slim-bookworm AS build
+FROM ${BASE} AS build
 WORKDIR /src
-RUN python -m venv /opt/undolog
+RUN python3 -m venv /opt/undolog
+COPY requirements/operator.txt requirements/operator.txt
+RUN /opt/undolog/bin/pip install --no-cache-dir --require-hashes -r requirements/operator.txt
 COPY pyproject.toml README.md ./
 COPY operator ./operator
-RUN /opt/undolog/bin/pip install --no-cache-dir --upgrade pip \
- && /opt/undolog/bin/pip install --no-cache-dir .
+RUN /opt/undolog/bin/pip install --no-cache-dir --no-deps .
 
-FROM python:3.11-slim-bookworm
+FROM ${BASE}
 RUN groupadd --gid 65532 undolog \
  && useradd --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin undolog
 COPY --from=build /opt/undolog /opt/undolog

@@ -12,6 +12,7 @@ from typing import Any
 
 from undolog.api import (
     API_VERSION,
+    MAX_MESSAGE,
     Call,
     ObjectMeta,
     OmittedOutput,
@@ -39,6 +40,14 @@ MAX_OUTPUT_BYTES = 16 * 1024  # a forward output kept in the ledger
 MAX_ANSWER_BYTES = 1024 * 1024  # read from a participant at most; the rest is never read
 MAX_ERROR_TEXT = 300  # of an error answer's body, in lastError
 MAX_EVENT_MESSAGE = 1024
+MAX_NAME = 63  # a step's name, and status.failedStep
+
+
+def clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    """Text from agents, people and participants cut to a field's bound: a write the API
+    would refuse for its length must never stop a saga."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
 
 # -- keys (the wire protocol) -------------------------------------------------------------------------
 

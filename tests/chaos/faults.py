@@ -1,6 +1,7 @@
 """A participant that misbehaves on purpose, and idempotently: timeouts, connection resets,
-bursts of 503, 429 with Retry-After, garbage bodies, very slow answers. Decisions come from a
-seeded random generator, so a failing run can be replayed."""
+bursts of 503, 429 with Retry-After, garbage bodies, very slow answers, answers that trickle
+one byte at a time forever, and huge answers. Decisions come from a seeded random generator,
+so a failing run can be replayed."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 from tests.support.participants import Received, Reply
 
 TIMEOUT_SECONDS = 2  # the chaos Webhooks' spec.timeoutSeconds
+HUGE_ANSWER_BYTES = 64 * 1024 * 1024  # succeeds: the effect happened; the answer is not read
+FAULTS = ("timeout", "reset", "burst", "throttled", "garbage", "slow", "drip", "huge")
 
 
 @dataclass
@@ -47,6 +50,12 @@ class Faults:
             case "garbage":
                 # A 5xx with a body that is not JSON: the caller must cope and retry.
                 return Reply(502, raw=b"<html>\x00\xff bad gateway")
+            case "drip":
+                # One byte every 0.3 s, forever: only the attempt's own time limit ends it.
+                return Reply(200, drip=0.3)
+            case "huge":
+                self.applied.add(request.key)
+                return Reply(200, size=HUGE_ANSWER_BYTES)
             case _:  # slow, but within the timeout: succeeds
                 self.applied.add(request.key)
                 return Reply(200, {"ok": True}, delay=self._rng.uniform(0.3, TIMEOUT_SECONDS - 0.8))
@@ -57,7 +66,7 @@ class Faults:
             return "burst"
         if self._rng.random() >= self.rate:
             return None
-        fault = self._rng.choice(["timeout", "reset", "burst", "throttled", "garbage", "slow"])
+        fault = self._rng.choice(FAULTS)
         if fault == "burst":
             self._burst = self._rng.randint(1, 3)
         return fault

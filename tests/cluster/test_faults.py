@@ -258,3 +258,20 @@ async def test_an_agent_writing_its_entry_during_compensation_does_not_cause_a_s
     entry = await kube.get("undoentries", namespace, "race-1")
     assert entry["status"]["state"] == "Compensated"
     assert entry["status"]["effect"] == "Committed"  # the agent's write is kept too
+
+
+async def test_an_agents_oversized_reason_and_step_name_do_not_stop_compensation(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    """Text from agents and people lands in bounded fields (status.message 4096 characters,
+    failedStep 63): cut to fit, never a write the API refuses forever."""
+    await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
+    created = await kube.create("sagas", namespace, saga("wordy"))
+    await committed_entry(kube, namespace, created, 1)
+    annotations = {"undolog.io/abort-reason": "x" * 1024, "undolog.io/failed-step": "s" * 200}
+    await kube.patch("sagas", namespace, "wordy", {"metadata": {"annotations": annotations}})
+    await kube.patch("sagas", namespace, "wordy", {"spec": {"outcome": "Abort"}})
+    done = await saga_phase(kube, namespace, "wordy", "Compensated")
+    assert len(done["status"]["failedStep"]) == 63
+    assert done["status"]["failedStep"].endswith("…")
+    assert len(participant.received("/undo")) == 1

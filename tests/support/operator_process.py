@@ -98,5 +98,13 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
+    def peak_rss_mib(self) -> float:
+        """The process's peak resident set so far (VmHWM), in MiB."""
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError(f"no VmHWM for {self.process.pid}")
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-20_000:] if self.log_path.exists() else ""

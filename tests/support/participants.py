@@ -89,6 +89,9 @@ class Participant:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
+                if len(raw) < length:  # the caller stopped mid-request: no service acts on half a request
+                    self.close_connection = True
+                    return
                 try:
                     body = json.loads(raw) if raw else None
                 except ValueError:

@@ -20,7 +20,7 @@ from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner
 from undolog.calls.transport import PreparedCall
 from undolog.controller.compensation import Compensator
-from undolog.controller.context import DriverContext
+from undolog.controller.context import DriverContext, wait_without_slot
 from undolog.controller.driver import SagaDriver
 from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
@@ -98,7 +98,8 @@ async def operator() -> AsyncIterator[Operator]:
     ledger = Ledger(kube)
     timeline = Timeline(kube)
     timeline.start()
-    recorder = CallRecorder(ledger, Registry(ledger), Runner(transport, fence, rng=random.Random(1)), timeline)
+    runner = Runner(transport, fence, rng=random.Random(1), sleep=wait_without_slot)
+    recorder = CallRecorder(ledger, Registry(ledger), runner, timeline)
     context = DriverContext(
         ledger=ledger,
         timeline=timeline,
@@ -294,3 +295,26 @@ async def test_an_entry_registered_after_completion_is_settled_and_said(operator
     assert operator.state("c-1") == ("Committed", "Pending")  # the committed step is left alone
     assert any(reason == "EntryAfterCompletion" for _, reason, _ in operator.kube.events)
     assert operator.transport.sent == []
+
+
+async def test_a_saga_waiting_to_retry_gives_its_slot_to_another(operator: Operator) -> None:
+    """One slot; saga a's participant asks it to come back in 2 s. Meanwhile saga b, which
+    needs the slot, is compensated: a waiting saga holds no slot."""
+    operator.context.slots = asyncio.Semaphore(1)
+    operator.webhook("slow")
+    operator.transport.script("/slow", CallOutcome(status_code=429, error="HTTP 429", retry_after="2"))
+    a = operator.saga("a", outcome="Abort")
+    operator.entry(a, 1, compensation={"function": "slow"})
+    b = operator.saga("b", outcome="Abort")
+    operator.entry(b, 1)
+    first_call = asyncio.Event()
+    operator.transport.on_send = lambda call: first_call.set()
+    waiting = asyncio.create_task(SagaDriver(operator.context, NS, "a").run())
+    await asyncio.wait_for(first_call.wait(), timeout=5)
+    began = asyncio.get_running_loop().time()
+    await asyncio.wait_for(SagaDriver(operator.context, NS, "b").run(), timeout=1.5)
+    assert asyncio.get_running_loop().time() - began < 1.5
+    assert operator.kube.body("sagas", NS, "b")["status"]["phase"] == "Compensated"
+    await asyncio.wait_for(waiting, timeout=5)
+    assert operator.kube.body("sagas", NS, "a")["status"]["phase"] == "Compensated"
+    assert operator.context.slots._value == 1  # every slot given back

@@ -8,6 +8,7 @@ Phases, states and reasons are enums here and nowhere else.
 from undolog.api.common import (
     API_VERSION,
     GROUP,
+    MAX_MESSAGE,
     VERSION,
     Call,
     Condition,
@@ -58,6 +59,7 @@ from undolog.api.webhook import (
 __all__ = [
     "API_VERSION",
     "GROUP",
+    "MAX_MESSAGE",
     "VERSION",
     "Attempt",
     "AttemptKind",

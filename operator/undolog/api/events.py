@@ -30,6 +30,7 @@ class EventReason(StrEnum):
     ENTRY_AFTER_COMPLETION = "EntryAfterCompletion"
     SAGA_NOT_FOUND = "SagaNotFound"
     # The saga.
+    SAGA_UNREADABLE = "SagaUnreadable"
     PIVOT_COMMITTED = "PivotCommitted"
     ABORT_REFUSED = "AbortRefused"
     ANNOTATION_IGNORED = "AnnotationIgnored"

@@ -16,7 +16,8 @@ import base64
 import json
 import socket
 import ssl
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpcore
@@ -29,17 +30,48 @@ from undolog.decisions.retry import CallOutcome
 from undolog.errors import CallRefusal
 
 ERROR_BYTES = 4 * MAX_ERROR_TEXT  # of an error answer, enough for its first MAX_ERROR_TEXT characters
+MAX_POOLS = 32  # connection pools kept, one per CA bundle
 
 
 class EgressRefused(httpcore.ConnectError):
     """No address of the target may be called; nothing was sent."""
 
 
-class GuardedBackend(httpcore.AsyncNetworkBackend):
-    """Resolves, checks each address against the policy, connects to an allowed one."""
+class GuardedStream(httpcore.AsyncNetworkStream):
+    """A connection that asks the guard before every write: a process frozen (SIGSTOP, a long
+    pause) between deciding to call and sending finds on waking that it may not send."""
 
-    def __init__(self, policy: EgressPolicy) -> None:
-        self.policy = policy
+    def __init__(self, inner: httpcore.AsyncNetworkStream, guard: Callable[[], None]) -> None:
+        self.inner, self.guard = inner, guard
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109 (httpcore's)
+        return await self.inner.read(max_bytes, timeout)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109 (httpcore's)
+        self.guard()
+        await self.inner.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's signature)
+    ) -> httpcore.AsyncNetworkStream:
+        return GuardedStream(await self.inner.start_tls(ssl_context, server_hostname, timeout), self.guard)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.inner.get_extra_info(info)
+
+
+class GuardedBackend(httpcore.AsyncNetworkBackend):
+    """Resolves, checks each address against the policy, connects to an allowed one; every
+    write asks the guard first."""
+
+    def __init__(self, policy: EgressPolicy, guard: Callable[[], None]) -> None:
+        self.policy, self.guard = policy, guard
         self.inner = httpcore.AnyIOBackend()
 
     async def connect_tcp(
@@ -56,7 +88,8 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         allowed = [a for a, why in zip(addresses, refusals, strict=True) if why is None]
         if not allowed:
             raise EgressRefused(f"{host}: " + "; ".join(why for why in refusals if why))
-        return await self.inner.connect_tcp(allowed[0], port, timeout, local_address, socket_options)
+        stream = await self.inner.connect_tcp(allowed[0], port, timeout, local_address, socket_options)
+        return GuardedStream(stream, self.guard)
 
     async def connect_unix_socket(
         self,
@@ -70,16 +103,33 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         await self.inner.sleep(seconds)
 
 
+def unguarded() -> None:
+    return None
+
+
 class HttpTransport:
-    def __init__(self, policy: EgressPolicy, *, max_connections: int = 200) -> None:
-        self._backend = GuardedBackend(policy)
+    def __init__(
+        self, policy: EgressPolicy, *, guard: Callable[[], None] = unguarded, max_connections: int = 200
+    ) -> None:
+        """`guard` raises to stop a write (errors.NotLeading): the Lease is checked on the wire."""
+        self._backend = GuardedBackend(policy, guard)
         self._max_connections = max_connections
-        self._pools: dict[str | None, httpcore.AsyncConnectionPool] = {}
+        # One pool per CA bundle, the least recently used closed past MAX_POOLS: Webhook authors
+        # choose the bundles, and must not grow the operator's memory without bound.
+        self._pools: OrderedDict[str | None, httpcore.AsyncConnectionPool] = OrderedDict()
+        self._closing: set[asyncio.Task[None]] = set()
         self._pool(None)  # the system roots are loaded now, not on the first call
 
     def _pool(self, ca_bundle: str | None) -> httpcore.AsyncConnectionPool:
         pool = self._pools.get(ca_bundle)
-        if pool is None:
+        if pool is not None:
+            self._pools.move_to_end(ca_bundle)
+        else:
+            while len(self._pools) >= MAX_POOLS:
+                _, evicted = self._pools.popitem(last=False)
+                closing = asyncio.get_event_loop().create_task(evicted.aclose())
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
             if ca_bundle:
                 context = ssl.create_default_context(cadata=base64.b64decode(ca_bundle).decode())
             else:

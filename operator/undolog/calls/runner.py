@@ -77,10 +77,18 @@ OnAttempt = Callable[[AttemptRecord, float | None], Awaitable[None]]
 
 
 class Runner:
-    def __init__(self, transport: Transport, fence: Fence, *, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        fence: Fence,
+        *,
+        rng: random.Random | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.transport = transport
         self.fence = fence
         self._rng = rng or random.Random()
+        self._sleep = sleep  # between attempts (the operator frees the saga's slot meanwhile)
 
     async def close(self) -> None:
         await self.transport.close()
@@ -119,5 +127,5 @@ class Runner:
             await on_attempt(record, delay)
             if delay is None:
                 return CallResult(record.verdict, attempts)
-            await asyncio.sleep(delay)
+            await self._sleep(delay)
             number += 1

@@ -1,16 +1,21 @@
-"""`undolog operator`: run the operator in the foreground."""
+"""`undolog operator`: run the operator in the foreground. The operator's modules (kopf,
+the HTTP transport) are imported only when it runs: `undolog[cli]` works without them."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated
 
 import typer
 
-from undolog.controller.leadership import LeaseSettings
-from undolog.controller.main import OperatorOptions, main
 from undolog.decisions.egress import rule
 from undolog.kube import default_namespace
-from undolog.kube.saga_events import LogFormat, configure_logging
+
+
+class LogFormat(StrEnum):
+    plain = "plain"
+    full = "full"
+    json = "json"
 
 
 def _cidr(value: str) -> str:
@@ -72,7 +77,11 @@ def operator(
     Every operator stands for a Lease (--lease-name in the Lease namespace); only its holder
     drives sagas, so a second operator started by mistake waits instead of sending everything
     twice."""
-    configure_logging(log_format, verbose)
+    from undolog.controller.leadership import LeaseSettings
+    from undolog.controller.main import OperatorOptions, main
+    from undolog.kube.saga_events import configure_logging
+
+    configure_logging(log_format.value, verbose)
     main(
         OperatorOptions(
             lease=LeaseSettings(

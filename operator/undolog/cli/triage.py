@@ -140,7 +140,7 @@ def show(saga: str, namespace: Namespace = None) -> None:
     ns = namespace or default_namespace()
     detail = run(lambda inspector: inspector.show(ns, saga))
     status = detail.saga.status
-    lines = [f"{ns}/{saga}  {status.phase or 'New'}  {status.reason or ''}".rstrip()]
+    lines = [f"{ns}/{saga}  {status.phase or '<none>'}  {status.reason or ''}".rstrip()]
     if status.message:
         lines.append(status.message)
     if status.failed_step:

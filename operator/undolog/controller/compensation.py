@@ -14,7 +14,7 @@ from typing import Any
 from undolog.api import Attempt, AttemptKind, EntryReason, EntryState, EventReason, Saga, UndoEntry
 from undolog.calls.runner import AttemptRecord
 from undolog.controller.recorded_call import CallRecorder, EntryCall, gave_up, headers_for
-from undolog.conventions import compensation_key, now
+from undolog.conventions import clip, compensation_key, now
 from undolog.decisions.retry import Verdict
 from undolog.errors import CallNotPossible
 
@@ -50,7 +50,11 @@ class Compensator:
         )
         if isinstance(prepared, CallNotPossible):
             failed = entry.status.model_copy(
-                update={"state": EntryState.FAILED, "reason": EntryReason(prepared.reason), "last_error": str(prepared)}
+                update={
+                    "state": EntryState.FAILED,
+                    "reason": EntryReason(prepared.reason),
+                    "last_error": clip(str(prepared)),
+                }
             )
             return await ledger.write_entry_status(entry, failed)
         args, target = prepared
@@ -91,7 +95,7 @@ class Compensator:
             timeline.record(saga, EventReason.COMPENSATION_FAILED, f"{label}: {last.error} ({why})", warning=True)
             changes |= {
                 "state": EntryState.FAILED,
-                "last_error": f"{last.error} ({why})",
+                "last_error": clip(f"{last.error} ({why})"),
                 "reason": failure_reason(result.verdict, last.outcome.refusal is not None),
             }
         return await ledger.write_entry_status(entry, entry.status.model_copy(update=changes))

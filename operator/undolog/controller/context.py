@@ -4,8 +4,10 @@ owns the drivers; a driver never reaches back into the engine)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 
 from undolog.api import SagaPhase
 from undolog.calls.runner import Fence
@@ -26,3 +28,45 @@ class DriverContext:
     slots: asyncio.Semaphore  # sagas reconciled at once: memory and fairness with thousands of sagas
     phase_changed: Callable[[SagaKey, SagaPhase | None], None]  # for the engine's gauges
     fence: Fence  # checked before every move: a replaced leader neither writes nor calls
+
+
+class Slot:
+    """One of the operator's concurrent-saga slots (memory and fairness with thousands of
+    sagas), held while a saga is reconciled and given up while it only waits for a retry
+    (backoff, Retry-After): a saga waiting on a failing participant never keeps others waiting."""
+
+    def __init__(self, slots: asyncio.Semaphore) -> None:
+        self.slots = slots
+        self.held = False
+
+    async def __aenter__(self) -> Slot:
+        await self.slots.acquire()
+        self.held = True
+        _current.set(self)
+        return self
+
+    async def __aexit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
+        _current.set(None)
+        if self.held:  # not held when cancelled while waiting to take it back
+            self.held = False
+            self.slots.release()
+
+    async def pause(self, seconds: float) -> None:
+        if self.held:
+            self.held = False
+            self.slots.release()
+        await asyncio.sleep(seconds)
+        await self.slots.acquire()
+        self.held = True
+
+
+_current: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("undolog_slot", default=None)
+
+
+async def wait_without_slot(seconds: float) -> None:
+    """The runner's sleep between attempts: the saga's slot is free for others meanwhile."""
+    slot = _current.get()
+    if slot is None:
+        await asyncio.sleep(seconds)
+    else:
+        await slot.pause(seconds)

@@ -30,7 +30,7 @@ from undolog.api import (
     SagaStatus,
     UndoEntry,
 )
-from undolog.controller.context import DriverContext
+from undolog.controller.context import DriverContext, Slot
 from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, now, owned_by
 from undolog.decisions import compensation_plan, moves, phases
 from undolog.decisions.moves import EntryProof
@@ -88,7 +88,7 @@ class SagaDriver:
         while not self.gone:
             self.wake.clear()
             try:
-                async with self.context.slots:
+                async with Slot(self.context.slots):
                     wait = await self.reconcile()
                 failures, self.last_error = 0, None
             except errors.NotFound:
@@ -148,6 +148,13 @@ class SagaDriver:
                 written = saga
             except errors.Invalid as refused:
                 written = await self.refused(move, saga, list(entries.values()), refused)
+            except errors.Conflict:
+                # Someone else wrote the entry (beyond what can be replayed): decide again on its
+                # newest copy, not on what the watch may still hold.
+                entry = getattr(move, "entry", None)
+                if entry is not None:
+                    self.context.index.keep(await ledger.entry(*entry.key))
+                raise
             if isinstance(move, CALLS) and self.proof == EntryProof.FRESH:
                 self.proof = EntryProof.STALE
             for entry in entries.values():  # what the move wrote is the newest copy

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from undolog import metrics
-from undolog.api import EntryReason, EventReason, Saga, SagaPhase, UndoEntry
+from undolog.api import EntryReason, EventReason, ObjectMeta, Resource, Saga, SagaPhase, UndoEntry
 from undolog.calls.runner import Fence
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import DriverContext
@@ -109,8 +109,22 @@ class Engine:
             return
         try:
             saga = Saga.model_validate(body)
-        except ValidationError as error:  # the API took it, this version cannot use it
-            log.error("saga %s/%s cannot be read and is left alone: %s", *key, error)
+        except ValidationError as error:  # the API took it, this version cannot use it: say so on it
+            first = error.errors()[0]
+            why = f"{'.'.join(map(str, first['loc']))}: {first['msg']}"
+            if self.leading:
+                meta = body["metadata"]
+                reference = Resource(
+                    kind="Saga",
+                    metadata=ObjectMeta(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", "")),
+                )
+                self.timeline.record(
+                    reference,
+                    EventReason.SAGA_UNREADABLE,
+                    f"this operator cannot read the saga ({why}); it is left alone until it can",
+                    warning=True,
+                )
+            log.error("saga %s/%s cannot be read and is left alone: %s", *key, why)
             return
         if self.leading:
             self.saga_seen(saga)

@@ -31,7 +31,7 @@ from undolog.api import (
 from undolog.calls.runner import AttemptRecord
 from undolog.controller.compensation import failure_reason
 from undolog.controller.recorded_call import CallRecorder, EntryCall, gave_up, headers_for
-from undolog.conventions import effect_key, entry_name, kept_output, new_undo_entry, now, owned_by, stable_undo_id
+from undolog.conventions import clip, effect_key, entry_name, kept_output, new_undo_entry, now, owned_by, stable_undo_id
 from undolog.decisions.forward import EFFECT_RETRIES, FORWARD_RECOVERY_RETRIES
 from undolog.decisions.retry import Verdict
 from undolog.errors import CallNotPossible, StaleEntry
@@ -69,7 +69,7 @@ class Forwarder:
                 update={
                     "effect": EffectState.FAILED,
                     "executed_at": now(),
-                    "last_error": str(prepared),
+                    "last_error": clip(str(prepared)),
                     "reason": EntryReason(prepared.reason),
                 }
             )
@@ -119,7 +119,7 @@ class Forwarder:
             timeline.record(saga, EventReason.STEP_FAILED, f"{label}: {last.error} ({why})", warning=True)
             changes |= {
                 "effect": EffectState.FAILED,
-                "last_error": f"{last.error} ({why})",
+                "last_error": clip(f"{last.error} ({why})"),
                 "reason": failure_reason(result.verdict, last.outcome.refusal is not None),
             }
         return await ledger.write_entry_status(entry, entry.status.model_copy(update=changes))

@@ -85,13 +85,16 @@ class Leadership:
     async def run(self, lead: Callable[[], Awaitable[None]], follow: Callable[[], Awaitable[None]]) -> None:
         """Stand for the Lease forever: `lead` when it is ours, `follow` when it is lost."""
         while True:
+            # A renewal counts from when it was asked for: one whose answer is read late (after a
+            # pause) must not stretch this holder's time past what the standbys measure.
+            asked_at = time.monotonic()
             try:
                 held = await self._acquire_or_renew()
             except errors.KubeError as error:
                 log.warning("the Lease %s could not be read or written: %s", self.reference, error.message)
                 held = False
             if held:
-                self._renewed_at = time.monotonic()
+                self._renewed_at = asked_at
             if held and not self.leading:
                 self.leading = True
                 log.info("%s leads (Lease %s, fence %s)", self.me, self.reference, self._fence)

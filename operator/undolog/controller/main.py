@@ -16,6 +16,7 @@ from undolog.calls.http import HttpTransport
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner
 from undolog.controller.compensation import Compensator
+from undolog.controller.context import wait_without_slot
 from undolog.controller.engine import Engine
 from undolog.controller.forward import Forwarder
 from undolog.controller.leadership import Leadership, LeaseSettings
@@ -68,7 +69,8 @@ async def run(options: OperatorOptions) -> None:
     timeline = Timeline(kube)
     timeline.start()
     leadership = Leadership(kube, options.lease)
-    runner = Runner(HttpTransport(options.egress()), leadership)
+    transport = HttpTransport(options.egress(), guard=leadership.check)
+    runner = Runner(transport, leadership, sleep=wait_without_slot)
     recorder = CallRecorder(ledger, Registry(ledger, options.cross_namespace_services), runner, timeline)
     engine = Engine(
         kube,

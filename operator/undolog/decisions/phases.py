@@ -35,10 +35,12 @@ from undolog.conventions import (
     ABORT_REASON_ANNOTATION,
     FAILED_STEP_ANNOTATION,
     FINALIZER,
+    MAX_NAME,
     ORG_LABEL,
     PHASE_LABEL,
     RETRY_ANNOTATION,
     SKIP_ANNOTATION,
+    clip,
 )
 from undolog.decisions import compensation_plan, resolutions
 from undolog.decisions.forward import effects_move, forward_move
@@ -119,7 +121,10 @@ def external_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof
     if spec.outcome == Outcome.ABORT:
         why = meta.annotations.get(ABORT_REASON_ANNOTATION)
         message = f"spec.outcome is Abort: {why}" if why else "spec.outcome is Abort"
-        return Transition(SagaPhase.FAILED, SagaReason.ABORTED, message, meta.annotations.get(FAILED_STEP_ANNOTATION))
+        failed_step = meta.annotations.get(FAILED_STEP_ANNOTATION)
+        return Transition(
+            SagaPhase.FAILED, SagaReason.ABORTED, message, clip(failed_step, MAX_NAME) if failed_step else None
+        )
     if meta.deletion_timestamp is not None:
         return Transition(
             SagaPhase.FAILED, SagaReason.DELETED, "the saga was deleted while Active; its effects are undone first"
@@ -206,7 +211,7 @@ def annotation_move(saga: Saga, entries: Sequence[UndoEntry]) -> Move | None:
     if request is not None:
         verdict = resolutions.retry(saga)
         if isinstance(verdict, resolutions.Allowed):
-            return Retry(request, verdict.resume)
+            return Retry(clip(request, 1024), verdict.resume)
         return RefuseAnnotation(None, RETRY_ANNOTATION, verdict.why)
     for entry in compensation_plan.newest_first(entries):
         reason = entry.metadata.annotations.get(SKIP_ANNOTATION)
@@ -214,7 +219,7 @@ def annotation_move(saga: Saga, entries: Sequence[UndoEntry]) -> Move | None:
             continue
         skip = resolutions.skip(saga, entry)
         if isinstance(skip, resolutions.Allowed):
-            return SkipEntry(entry, reason or "skipped by a person", skip.resume)
+            return SkipEntry(entry, clip(reason or "skipped by a person"), skip.resume)
         return RefuseAnnotation(entry, SKIP_ANNOTATION, skip.why)
     return None
 
@@ -301,7 +306,9 @@ def with_phase(
 ) -> SagaStatus:
     """The status after entering `phase`, conditions included (transition times kept when unchanged).
 
-    A forward-recovery halt leaves Compensated at Unknown: nothing was compensated, nor will be."""
+    A forward-recovery halt leaves Compensated at Unknown: nothing was compensated, nor will be.
+    The message is cut to its field's bound (it may quote an agent's or a participant's text)."""
+    message = clip(message)
     values = CONDITIONS[phase]
     if phase == SagaPhase.HALTED and reason == SagaReason.FORWARD_RECOVERY_EXHAUSTED:
         values = (_U, _F, _T)

@@ -8,7 +8,6 @@ kopf logs in with exactly the credentials of UndoLog's own client, and uses its 
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import StrEnum
 from typing import Any
 
 import kopf
@@ -17,15 +16,10 @@ from undolog.api import GROUP, VERSION
 from undolog.kube.client import Body, Kube
 
 
-class LogFormat(StrEnum):
-    plain = "plain"
-    full = "full"
-    json = "json"
-
-
-def configure_logging(log_format: LogFormat, verbose: bool) -> None:
+def configure_logging(log_format: str, verbose: bool) -> None:
+    """plain, full or json log lines (kopf's formats, which UndoLog's own loggers use too)."""
     formats = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
-    kopf.configure(verbose=verbose, log_format=formats[log_format.value])
+    kopf.configure(verbose=verbose, log_format=formats[log_format])
 
 
 def connection_info(kube: Kube) -> kopf.ConnectionInfo:

@@ -1,0 +1,95 @@
+"""The HTTP transport against real participants on loopback: an attempt ends at its timeout
+whatever the participant sends, an answer is read only up to the cap, a refused address gets
+nothing, and an answer that is not a JSON object says so."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.support.participants import Participant, Reply
+from undolog.calls.http import MAX_POOLS, HttpTransport
+from undolog.calls.transport import PreparedCall, Target
+from undolog.conventions import MAX_ANSWER_BYTES
+from undolog.decisions.egress import EgressPolicy
+from undolog.errors import CallRefusal
+
+
+@pytest.fixture
+async def transport() -> AsyncIterator[HttpTransport]:
+    http = HttpTransport(EgressPolicy.build(allow_loopback=True))
+    yield http
+    await http.close()
+
+
+def call(participant: Participant, path: str, timeout: float = 2.0) -> PreparedCall:
+    return PreparedCall(Target(participant.url(path), timeout), {"n": 1}, {"Idempotency-Key": "k"})
+
+
+async def test_a_trickling_participant_is_cut_at_the_timeout(
+    participant: Participant, transport: HttpTransport
+) -> None:
+    participant.script("/drip", Reply(200, drip=0.2))
+    began = time.monotonic()
+    outcome = await transport.send(call(participant, "/drip", timeout=1.0))
+    took = time.monotonic() - began
+    assert outcome.error == "timed out after 1 s"
+    assert 0.9 <= took < 1.5, took
+
+
+async def test_an_answer_beyond_the_cap_is_not_read(participant: Participant, transport: HttpTransport) -> None:
+    participant.script("/huge", Reply(200, size=16 * MAX_ANSWER_BYTES))
+    outcome = await transport.send(call(participant, "/huge", timeout=10))
+    assert outcome.status_code == 200  # the effect happened
+    assert outcome.output is None
+    assert outcome.omitted is not None
+    assert outcome.omitted.reason == "AnswerTooLarge"
+    assert outcome.omitted.size_bytes == 16 * MAX_ANSWER_BYTES
+    # The connection was closed on the rest: the next call still works.
+    assert (await transport.send(call(participant, "/next"))).status_code == 200
+
+
+async def test_a_refused_address_receives_nothing(participant: Participant) -> None:
+    strict = HttpTransport(EgressPolicy.build())
+    try:
+        outcome = await strict.send(call(participant, "/undo"))
+    finally:
+        await strict.close()
+    assert outcome.refusal == CallRefusal.TARGET_REFUSED
+    assert "(denied: 127.0.0.0/8)" in (outcome.error or "")
+    assert participant.received() == []
+
+
+async def test_answers_that_are_not_a_json_object_say_so(participant: Participant, transport: HttpTransport) -> None:
+    participant.script("/html", Reply(200, raw=b"<html>ok</html>"))
+    participant.script("/list", Reply(200, body=[1, 2]))
+    participant.script("/object", Reply(200, body={"user_id": "u-1"}))
+    participant.script("/error", Reply(503, raw=b"x" * 10_000))
+    html = await transport.send(call(participant, "/html"))
+    assert html.omitted is not None
+    assert html.omitted.reason == "AnswerNotJson"
+    listed = await transport.send(call(participant, "/list"))
+    assert listed.omitted is not None
+    assert "a JSON list" in listed.omitted.message
+    assert (await transport.send(call(participant, "/object"))).output == {"user_id": "u-1"}
+    error = await transport.send(call(participant, "/error"))
+    assert error.status_code == 503
+    assert error.error is not None
+    assert len(error.error) < 400
+    sent = participant.received("/object")[0]
+    assert sent.body == {"n": 1}
+    assert sent.headers["idempotency-key"] == "k"
+
+
+async def test_connection_pools_per_ca_bundle_are_bounded(transport: HttpTransport) -> None:
+    """Webhook authors choose CA bundles; each would be a pool with its own TLS context."""
+    import base64
+
+    from devtools.control_plane.pki import certificate_authority
+
+    for n in range(MAX_POOLS + 8):
+        bundle = base64.b64encode(certificate_authority(f"ca-{n}").certificate_pem).decode()
+        transport._pool(bundle)
+    assert len(transport._pools) == MAX_POOLS
