@@ -11,6 +11,7 @@ import os
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,3 +105,36 @@ def operator(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[Opera
     process.start()
     yield process
     process.stop()
+
+
+@dataclass(frozen=True)
+class OwnCluster:
+    """A control plane of a test's own (so restarting its processes disturbs no other test),
+    with the CRDs, a namespace and a participant."""
+
+    local: LocalControlPlane
+    kubeconfig: Path
+    kube: Kube
+    namespace: str
+    participant: Participant
+
+
+@asynccontextmanager
+async def own_control_plane(tmp_path: Path) -> AsyncIterator[OwnCluster]:
+    local = LocalControlPlane(tmp_path / "control-plane", BIN)
+    endpoints = local.up()
+    try:
+        install_crds(Cluster(endpoints.kubeconfig, local))
+        kube = await Kube.connect(str(endpoints.kubeconfig))
+        namespace = f"o-{uuid.uuid4().hex[:8]}"
+        await client.CoreV1Api(kube.api).create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
+        )
+        participant = Participant()
+        try:
+            yield OwnCluster(local, endpoints.kubeconfig, kube, namespace, participant)
+        finally:
+            participant.close()
+            await kube.close()
+    finally:
+        local.down()

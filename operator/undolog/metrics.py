@@ -55,17 +55,16 @@ effect_attempts = Counter(
 )
 
 
+BY_KIND: dict[AttemptKind, tuple[Counter, Histogram]] = {
+    AttemptKind.FORWARD: (forward_attempts, forward_seconds),
+    AttemptKind.COMPENSATION: (compensation_attempts, compensation_seconds),
+    AttemptKind.EFFECT: (effect_attempts, effect_seconds),
+}
+
+
 def attempts(kind: AttemptKind) -> Counter:
-    return {
-        AttemptKind.FORWARD: forward_attempts,
-        AttemptKind.COMPENSATION: compensation_attempts,
-        AttemptKind.EFFECT: effect_attempts,
-    }[kind]
+    return BY_KIND[kind][0]
 
 
 def seconds(kind: AttemptKind) -> Histogram:
-    return {
-        AttemptKind.FORWARD: forward_seconds,
-        AttemptKind.COMPENSATION: compensation_seconds,
-        AttemptKind.EFFECT: effect_seconds,
-    }[kind]
+    return BY_KIND[kind][1]

@@ -27,14 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from devtools.control_plane import LocalControlPlane
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kubernetes_asyncio import client
 
 from tests.chaos.faults import Faults
 from tests.chaos.workload import POLICY, Workload
-from tests.conftest import BIN, REPO, Cluster, install_crds
+from tests.conftest import REPO, Cluster, OwnCluster, own_control_plane
 from tests.support.manifests import call, saga, undo_entry
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant
@@ -98,19 +96,17 @@ async def _all_final(kube: Kube, namespace: str, count: int) -> bool:
 @pytest.mark.skipif(bool(os.environ.get("KUBECONFIG")), reason="restarts the local control plane's processes")
 async def test_apiserver_and_etcd_restart_mid_run(tmp_path: Path) -> None:
     """A control plane of its own, so the restarts disturb no other test."""
+    async with own_control_plane(tmp_path) as own:
+        await through_restarts(own, tmp_path)
+
+
+async def through_restarts(own: OwnCluster, tmp_path: Path) -> None:
     sagas = 60 if FULL else 9
-    local = LocalControlPlane(tmp_path / "control-plane", BIN)
-    endpoints = local.up()
-    own = Cluster(endpoints.kubeconfig, local)
-    install_crds(own)
-    kube = await Kube.connect(str(endpoints.kubeconfig))
-    namespace = f"c-{uuid.uuid4().hex[:8]}"
-    await client.CoreV1Api(kube.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    participant = Participant()
+    kube, namespace, participant, local = own.kube, own.namespace, own.participant, own.local
     faults = Faults(seed=11, rate=0.0)
     participant.handle("/do", lambda r: faults.handler(r))
     participant.handle("/undo", lambda r: faults.handler(r))
-    operator = OperatorProcess(endpoints.kubeconfig, namespace, tmp_path, extra_args=())
+    operator = OperatorProcess(own.kubeconfig, namespace, tmp_path, extra_args=())
     operator.start()
     workload = Workload(kube, namespace, participant, sagas)
     downtime: dict[str, float] = {}
@@ -138,9 +134,6 @@ async def test_apiserver_and_etcd_restart_mid_run(tmp_path: Path) -> None:
         assert operator.process.poll() is None  # it rode out both restarts
     finally:
         operator.stop()
-        participant.close()
-        await kube.close()
-        local.down()
     record(
         "restarts",
         {
@@ -174,17 +167,16 @@ async def test_apiserver_outage_while_agents_register_and_abort(tmp_path: Path) 
     """Agents start before, during and right after a 10 s apiserver outage; each registers
     three entries (a pause before each) and aborts. Every saga must be compensated completely,
     newest first: completeness is proven by a listing, never by the watches' progress."""
+    async with own_control_plane(tmp_path) as own:
+        await agents_through_an_outage(own, tmp_path)
+
+
+async def agents_through_an_outage(own: OwnCluster, tmp_path: Path) -> None:
     sagas = 60 if FULL else 12
     rng = random.Random(5)
-    local = LocalControlPlane(tmp_path / "control-plane", BIN)
-    endpoints = local.up()
-    install_crds(Cluster(endpoints.kubeconfig, local))
-    kube = await Kube.connect(str(endpoints.kubeconfig))
-    namespace = f"o-{uuid.uuid4().hex[:8]}"
-    await client.CoreV1Api(kube.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    participant = Participant()
-    operator = OperatorProcess(endpoints.kubeconfig, namespace, tmp_path, extra_args=())
-    workload = Workload(kube, namespace, participant, sagas)
+    kube, namespace, local = own.kube, own.namespace, own.local
+    operator = OperatorProcess(own.kubeconfig, namespace, tmp_path, extra_args=())
+    workload = Workload(kube, namespace, own.participant, sagas)
 
     async def agent(i: int, start: float) -> None:
         await asyncio.sleep(start)
@@ -221,9 +213,6 @@ async def test_apiserver_outage_while_agents_register_and_abort(tmp_path: Path) 
         assert operator.process.poll() is None  # it rode out the outage
     finally:
         operator.stop()
-        participant.close()
-        await kube.close()
-        local.down()
     incomplete = [s["metadata"]["name"] for s in final if s["status"].get("compensatedCount") != 3]
     record(
         "outage",

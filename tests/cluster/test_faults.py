@@ -6,17 +6,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from devtools.control_plane import LocalControlPlane
-from kubernetes_asyncio import client
 
 from tests.chaos.invariants import check
 from tests.chaos.workload import as_call
-from tests.conftest import BIN, Cluster, install_crds
+from tests.conftest import OwnCluster, own_control_plane
 from tests.support.manifests import call, saga, undo_entry, webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Received, Reply
@@ -56,14 +53,13 @@ async def test_entries_registered_right_after_an_apiserver_outage_are_all_compen
     """Entry 1 seen by the operator; the apiserver down for 10 s; right after it is back, the
     agent registers entry 2 and aborts (and new sagas are created and aborted). Every saga must
     be compensated newest first, and none may be declared Compensated while an entry is owed."""
-    local = LocalControlPlane(tmp_path / "control-plane", BIN)
-    endpoints = local.up()
-    install_crds(Cluster(endpoints.kubeconfig, local))
-    kube = await Kube.connect(str(endpoints.kubeconfig))
-    namespace = f"o-{uuid.uuid4().hex[:8]}"
-    await client.CoreV1Api(kube.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    participant = Participant()
-    operator = OperatorProcess(endpoints.kubeconfig, namespace, tmp_path)
+    async with own_control_plane(tmp_path) as own:
+        await compensated_across_the_outage(own, tmp_path)
+
+
+async def compensated_across_the_outage(own: OwnCluster, tmp_path: Path) -> None:
+    kube, namespace, participant, local = own.kube, own.namespace, own.participant, own.local
+    operator = OperatorProcess(own.kubeconfig, namespace, tmp_path)
     try:
         operator.start()
         await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
@@ -102,9 +98,6 @@ async def test_entries_registered_right_after_an_apiserver_outage_are_all_compen
             assert order[:2] == [2, 1], f"{name}: {order}"
     finally:
         operator.stop()
-        participant.close()
-        await kube.close()
-        local.down()
 
 
 # -- 2. timeoutSeconds bounds a whole attempt ---------------------------------------------------

@@ -153,3 +153,22 @@ async def test_a_step_after_the_end_is_refused_and_not_registered(
         or "changed my mind" in done["status"]["conditions"][0]["message"]
     )
     assert await entries(kube, namespace, "ended") == []
+
+
+async def test_wait_after_the_block_and_the_kubeconfigs_namespace(
+    kube: Kube, namespace: str, operator: OperatorProcess, cluster: Cluster, tmp_path: Path
+) -> None:
+    """Used as documented: no namespace given (the context's is used), `wait()` after the block
+    (which closed the SDK's own client) returns the final saga."""
+    import yaml
+
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    config["contexts"][0]["context"]["namespace"] = namespace
+    scoped = tmp_path / "scoped.kubeconfig"
+    scoped.write_text(yaml.safe_dump(config))
+    saga = await open_saga(generate_name="doc-", kubeconfig=str(scoped))
+    async with saga:
+        pass
+    done = await saga.wait(within=30)
+    assert saga.namespace == namespace
+    assert done.status.phase == "Completed"

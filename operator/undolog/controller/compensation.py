@@ -13,16 +13,10 @@ from typing import Any
 
 from undolog.api import Attempt, AttemptKind, EntryReason, EntryState, EventReason, Saga, UndoEntry
 from undolog.calls.runner import AttemptRecord
-from undolog.controller.recorded_call import CallRecorder, EntryCall, gave_up, headers_for
+from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
 from undolog.conventions import clip, compensation_key, now
 from undolog.decisions.retry import Verdict
 from undolog.errors import CallNotPossible
-
-
-def failure_reason(verdict: Verdict, refused: bool) -> EntryReason:
-    if refused:
-        return EntryReason.TARGET_REFUSED
-    return EntryReason.PERMANENT_FAILURE if verdict == Verdict.PERMANENT else EntryReason.RETRIES_EXHAUSTED
 
 
 @dataclass
@@ -91,11 +85,6 @@ class Compensator:
             )
             changes |= {"state": EntryState.COMPENSATED, "compensated_at": now(), "reason": None}
         else:
-            why = gave_up(result)
-            timeline.record(saga, EventReason.COMPENSATION_FAILED, f"{label}: {last.error} ({why})", warning=True)
-            changes |= {
-                "state": EntryState.FAILED,
-                "last_error": clip(f"{last.error} ({why})"),
-                "reason": failure_reason(result.verdict, last.outcome.refusal is not None),
-            }
+            changes |= {"state": EntryState.FAILED}
+            changes |= failure_changes(result, saga, label, EventReason.COMPENSATION_FAILED, timeline)
         return await ledger.write_entry_status(entry, entry.status.model_copy(update=changes))

@@ -29,8 +29,7 @@ from undolog.api import (
     UndoEntry,
 )
 from undolog.calls.runner import AttemptRecord
-from undolog.controller.compensation import failure_reason
-from undolog.controller.recorded_call import CallRecorder, EntryCall, gave_up, headers_for
+from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
 from undolog.conventions import clip, effect_key, entry_name, kept_output, new_undo_entry, now, owned_by, stable_undo_id
 from undolog.decisions.forward import EFFECT_RETRIES, FORWARD_RECOVERY_RETRIES
 from undolog.decisions.retry import Verdict
@@ -115,13 +114,8 @@ class Forwarder:
                 "output_omitted": last.outcome.omitted or omitted,
             }
         else:
-            why = gave_up(result)
-            timeline.record(saga, EventReason.STEP_FAILED, f"{label}: {last.error} ({why})", warning=True)
-            changes |= {
-                "effect": EffectState.FAILED,
-                "last_error": clip(f"{last.error} ({why})"),
-                "reason": failure_reason(result.verdict, last.outcome.refusal is not None),
-            }
+            changes |= {"effect": EffectState.FAILED}
+            changes |= failure_changes(result, saga, label, EventReason.STEP_FAILED, timeline)
         return await ledger.write_entry_status(entry, entry.status.model_copy(update=changes))
 
     async def deliver(

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from undolog import metrics
-from undolog.api import Attempt, AttemptKind, Backoff, Call, EventReason, Saga, UndoEntry
+from undolog.api import Attempt, AttemptKind, Backoff, Call, EntryReason, EventReason, Saga, UndoEntry
 from undolog.api.undo_entry import MAX_ATTEMPTS
 from undolog.calls import protocol
 from undolog.calls.registry import Registry
 from undolog.calls.runner import AttemptRecord, CallResult, Runner
 from undolog.calls.transport import Target
 from undolog.controller.timeline import Timeline
+from undolog.conventions import clip
 from undolog.decisions.arguments import resolve
 from undolog.decisions.retry import Verdict
 from undolog.errors import CallNotPossible
@@ -144,9 +145,14 @@ class CallRecorder:
         return result, latest
 
 
-def gave_up(result: CallResult) -> str:
-    """Why a failed call ended, for lastError."""
+def failure_changes(result: CallResult, saga: Saga, label: str, event: EventReason, timeline: Timeline) -> Changes:
+    """A call that ended in failure: said in a Warning Event, and the entry's lastError and reason."""
     last = result.last
     if last.outcome.refusal is not None:
-        return "refused: nothing was sent"
-    return "permanent failure" if result.verdict == Verdict.PERMANENT else f"gave up after {last.number} attempts"
+        why, reason = "refused: nothing was sent", EntryReason.TARGET_REFUSED
+    elif result.verdict == Verdict.PERMANENT:
+        why, reason = "permanent failure", EntryReason.PERMANENT_FAILURE
+    else:
+        why, reason = f"gave up after {last.number} attempts", EntryReason.RETRIES_EXHAUSTED
+    timeline.record(saga, event, f"{label}: {last.error} ({why})", warning=True)
+    return {"last_error": clip(f"{last.error} ({why})"), "reason": reason}

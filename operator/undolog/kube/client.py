@@ -259,23 +259,15 @@ class Kube:
 
     async def patch(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
         """JSON merge patch of the object; metadata.resourceVersion in the patch makes it conditional."""
-        with mapped():
-            patched: Body = await self._custom.patch_namespaced_custom_object(
-                GROUP,
-                VERSION,
-                namespace,
-                plural,
-                name,
-                patch,
-                _content_type=MERGE_PATCH,
-                _request_timeout=self.timeouts.request,
-            )
-        return trimmed(patched)
+        return await self._merge(self._custom.patch_namespaced_custom_object, plural, namespace, name, patch)
 
     async def patch_status(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
         """JSON merge patch of the status subresource (conditional like `patch`)."""
+        return await self._merge(self._custom.patch_namespaced_custom_object_status, plural, namespace, name, patch)
+
+    async def _merge(self, method: Any, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
         with mapped():
-            patched: Body = await self._custom.patch_namespaced_custom_object_status(
+            patched: Body = await method(
                 GROUP,
                 VERSION,
                 namespace,
