@@ -68,7 +68,7 @@ async def test_a_frozen_leader_resumed_after_a_hand_over_sends_nothing_new(
     try:
         await register(kube, namespace, participant, "undo")
         first = await eventually(lambda: holder(kube, namespace), lambda h: h != "", 30, "a leader")
-        leader = next(o for o in operators if o.process and f"-{o.process.pid}-" in first)
+        leader = next(o for o in operators if o.identity == first)
         sagas = [f"frozen-{i}" for i in range(12)]
         for name in sagas:
             await external_saga(kube, namespace, name, [call("undo", n=p) for p in (1, 2)])

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -35,7 +36,11 @@ class OperatorProcess:
         default, so tests do not wait on each other's Leases); participants on loopback are
         allowed unless `allow_loopback` is False (the egress tests)."""
         self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
+        # One name on the Lease across this operator's restarts, as a pod's name survives its
+        # container's: a restart after kill -9 takes the Lease back at once.
+        self.identity = f"test-{uuid.uuid4().hex[:8]}"
         self.extra_args = (
+            f"--identity={self.identity}",
             f"--leader-election-namespace={lease_namespace or namespace}",
             f"--lease-seconds={lease_seconds}",
             *(("--egress-allow-loopback",) if allow_loopback else ()),

@@ -318,3 +318,19 @@ async def test_a_saga_waiting_to_retry_gives_its_slot_to_another(operator: Opera
     await asyncio.wait_for(waiting, timeout=5)
     assert operator.kube.body("sagas", NS, "a")["status"]["phase"] == "Compensated"
     assert operator.context.slots._value == 1  # every slot given back
+
+
+async def test_a_driver_that_finds_the_lease_in_doubt_waits_and_carries_on(operator: Operator) -> None:
+    """A late renewal under load puts the Lease in doubt for a moment: the driver sends nothing
+    meanwhile, and neither gives its saga up (no one else would drive it)."""
+    operator.fence.leading = False
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1)
+    driving = asyncio.create_task(SagaDriver(operator.context, NS, "s").run())
+    await asyncio.sleep(0.3)  # a moment in doubt: nothing may be sent
+    assert operator.transport.sent == []
+    assert not driving.done()
+    operator.fence.leading = True
+    await asyncio.wait_for(driving, timeout=5)
+    assert operator.kube.body("sagas", NS, "s")["status"]["phase"] == "Compensated"
+    assert len(operator.transport.sent) == 1

@@ -45,6 +45,13 @@ def operator(
     lease_name: Annotated[
         str, typer.Option(help="The Lease every operator of one installation stands for: one of them drives sagas.")
     ] = "undolog-operator",
+    identity: Annotated[
+        str | None,
+        typer.Option(
+            envvar="POD_NAME",
+            help="This operator's name on the Lease; unique among live operators (in a pod: the pod's name).",
+        ),
+    ] = None,
     lease_seconds: Annotated[
         int, typer.Option(min=3, help="Lease duration: how long a standby waits for a dead leader.")
     ] = 15,
@@ -87,6 +94,7 @@ def operator(
             lease=LeaseSettings(
                 leader_election_namespace or default_namespace(kubeconfig), name=lease_name, lease_seconds=lease_seconds
             ),
+            identity=identity,
             namespaces=namespace or [],
             liveness_port=liveness_port or None,
             metrics_port=metrics_port or None,

@@ -39,6 +39,7 @@ from undolog.ledger import newest
 
 log = logging.getLogger("undolog.driver")
 COUNTER_INTERVAL = 5.0  # seconds between progress writes of stackDepth and compensatedCount
+NOT_LEADING_RECHECK = 1.0  # seconds before a driver that found the Lease in doubt looks again
 CALLS = (moves.CompensateEntry, moves.ExecuteStep, moves.DeliverEffect)  # moves that take time
 Entries = dict[str, UndoEntry]
 
@@ -97,7 +98,10 @@ class SagaDriver:
                 self.latest = None
                 continue
             except errors.NotLeading:
-                return  # the next leader picks up from the ledger
+                # This operator cannot be sure it still holds the Lease (a late renewal under
+                # load): wait and look again. If it did lose it, the engine stops every driver;
+                # a driver that quit on its own would leave its saga to no one.
+                wait = moves.Wait(until=now() + timedelta(seconds=NOT_LEADING_RECHECK))
             except (errors.KubeError, errors.StaleEntry) as error:
                 failures += 1
                 wait = self._backoff(failures, error)

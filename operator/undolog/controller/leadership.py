@@ -24,12 +24,21 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from undolog import errors
 from undolog.conventions import timestamp
-from undolog.kube import Body, Kube
+from undolog.kube import Body
 
 log = logging.getLogger("undolog.leadership")
+
+
+class LeaseStore(Protocol):
+    """What the election needs of the API (undolog.kube.Kube; a fake in unit tests)."""
+
+    async def get_lease(self, namespace: str, name: str) -> Body: ...
+    async def create_lease(self, namespace: str, body: Body) -> Body: ...
+    async def replace_lease(self, namespace: str, name: str, body: Body) -> Body: ...
 
 
 @dataclass(frozen=True)
@@ -52,15 +61,29 @@ class LeaseSettings:
 
 
 def identity() -> str:
-    return f"{os.environ.get('HOSTNAME') or socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    """Unique among live operators. In a pod, the pod's name (POD_NAME): a container restarted
+    in the same pod is the same holder, and takes its Lease back at once (its predecessor is
+    dead: the kubelet starts a container only after the last one exited). Elsewhere the host,
+    the process and a random part: a second process must wait out the first one's Lease."""
+    pod = os.environ.get("POD_NAME")
+    if pod:
+        return pod
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 class Leadership:
     """Runs for the Lease forever; is the fence every call and every write is checked against."""
 
-    def __init__(self, kube: Kube, settings: LeaseSettings, me: str | None = None) -> None:
+    def __init__(
+        self,
+        kube: LeaseStore,
+        settings: LeaseSettings,
+        me: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.kube, self.settings = kube, settings
         self.me = me or identity()
+        self.clock = clock
         self.leading = False
         self._renewed_at = float("-inf")  # monotonic time of the last successful acquire or renew
         self._fence: int | None = None
@@ -70,7 +93,7 @@ class Leadership:
     # -- the fence -------------------------------------------------------------------------------
 
     def check(self) -> None:
-        if not self.leading or time.monotonic() - self._renewed_at > self.settings.renew_deadline:
+        if not self.leading or self.clock() - self._renewed_at > self.settings.renew_deadline:
             raise errors.NotLeading(f"{self.me} does not hold the Lease {self.reference} (or cannot be sure)")
 
     def token(self) -> int | None:
@@ -87,7 +110,7 @@ class Leadership:
         while True:
             # A renewal counts from when it was asked for: one whose answer is read late (after a
             # pause) must not stretch this holder's time past what the standbys measure.
-            asked_at = time.monotonic()
+            asked_at = self.clock()
             try:
                 held = await self._acquire_or_renew()
             except errors.KubeError as error:
@@ -99,7 +122,7 @@ class Leadership:
                 self.leading = True
                 log.info("%s leads (Lease %s, fence %s)", self.me, self.reference, self._fence)
                 await lead()
-            elif self.leading and time.monotonic() - self._renewed_at > self.settings.renew_deadline:
+            elif self.leading and self.clock() - self._renewed_at > self.settings.renew_deadline:
                 self.leading = False
                 log.warning("%s lost the Lease %s; it stops driving sagas", self.me, self.reference)
                 await follow()
@@ -128,13 +151,13 @@ class Leadership:
         holder = spec.get("holderIdentity") or ""
         record = (holder, str(spec.get("renewTime")), str(lease["metadata"].get("resourceVersion")))
         if record != self._observed:
-            self._observed, self._observed_at = record, time.monotonic()
+            self._observed, self._observed_at = record, self.clock()
         duration = spec.get("leaseDurationSeconds") or settings.lease_seconds
-        if holder and holder != self.me and time.monotonic() - self._observed_at < duration:
+        if holder and holder != self.me and self.clock() - self._observed_at < duration:
             return False  # another holder renewed within its Lease duration, as far as this clock saw
         transitions = int(spec.get("leaseTransitions") or 0)
         now = timestamp()
-        if holder != self.me:
+        if holder != self.me or self._fence is None:  # a new holder, or this identity's new process
             transitions += 1
             spec["acquireTime"] = now
         spec.update(

@@ -33,6 +33,7 @@ log = logging.getLogger("undolog.operator")
 @dataclass(frozen=True)
 class OperatorOptions:
     lease: LeaseSettings
+    identity: str | None = None  # on the Lease; unique among live operators (default: see leadership)
     namespaces: list[str] = field(default_factory=list)  # empty: all namespaces
     liveness_port: int | None = 8080
     metrics_port: int | None = 9090
@@ -68,7 +69,7 @@ async def run(options: OperatorOptions) -> None:
     ledger = Ledger(kube)
     timeline = Timeline(kube)
     timeline.start()
-    leadership = Leadership(kube, options.lease)
+    leadership = Leadership(kube, options.lease, options.identity)
     transport = HttpTransport(options.egress(), guard=leadership.check)
     runner = Runner(transport, leadership, sleep=wait_without_slot)
     recorder = CallRecorder(ledger, Registry(ledger, options.cross_namespace_services), runner, timeline)
