@@ -34,7 +34,7 @@ $(VENV)/.installed: pyproject.toml requirements/dev.txt
 	touch $@
 
 lock: venv
-	$(LOCK) --extra operator --extra cli -o requirements/operator.txt
+	$(LOCK) --extra operator --extra cli --extra dashboard -o requirements/operator.txt
 	$(LOCK) --extra dev -o requirements/dev.txt
 	$(LOCK) --extra dev --extra bench -o requirements/bench.txt
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from undolog import errors
-from undolog.api import Outcome, Saga, SagaPhase, UndoEntry
+from undolog.api import Outcome, Saga, SagaPhase, UndoEntry, Webhook
 from undolog.calls.registry import Registry
 from undolog.conventions import (
     ABORT_REASON_ANNOTATION,
@@ -23,6 +26,7 @@ from undolog.conventions import (
     PHASE_LABEL,
     RETRY_ANNOTATION,
     SKIP_ANNOTATION,
+    now,
     timestamp,
 )
 from undolog.decisions import compensation_plan, resolutions
@@ -42,6 +46,11 @@ PHASE_ORDER: dict[SagaPhase | None, int] = {
     SagaPhase.COMPLETED: 4,
     SagaPhase.COMPENSATED: 5,
 }
+
+
+def age_of(saga: Saga, moment: datetime) -> timedelta:
+    created = saga.metadata.creation_timestamp
+    return moment - created if created else timedelta(0)
 
 
 @dataclass(frozen=True)
@@ -73,19 +82,78 @@ class Inspector:
     # -- reading -------------------------------------------------------------------------------
 
     async def sagas(
-        self, namespace: str | None = None, *, phase: SagaPhase | None = None, org: str | None = None
+        self,
+        namespace: str | None = None,
+        *,
+        phase: SagaPhase | None = None,
+        org: str | None = None,
+        function: str | None = None,
+        older_than: timedelta | None = None,
+        newer_than: timedelta | None = None,
+        label_selector: str | None = None,
     ) -> list[Saga]:
-        """Sagas of a namespace (or all), halted first, then oldest first."""
+        """Sagas of a namespace (or all), halted first, then oldest first. `function`: sagas that
+        call it to undo a step; the ages compare with the saga's creation."""
         selector = ",".join(
             part
-            for part in (f"{PHASE_LABEL}={phase.lower()}" if phase else "", f"{ORG_LABEL}={org}" if org else "")
+            for part in (
+                f"{PHASE_LABEL}={phase.lower()}" if phase else "",
+                f"{ORG_LABEL}={org}" if org else "",
+                label_selector or "",
+            )
             if part
         )
         listed = await self.ledger.sagas(namespace, label_selector=selector or None)
+        moment = now()
+        if older_than is not None:
+            listed = [s for s in listed if age_of(s, moment) >= older_than]
+        if newer_than is not None:
+            listed = [s for s in listed if age_of(s, moment) < newer_than]
+        if function:
+            calling = {key for key, functions in (await self.functions(namespace)).items() if function in functions}
+            listed = [s for s in listed if s.key in calling]
         return sorted(
             listed,
-            key=lambda s: (PHASE_ORDER.get(s.status.phase, 9), s.metadata.creation_timestamp or 0, s.metadata.name),
+            key=lambda s: (
+                PHASE_ORDER.get(s.status.phase, 9),
+                s.metadata.creation_timestamp or moment,
+                s.metadata.name,
+            ),
         )
+
+    async def functions(self, namespace: str | None) -> dict[tuple[str, str], set[str]]:
+        """The compensation functions each saga's entries call, by (namespace, saga)."""
+        called: dict[tuple[str, str], set[str]] = defaultdict(set)
+        for entry in await self.ledger.entries(namespace):
+            if entry.spec.compensation is not None:
+                called[(entry.metadata.namespace, entry.spec.saga)].add(entry.spec.compensation.function)
+        return called
+
+    async def halted_on(self, function: str, namespace: str | None = None) -> list[Saga]:
+        """Halted sagas that wait on `function`: what to retry once it is fixed."""
+        halted = await self.sagas(namespace, phase=SagaPhase.HALTED)
+        waiting = []
+        for saga in halted:
+            if resolutions.halted_on(saga, await self.entries(saga)) == function:
+                waiting.append(saga)
+        return waiting
+
+    async def webhook(self, namespace: str, name: str) -> Webhook:
+        try:
+            return await self.ledger.webhook(namespace, name)
+        except errors.NotFound:
+            raise CommandError(f"no Webhook {name!r} in namespace {namespace!r}") from None
+
+    async def changes(self, namespace: str | None, name: str | None = None) -> AsyncIterator[Saga | None]:
+        """Each change of the sagas in scope (or of one), as it happens, from now on: the saga,
+        or None when it was deleted. For live pages and `--watch`."""
+        _, version = await self.kube.list_versioned("sagas", namespace)
+        while True:
+            async for kind, body in self.kube.watch("sagas", namespace, version):
+                version = body["metadata"]["resourceVersion"]
+                if kind == "BOOKMARK" or (name is not None and body["metadata"]["name"] != name):
+                    continue
+                yield None if kind == "DELETED" else Saga.model_validate(body)
 
     async def saga(self, namespace: str, name: str) -> Saga:
         try:
@@ -137,6 +205,17 @@ class Inspector:
     async def stamp(self, text: str) -> str:
         """The reason, with who asked and when: kept on the saga or entry and in an Event."""
         return f"{text} (by {await self.actor()} at {timestamp()[:19]}Z)"
+
+    async def retry_all(self, sagas: list[Saga], reason: str) -> list[tuple[Saga, str | None]]:
+        """A batch retry: each saga with the refusal that stopped it (None: requested)."""
+        done: list[tuple[Saga, str | None]] = []
+        for saga in sagas:
+            try:
+                await self.retry(saga.metadata.namespace, saga.metadata.name, reason)
+                done.append((saga, None))
+            except (CommandError, errors.KubeError) as refused:
+                done.append((saga, refused.message if isinstance(refused, errors.KubeError) else str(refused)))
+        return done
 
     async def retry(self, namespace: str, name: str, reason: str) -> Saga:
         saga = await self.saga(namespace, name)

@@ -121,6 +121,11 @@ class Ledger:
     async def entry(self, namespace: str, name: str) -> UndoEntry:
         return UndoEntry.model_validate(await self.kube.get("undoentries", namespace, name))
 
+    async def entries(self, namespace: str | None) -> list[UndoEntry]:
+        """Every readable entry of a namespace (or of all)."""
+        listed = [parse_entry(body) for body in await self.kube.list("undoentries", namespace)]
+        return [e for e in listed if isinstance(e, UndoEntry)]
+
     async def entries_of(self, saga: Saga) -> EntryListing:
         """Every entry of this saga (not of an earlier one of the same name), by a consistent LIST:
         it reflects every entry whose creation was acknowledged before the LIST was sent."""

@@ -21,7 +21,11 @@ saga_transitions = Counter(
     "undolog_saga_transitions_total", "Sagas entering a phase.", ["namespace", "phase", "reason"]
 )
 sagas_by_phase = Gauge("undolog_sagas", "Sagas this operator drives, by phase.", ["namespace", "phase"])
-halted_sagas = Gauge("undolog_halted_sagas", "Sagas waiting for a person in phase Halted.", ["namespace"])
+halted_sagas = Gauge(
+    "undolog_halted_sagas",
+    "Sagas waiting for a person in phase Halted, by the function they wait on ('' when none, e.g. a lost entry).",
+    ["namespace", "function"],
+)
 compensation_attempts = Counter(
     "undolog_compensation_attempts_total",
     "Compensation calls by outcome (succeeded, transient, permanent) and function.",

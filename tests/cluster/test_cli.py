@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.cluster.test_compensation import abort, external_saga, register
 from tests.conftest import BIN, Cluster
@@ -30,6 +32,23 @@ def undolog(cluster: Cluster, *args: str, kubeconfig: Path | None = None) -> sub
     )
 
 
+def parse_in_another_process(text: str) -> str:
+    """What `python -c 'import yaml,sys; yaml.safe_load(sys.stdin)'` makes of the output."""
+    script = "import yaml,sys; print(yaml.safe_load(sys.stdin)['items'][0]['metadata']['annotations']['note'])"
+    parsed = subprocess.run([sys.executable, "-c", script], input=text, capture_output=True, text=True, check=True)
+    return parsed.stdout.strip()
+
+
+def complete(cluster: Cluster, words: str, cword: int) -> str:
+    """What bash completion asks of `undolog` (typer's protocol) for the words typed so far."""
+    completion = {"_UNDOLOG_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)}
+    installed = Path(sys.executable).parent / "undolog"
+    ran = subprocess.run(
+        [str(installed)], env={**cluster.env, **completion}, capture_output=True, text=True, check=False
+    )
+    return ran.stdout
+
+
 async def halted_saga(kube: Kube, namespace: str, participant: Participant, name: str = "stuck") -> dict[str, Any]:
     participant.script("/revoke", Reply(400, {"error": "no such grant"}))
     await register(kube, namespace, participant, "delete-user", "revoke", "unsend")
@@ -47,18 +66,118 @@ async def test_list_puts_halted_first_and_filters(
     listed = undolog(cluster, "list", "-n", namespace)
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0].split() == ["NAMESPACE", "NAME", "PHASE", "STEPS", "UNDONE", "REASON", "AGE"]
-    assert lines[1].split()[:6] == [namespace, "stuck", "Halted", "3", "1", "CompensationFailed"]
-    assert lines[2].split()[:5] == [namespace, "fine", "Active", "1", "0"]
-    assert "\x1b[" not in listed.stdout  # no colour when not a terminal
+    assert lines[0].split() == ["NAME", "PHASE", "STEPS", "UNDONE", "REASON", "AGE"]  # one namespace: as kubectl
+    assert lines[1].split()[:5] == ["stuck", "Halted", "3", "1", "CompensationFailed"]
+    assert lines[2].split()[:4] == ["fine", "Active", "1", "0"]
+    assert "\x1b[" not in listed.stdout  # no colour, no styling: plain text
 
-    halted = json.loads(undolog(cluster, "list", "-n", namespace, "--phase", "Halted", "-o", "json").stdout)
+    halted = json.loads(undolog(cluster, "list", "-n", namespace, "--phase", "halted", "-o", "json").stdout)
     assert [item["metadata"]["name"] for item in halted["items"]] == ["stuck"]
-    by_org = undolog(cluster, "list", "--org", "acme", "-o", "yaml")
+    by_org = undolog(cluster, "list", "-A", "--org", "acme", "-o", "yaml")
     assert "name: stuck" in by_org.stdout
     assert "name: fine" not in by_org.stdout
-    everywhere = undolog(cluster, "list")
+    everywhere = undolog(cluster, "list", "-A")
+    assert everywhere.stdout.splitlines()[0].split()[0] == "NAMESPACE"
     assert "stuck" in everywhere.stdout
+    names = undolog(cluster, "list", "-n", namespace, "-o", "name")
+    assert names.stdout.split() == ["saga.undolog.io/stuck", "saga.undolog.io/fine"]
+    wide = undolog(cluster, "list", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[-3:] == ["ORG", "FAILED-STEP", "MESSAGE"]
+    assert "acme" in wide[1]
+    calling = undolog(cluster, "list", "-n", namespace, "--function", "revoke", "-o", "name")
+    assert calling.stdout.split() == ["saga.undolog.io/stuck"]
+
+
+async def test_machine_output_survives_brackets_and_markup(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
+) -> None:
+    """-o yaml/json are written as plain text: brackets, markup-like text and long lines pass
+    through untouched and parse back."""
+    await halted_saga(kube, namespace, participant)
+    odd = "[bold red]not markup[/] [link=x]y[/link] " + "z" * 300
+    await kube.patch("sagas", namespace, "stuck", {"metadata": {"annotations": {"note": odd}}})
+    listed = undolog(cluster, "list", "-n", namespace, "-o", "yaml")
+    parsed = parse_in_another_process(listed.stdout)
+    assert parsed == odd
+    shown = json.loads(undolog(cluster, "show", "stuck", "-n", namespace, "-o", "json").stdout)
+    assert [item["kind"] for item in shown["items"]] == ["Saga", "UndoEntry", "UndoEntry", "UndoEntry"]
+    assert shown["items"][0]["metadata"]["annotations"]["note"] == odd
+    planned = yaml.safe_load(undolog(cluster, "plan", "stuck", "-n", namespace, "-o", "yaml").stdout)
+    assert [(p["order"], p["entry"]) for p in planned["items"]] == [(1, "stuck-2"), (2, "stuck-1")]
+
+
+async def test_kubeconfig_context_and_impersonation_like_kubectl(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster, tmp_path: Path
+) -> None:
+    await halted_saga(kube, namespace, participant)
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    context = {**config["contexts"][0], "name": "on-call"}
+    context["context"] = {**context["context"], "namespace": namespace}
+    config["contexts"].append(context)
+    other = tmp_path / "other.kubeconfig"
+    other.write_text(yaml.safe_dump(config))
+    scoped = undolog(cluster, "list", "--kubeconfig", str(other), "--context", "on-call", "-o", "name")
+    assert scoped.stdout.split() == ["saga.undolog.io/stuck"]  # the context's namespace
+    # Impersonating a user without rights: kubectl is refused, and so is undolog, by the API.
+    nobody = f"system:serviceaccount:{namespace}:nobody"
+    kubectl = cluster.kubectl(
+        "annotate", "saga", "stuck", "-n", namespace, "undolog.io/retry=x", f"--as={nobody}", check=False
+    )
+    assert kubectl.returncode != 0
+    assert "forbidden" in kubectl.stderr
+    refused = undolog(cluster, "retry", "stuck", "-n", namespace, "--as", nobody, "--as-group", "system:authenticated")
+    assert refused.returncode == 1
+    assert f'forbidden: sagas.undolog.io "stuck" is forbidden: User "{nobody}" cannot get' in refused.stderr
+    assert "undolog.io/retry" not in (await kube.get("sagas", namespace, "stuck"))["metadata"].get("annotations", {})
+
+
+async def test_watch_batch_retry_completion_and_exit_codes(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
+) -> None:
+    participant.script("/revoke", Reply(400), Reply(400))
+    await register(kube, namespace, participant, "delete-user", "revoke")
+    watching = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "undolog.cli",
+        "list",
+        "-n",
+        namespace,
+        "--watch",
+        env={**cluster.env, "PYTHONUNBUFFERED": "1"},
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        for name in ("one", "two"):
+            await external_saga(kube, namespace, name, [call("delete-user"), call("revoke")])
+            await abort(kube, namespace, name)
+        for name in ("one", "two"):
+            await saga_phase(kube, namespace, name, "Halted")
+        seen: list[str] = []
+        assert watching.stdout is not None
+        while not any(line.split()[:2] == ["two", "Halted"] for line in seen):  # a line per change, as kubectl -w
+            seen.append((await asyncio.wait_for(watching.stdout.readline(), timeout=30)).decode())
+    finally:
+        watching.terminate()
+        await watching.wait()
+    assert any(line.split()[:2] == ["one", "Halted"] for line in seen)
+
+    batch = undolog(cluster, "retry", "--function", "revoke", "--reason", "revoke fixed", "-n", namespace)
+    assert batch.returncode == 0, batch.stderr
+    assert sorted(batch.stdout.splitlines()) == [
+        f"{namespace}/one: retry requested",
+        f"{namespace}/two: retry requested",
+    ]
+    for name in ("one", "two"):
+        await saga_phase(kube, namespace, name, "Compensated")
+    assert undolog(cluster, "retry", "-n", namespace).returncode == 2  # neither a saga nor a batch: usage
+    assert undolog(cluster, "wait", "one", "-n", namespace, "--for", "compensated").returncode == 0
+    wrong = undolog(cluster, "wait", "one", "-n", namespace, "--for", "Finished")
+    assert wrong.returncode == 2
+    assert "Finished" in wrong.stderr
+    assert "Exit codes: 0 done; 1" in undolog(cluster, "--help").stdout
+    completion = complete(cluster, f"undolog show -n {namespace} o", 4)
+    assert completion.split() == ["one"]  # saga names, completed from the API
 
 
 async def test_show_and_plan_of_a_halted_saga(
@@ -165,4 +284,4 @@ def test_installed_as_a_kubectl_plugin(cluster: Cluster, namespace: str) -> None
         [str(BIN / "kubectl"), "undolog", "list", "-n", namespace], capture_output=True, text=True, env=env, check=False
     )
     assert result.returncode == 0, result.stderr
-    assert f"no sagas found in namespace {namespace}" in result.stderr
+    assert f"No sagas found in {namespace} namespace." in result.stderr  # as kubectl says it

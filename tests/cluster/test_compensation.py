@@ -99,7 +99,14 @@ async def test_abort_compensates_newest_first_under_a_dependent_participant(
     assert status["stackDepth"] == 3
     assert status["reason"] == "Compensated"
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
-    assert conditions == {"Succeeded": "False", "Compensated": "True", "Halted": "False"}
+    assert conditions == {
+        "Succeeded": "False",
+        "Compensated": "True",
+        "Halted": "False",
+        "Ready": "True",  # kstatus: nothing left to do
+        "Reconciling": "False",
+        "Stalled": "False",
+    }
     assert final["metadata"]["labels"]["undolog.io/phase"] == "compensated"
     assert "undolog.io/compensate-before-delete" not in final["metadata"].get("finalizers", [])
     assert await entry_states(kube, namespace, "onboard") == {1: "Compensated", 2: "Compensated", 3: "Compensated"}

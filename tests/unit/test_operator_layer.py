@@ -107,7 +107,7 @@ async def operator() -> AsyncIterator[Operator]:
         compensator=Compensator(recorder),
         forwarder=Forwarder(recorder),
         slots=asyncio.Semaphore(10),
-        phase_changed=lambda key, phase: None,
+        phase_changed=lambda saga: None,
         fence=fence,
     )
     harness = Operator(kube, transport, fence, context, timeline)

@@ -54,3 +54,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [get]
 {{- end }}
 {{- end }}
+
+{{/* The operator image: by digest when one is given (immutable), else by tag. */}}
+{{- define "undolog.image" -}}
+{{- if .Values.image.digest -}}
+{{ printf "%s@%s" .Values.image.repository .Values.image.digest | quote }}
+{{- else -}}
+{{ printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) | quote }}
+{{- end -}}
+{{- end }}

@@ -87,6 +87,11 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     COMPENSATED = "Compensated"
     HALTED = "Halted"
+    # kstatus (Flux, Argo CD, kpt): Ready when nothing is left to do; Reconciling while the
+    # operator works on it; Stalled when it needs a person.
+    READY = "Ready"
+    RECONCILING = "Reconciling"
+    STALLED = "Stalled"
 
 
 class Condition(Model):

@@ -314,7 +314,10 @@ class SagaStatus(Model):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=16,
-        description="Succeeded, Compensated and Halted, at least.",
+        description=(
+            "Succeeded, Compensated, Halted, and kstatus' Ready (nothing left to do), Reconciling (the operator "
+            "works on it) and Stalled (a person is needed)."
+        ),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     failed_step: str | None = Field(default=None, max_length=63, description="The step whose failure failed the saga.")

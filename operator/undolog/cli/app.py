@@ -5,18 +5,22 @@ from __future__ import annotations
 import typer
 
 from undolog.cli import triage
+from undolog.cli.dashboard import dashboard
 from undolog.cli.operator import operator
 
 app = typer.Typer(
     name="undolog",
     help="UndoLog: undoable multi-step work on Kubernetes.",
+    epilog=triage.EXIT_CODES,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 app.command()(operator)
-app.command("list")(triage.list_sagas)
+app.command()(dashboard)
+app.command("list", epilog=triage.EXIT_CODES)(triage.list_sagas)
 for command in (triage.show, triage.plan, triage.retry, triage.skip, triage.abort, triage.wait):
-    app.command()(command)
+    app.command(epilog=triage.EXIT_CODES)(command)
 
 
 def main() -> None:

@@ -1,24 +1,27 @@
-"""The on-call commands: find halted sagas, read their stack and timeline, resolve them.
+"""The on-call commands, with kubectl's habits: find halted sagas, read their stack and
+timeline, see what a compensation would do, resolve them.
 
-    undolog list                      halted first
-    undolog show SAGA                 the undo stack and the event timeline
-    undolog plan SAGA                 what a compensation would do now, without doing it
-    undolog retry SAGA --reason TEXT
+    undolog list [-A] [--phase Halted] [-o wide|json|yaml|name] [--watch]
+    undolog show SAGA [-o json|yaml|name] [--watch]
+    undolog plan SAGA [-o wide|json|yaml|name]
+    undolog retry SAGA | -l SELECTOR | --function F   --reason TEXT
     undolog skip SAGA POSITION --reason TEXT
     undolog abort SAGA --reason TEXT
     undolog wait SAGA --for PHASE --timeout SECONDS
 
-The commands render the read model (undolog.inspect) as plain text; the rules are the
-operator's own. Exit codes: 0 done; 1 the saga or entry is missing, the action does not fit
-its phase, the API refused (RBAC), or a wait timed out.
+Every command takes -n/--namespace (default: the kubeconfig context's), --context,
+--kubeconfig, --as and --as-group (impersonation, checked by the API). The commands render the
+read model (undolog.inspect) as plain text; the rules are the operator's own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+import re
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -26,23 +29,97 @@ import typer
 import yaml
 
 from undolog import errors
-from undolog.api import SagaPhase
+from undolog.api import Saga, SagaPhase
 from undolog.conventions import now
-from undolog.inspect import Inspector
+from undolog.inspect import Inspector, PlannedCompensation, SagaDetail
 from undolog.kube import Kube, default_namespace
 
 T = TypeVar("T")
+EXIT_CODES = (
+    "Exit codes: 0 done; 1 the saga or entry is missing, the action does not fit its phase, the API "
+    "refused (RBAC), or a wait timed out; 2 a usage error."
+)
 
 
 class Output(StrEnum):
     table = "table"
+    wide = "wide"
     json = "json"
     yaml = "yaml"
+    name = "name"
 
 
+# -- connecting as kubectl does -------------------------------------------------------------------
+
+
+def _saga_names(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion of SAGA: the sagas of the namespace the command line names."""
+    params = ctx.params
+    target = Target(params.get("kubeconfig"), params.get("context"), params.get("namespace"), None, ())
+
+    async def names(inspector: Inspector) -> list[str]:
+        return [s.metadata.name for s in await inspector.sagas(target.namespace)]
+
+    try:
+        return [n for n in asyncio.run(target.run(names)) if n.startswith(incomplete)]
+    except (errors.UndoLogError, OSError):
+        return []
+
+
+SagaName = Annotated[str, typer.Argument(help="The saga's name.", autocompletion=_saga_names)]
 Namespace = Annotated[
-    str | None, typer.Option("--namespace", "-n", help="Namespace of the saga (default: the kubeconfig's).")
+    str | None, typer.Option("--namespace", "-n", help="The namespace (default: the kubeconfig context's).")
 ]
+AllNamespaces = Annotated[bool, typer.Option("--all-namespaces", "-A", help="Every namespace you may read.")]
+Context = Annotated[str | None, typer.Option("--context", help="The kubeconfig context to use.")]
+Kubeconfig = Annotated[
+    str | None, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="The kubeconfig file to use.")
+]
+As = Annotated[str | None, typer.Option("--as", help="Impersonate this user (the API checks you may).")]
+AsGroup = Annotated[list[str] | None, typer.Option("--as-group", help="Impersonate this group (repeatable).")]
+Reason = Annotated[str, typer.Option(help="Why (kept on the saga or entry, with who and when).")]
+
+
+@dataclass(frozen=True)
+class Target:
+    kubeconfig: str | None
+    context: str | None
+    namespace_option: str | None
+    as_user: str | None
+    as_groups: Sequence[str]
+    all_namespaces: bool = False
+
+    @property
+    def namespace(self) -> str:
+        return self.namespace_option or default_namespace(self.kubeconfig, self.context)
+
+    @property
+    def scope(self) -> str | None:
+        """The namespace to list in; None for all."""
+        return None if self.all_namespaces else self.namespace
+
+    def run(self, command: Callable[[Inspector], Awaitable[T]]) -> Coroutine[Any, Any, T]:
+        async def main() -> T:
+            kube = await Kube.connect(
+                self.kubeconfig, self.context, as_user=self.as_user, as_groups=tuple(self.as_groups)
+            )
+            try:
+                return await command(Inspector(kube))
+            finally:
+                await kube.close()
+
+        return main()
+
+
+def target(
+    kubeconfig: str | None,
+    context: str | None,
+    namespace: str | None,
+    as_: str | None,
+    as_group: list[str] | None,
+    all_namespaces: bool = False,
+) -> Target:
+    return Target(kubeconfig, context, namespace, as_, tuple(as_group or ()), all_namespaces)
 
 
 def fail(message: str) -> NoReturn:
@@ -50,32 +127,28 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
-def run(command: Callable[[Inspector], Awaitable[T]]) -> T:
-    """Connect, run, close; refusals become one clear line on stderr and exit code 1."""
-
-    async def main() -> T:
-        kube = await Kube.connect()
-        try:
-            return await command(Inspector(kube))
-        finally:
-            await kube.close()
-
+def run(where: Target, command: Callable[[Inspector], Awaitable[T]]) -> T:
+    """Connect as the kubeconfig (and --as) says, run, close; refusals become one clear line on
+    stderr and exit code 1."""
     try:
-        return asyncio.run(main())
+        return asyncio.run(where.run(command))
     except errors.CommandError as error:
         fail(str(error))
     except errors.Forbidden as error:
         fail(f"forbidden: {error.message}")
     except errors.KubeError as error:
         fail(error.message)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+# -- rendering: plain text, never styled or wrapped ---------------------------------------------------
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Columns padded like kubectl's: plain text, never wrapped or styled."""
+    """Columns padded like kubectl's."""
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "   ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *rows]
-    ]
+    lines = ["   ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in [header, *rows]]
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -93,54 +166,67 @@ def clock(moment: datetime | None) -> str:
     return moment.strftime("%H:%M:%S.%f")[:-3] if moment else ""
 
 
-def dump(items: list[dict[str, Any]], output: Output) -> str:
-    document = {"apiVersion": "v1", "kind": "List", "items": items}
+def duration(text: str | None) -> timedelta | None:
+    """kubectl-style durations: 90s, 15m, 2h, 3d, 1h30m."""
+    if text is None:
+        return None
+    parts = re.fullmatch(r"((\d+)d)?((\d+)h)?((\d+)m)?((\d+)s)?", text.strip())
+    if not text.strip() or parts is None:
+        raise typer.BadParameter(f"{text!r} is not a duration such as 90s, 15m, 2h or 1h30m")
+    days, hours, minutes, seconds = (int(parts.group(i) or 0) for i in (2, 4, 6, 8))
+    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+
+
+def document(items: list[dict[str, Any]], output: Output) -> str:
+    listing = {"apiVersion": "v1", "kind": "List", "items": items}
     if output == Output.json:
-        return json.dumps(document, indent=2)
-    return yaml.safe_dump(document, sort_keys=False).rstrip("\n")
+        return json.dumps(listing, indent=2)
+    return yaml.safe_dump(listing, sort_keys=False, allow_unicode=True).rstrip("\n")
 
 
-# -- list ------------------------------------------------------------------------------------
-
-
-def list_sagas(
-    namespace: Annotated[str | None, typer.Option("--namespace", "-n", help="Only this namespace.")] = None,
-    phase: Annotated[SagaPhase | None, typer.Option(help="Only sagas in this phase, e.g. Halted.")] = None,
-    org: Annotated[str | None, typer.Option(help="Only this spec.orgId.")] = None,
-    output: Annotated[Output, typer.Option("--output", "-o", help="table, json or yaml.")] = Output.table,
-) -> None:
-    """Sagas, halted first: phase, steps, undone, reason, age."""
-    sagas = run(lambda inspector: inspector.sagas(namespace, phase=phase, org=org))
-    if output != Output.table:
-        typer.echo(dump([s.to_api() for s in sagas], output))
-        return
-    if not sagas:
-        typer.echo("no sagas found" + (f" in namespace {namespace}" if namespace else ""), err=True)
-        return
-    rows = [
-        [
-            s.metadata.namespace,
-            s.metadata.name,
-            s.status.phase or "",
-            str(s.status.stack_depth),
-            str(s.status.compensated_count),
-            s.status.reason or "",
-            age(s.metadata.creation_timestamp),
-        ]
-        for s in sagas
+def saga_row(saga: Saga, output: Output, with_namespace: bool) -> list[str]:
+    status = saga.status
+    row = [
+        saga.metadata.name,
+        status.phase or "",
+        str(status.stack_depth),
+        str(status.compensated_count),
+        status.reason or "",
+        age(saga.metadata.creation_timestamp),
     ]
-    typer.echo(table(["NAMESPACE", "NAME", "PHASE", "STEPS", "UNDONE", "REASON", "AGE"], rows))
+    if with_namespace:
+        row.insert(0, saga.metadata.namespace)
+    if output == Output.wide:
+        row += [saga.spec.org_id or "", status.failed_step or "", (status.message or "").replace("\n", " ")[:120]]
+    return row
 
 
-# -- show ------------------------------------------------------------------------------------
+def saga_header(output: Output, with_namespace: bool) -> list[str]:
+    header = ["NAME", "PHASE", "STEPS", "UNDONE", "REASON", "AGE"]
+    if with_namespace:
+        header.insert(0, "NAMESPACE")
+    if output == Output.wide:
+        header += ["ORG", "FAILED-STEP", "MESSAGE"]
+    return header
 
 
-def show(saga: str, namespace: Namespace = None) -> None:
-    """The undo stack (newest first) and the event timeline of one saga."""
-    ns = namespace or default_namespace()
-    detail = run(lambda inspector: inspector.show(ns, saga))
-    status = detail.saga.status
-    lines = [f"{ns}/{saga}  {status.phase or '<none>'}  {status.reason or ''}".rstrip()]
+def render_sagas(sagas: list[Saga], output: Output, with_namespace: bool) -> str:
+    if output in (Output.json, Output.yaml):
+        return document([s.to_api() for s in sagas], output)
+    if output == Output.name:
+        return "\n".join(f"saga.undolog.io/{s.metadata.name}" for s in sagas)
+    rows = [saga_row(s, output, with_namespace) for s in sagas]
+    return table(saga_header(output, with_namespace), rows)
+
+
+def render_detail(detail: SagaDetail, output: Output) -> str:
+    saga = detail.saga
+    if output in (Output.json, Output.yaml):
+        return document([saga.to_api(), *(e.to_api() for e in detail.entries)], output)
+    if output == Output.name:
+        return f"saga.undolog.io/{saga.metadata.name}"
+    status = saga.status
+    lines = [f"{saga.reference}  {status.phase or '<none>'}  {status.reason or ''}".rstrip()]
     if status.message:
         lines.append(status.message)
     if status.failed_step:
@@ -157,7 +243,7 @@ def show(saga: str, namespace: Namespace = None) -> None:
                 entry.status.effect,
                 entry.status.state,
                 str(entry.status.retry_count),
-                (entry.status.last_error or entry.status.skip_reason or "")[:80],
+                (entry.status.last_error or entry.status.skip_reason or "").replace("\n", " ")[:80],
                 clock(entry.spec.registered_at),
                 clock(entry.status.executed_at),
                 clock(entry.status.compensated_at),
@@ -165,83 +251,227 @@ def show(saga: str, namespace: Namespace = None) -> None:
         )
     header = ["POS", "STEP", "FUNCTION", "EFFECT", "STATE", "RETRIES", "LAST ERROR", "REGISTERED", "EXECUTED", "UNDONE"]
     lines += [table(header, stack), "", "Timeline"]
-    events = [[clock(e.time), e.type, e.reason, e.message] for e in detail.events]
+    events = [[clock(e.time), e.type, e.reason, e.message.replace("\n", " ")] for e in detail.events]
     lines.append(table(["TIME", "TYPE", "REASON", "MESSAGE"], events))
-    typer.echo("\n".join(lines))
+    return "\n".join(lines)
 
 
-# -- plan ------------------------------------------------------------------------------------
-
-
-def plan(saga: str, namespace: Namespace = None) -> None:
-    """What a compensation would do now, in order, without doing it."""
-    ns = namespace or default_namespace()
-    planned = run(lambda inspector: inspector.plan(ns, saga))
+def render_plan(where: str, planned: list[PlannedCompensation], output: Output) -> str:
+    if output in (Output.json, Output.yaml):
+        items = [
+            {
+                "order": p.order,
+                "entry": p.entry.metadata.name,
+                "stackPosition": p.entry.spec.stack_position,
+                "step": p.entry.spec.step,
+                "state": p.entry.status.state.value,
+                "function": p.entry.spec.compensation.function if p.entry.spec.compensation else None,
+                "target": p.target,
+                "args": p.args,
+                "refusal": p.refusal,
+            }
+            for p in planned
+        ]
+        return document(items, output)
+    if output == Output.name:
+        return "\n".join(f"undoentry.undolog.io/{p.entry.metadata.name}" for p in planned)
     if not planned:
-        typer.echo(f"nothing to compensate in {ns}/{saga}")
-        return
+        return f"nothing to compensate in {where}"
     rows = []
     for step in planned:
         call = step.entry.spec.compensation
-        rows.append(
-            [
-                str(step.order),
-                str(step.entry.spec.stack_position),
-                step.entry.spec.step,
-                step.entry.status.state,
-                f"{call.function} {call.version}" if call else "-",
-                step.target or f"cannot call: {step.refusal}",
-                json.dumps(step.args) if step.args is not None else "",
-            ]
+        row = [
+            str(step.order),
+            str(step.entry.spec.stack_position),
+            step.entry.spec.step,
+            step.entry.status.state,
+            f"{call.function} {call.version}" if call else "-",
+            step.target or f"cannot call: {step.refusal}",
+            json.dumps(step.args) if step.args is not None else "",
+        ]
+        rows.append([*row, step.entry.metadata.name] if output == Output.wide else row)
+    header = ["ORDER", "POS", "STEP", "STATE", "CALL", "TARGET", "ARGS"]
+    return f"Compensation plan of {where}\n" + table([*header, "ENTRY"] if output == Output.wide else header, rows)
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def list_sagas(
+    namespace: Namespace = None,
+    all_namespaces: AllNamespaces = False,
+    phase: Annotated[
+        SagaPhase | None, typer.Option(case_sensitive=False, help="Only sagas in this phase, e.g. Halted.")
+    ] = None,
+    org: Annotated[str | None, typer.Option(help="Only this spec.orgId.")] = None,
+    function: Annotated[str | None, typer.Option(help="Only sagas that call this function to undo a step.")] = None,
+    selector: Annotated[str | None, typer.Option("--selector", "-l", help="A label selector.")] = None,
+    older_than: Annotated[str | None, typer.Option(help="Only sagas older than this, e.g. 15m.")] = None,
+    output: Annotated[Output, typer.Option("--output", "-o", help="table, wide, json, yaml or name.")] = Output.table,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Then print each change as it happens.")] = False,
+    context: Context = None,
+    kubeconfig: Kubeconfig = None,
+    as_: As = None,
+    as_group: AsGroup = None,
+) -> None:
+    """Sagas, halted first: phase, steps, undone, reason, age."""
+    where = target(kubeconfig, context, namespace, as_, as_group, all_namespaces)
+    older = duration(older_than)
+
+    async def fetch(inspector: Inspector) -> list[Saga]:
+        return await inspector.sagas(
+            where.scope, phase=phase, org=org, function=function, older_than=older, label_selector=selector
         )
-    typer.echo(f"Compensation plan of {ns}/{saga}")
-    typer.echo(table(["ORDER", "POS", "STEP", "STATE", "CALL", "TARGET", "ARGS"], rows))
+
+    sagas = run(where, fetch)
+    if sagas or output not in (Output.table, Output.wide):
+        typer.echo(render_sagas(sagas, output, all_namespaces))
+    elif not watch:
+        typer.echo("No sagas found" + ("." if all_namespaces else f" in {where.namespace} namespace."), err=True)
+    if watch:
+        run(where, lambda inspector: follow(inspector, where.scope, None, output, all_namespaces))
+
+
+async def follow(inspector: Inspector, scope: str | None, name: str | None, output: Output, with_ns: bool) -> None:
+    """kubectl's --watch: a line (or document) per change, until interrupted."""
+    async for saga in inspector.changes(scope, name):
+        if saga is None:
+            continue
+        if name is not None:
+            typer.echo("\n" + render_detail(await inspector.show(saga.metadata.namespace, name), output))
+        elif output in (Output.table, Output.wide):
+            typer.echo(table(saga_header(output, with_ns), [saga_row(saga, output, with_ns)]).splitlines()[1])
+        else:
+            typer.echo(render_sagas([saga], output, with_ns))
+
+
+def show(
+    saga: SagaName,
+    namespace: Namespace = None,
+    output: Annotated[Output, typer.Option("--output", "-o", help="table, json, yaml or name.")] = Output.table,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Then show it again at each change.")] = False,
+    context: Context = None,
+    kubeconfig: Kubeconfig = None,
+    as_: As = None,
+    as_group: AsGroup = None,
+) -> None:
+    """The undo stack (newest first) and the event timeline of one saga."""
+    where = target(kubeconfig, context, namespace, as_, as_group)
+    typer.echo(render_detail(run(where, lambda inspector: inspector.show(where.namespace, saga)), output))
+    if watch:
+        run(where, lambda inspector: follow(inspector, where.namespace, saga, output, False))
+
+
+def plan(
+    saga: SagaName,
+    namespace: Namespace = None,
+    output: Annotated[Output, typer.Option("--output", "-o", help="table, wide, json, yaml or name.")] = Output.table,
+    context: Context = None,
+    kubeconfig: Kubeconfig = None,
+    as_: As = None,
+    as_group: AsGroup = None,
+) -> None:
+    """What a compensation would do now (or after a retry), in order, without doing it."""
+    where = target(kubeconfig, context, namespace, as_, as_group)
+    planned = run(where, lambda inspector: inspector.plan(where.namespace, saga))
+    typer.echo(render_plan(f"{where.namespace}/{saga}", planned, output))
 
 
 # -- resolutions -----------------------------------------------------------------------------
 
 
 def retry(
-    saga: str,
+    saga: Annotated[
+        str | None, typer.Argument(help="The saga; or -l / --function.", autocompletion=_saga_names)
+    ] = None,
+    reason: Reason = "retry requested",
+    selector: Annotated[str | None, typer.Option("--selector", "-l", help="Every Halted saga matching it.")] = None,
+    function: Annotated[str | None, typer.Option(help="Every saga halted on this function (after fixing it).")] = None,
     namespace: Namespace = None,
-    reason: Annotated[str, typer.Option(help="Why it can be retried now.")] = "retry requested",
+    all_namespaces: AllNamespaces = False,
+    context: Context = None,
+    kubeconfig: Kubeconfig = None,
+    as_: As = None,
+    as_group: AsGroup = None,
 ) -> None:
-    """Retry a Halted saga: its Failed entries go back to Pending and it resumes."""
-    ns = namespace or default_namespace()
-    run(lambda inspector: inspector.retry(ns, saga, reason))
-    typer.echo(f"retry requested for {ns}/{saga}; follow it with `undolog wait {saga} -n {ns} --for Compensated`")
+    """Retry a Halted saga (or a batch): Failed entries go back to Pending and it resumes."""
+    if (saga is None) == (selector is None and function is None):
+        raise typer.BadParameter("give a SAGA, or -l/--selector or --function for a batch")
+    where = target(kubeconfig, context, namespace, as_, as_group, all_namespaces)
+    if saga is not None:
+        run(where, lambda inspector: inspector.retry(where.namespace, saga, reason))
+        typer.echo(
+            f"retry requested for {where.namespace}/{saga}; follow it with `undolog wait {saga} --for Compensated`"
+        )
+        return
+
+    async def batch(inspector: Inspector) -> list[tuple[Saga, str | None]]:
+        if function is not None:
+            chosen = await inspector.halted_on(function, where.scope)
+            if selector is not None:
+                matching = {s.key for s in await inspector.sagas(where.scope, label_selector=selector)}
+                chosen = [s for s in chosen if s.key in matching]
+        else:
+            chosen = await inspector.sagas(where.scope, phase=SagaPhase.HALTED, label_selector=selector)
+        return await inspector.retry_all(chosen, reason)
+
+    results = run(where, batch)
+    if not results:
+        fail("no Halted saga matches")
+    for saga_object, refused in results:
+        said = f"refused: {refused}" if refused else "retry requested"
+        typer.echo(f"{saga_object.reference}: {said}")
+    if any(refused for _, refused in results):
+        raise typer.Exit(1)
 
 
 def skip(
-    saga: str,
-    position: int,
-    reason: Annotated[str, typer.Option(help="Why this entry needs no compensation (kept on the entry).")],
+    saga: SagaName,
+    position: Annotated[int, typer.Argument(help="The entry's stack position (`undolog show` lists them).")],
+    reason: Reason,
     namespace: Namespace = None,
+    context: Context = None,
+    kubeconfig: Kubeconfig = None,
+    as_: As = None,
+    as_group: AsGroup = None,
 ) -> None:
     """Mark one entry of a Halted saga Skipped (undone by hand) and let the saga go on."""
-    ns = namespace or default_namespace()
-    entry = run(lambda inspector: inspector.skip(ns, saga, position, reason))
+    where = target(kubeconfig, context, namespace, as_, as_group)
+    entry = run(where, lambda inspector: inspector.skip(where.namespace, saga, position, reason))
     typer.echo(f"entry {entry.metadata.name} will be skipped; the saga then goes on")
 
 
 def abort(
-    saga: str,
-    reason: Annotated[str, typer.Option(help="Why the saga is aborted (kept in its status).")],
+    saga: SagaName,
+    reason: Reason,
     namespace: Namespace = None,
+    context: Context = None,
+    kubeconfig: Kubeconfig = None,
+    as_: As = None,
+    as_group: AsGroup = None,
 ) -> None:
     """Abort an Active saga: it fails and is compensated, newest first."""
-    ns = namespace or default_namespace()
-    run(lambda inspector: inspector.abort(ns, saga, reason))
-    typer.echo(f"{ns}/{saga} aborted; it will be compensated newest-first")
+    where = target(kubeconfig, context, namespace, as_, as_group)
+    run(where, lambda inspector: inspector.abort(where.namespace, saga, reason))
+    typer.echo(f"{where.namespace}/{saga} aborted; it will be compensated newest-first")
 
 
 def wait(
-    saga: str,
-    for_: Annotated[SagaPhase, typer.Option("--for", help="The phase to wait for, e.g. Compensated.")],
+    saga: SagaName,
+    for_: Annotated[
+        SagaPhase, typer.Option("--for", case_sensitive=False, help="The phase to wait for, e.g. Compensated.")
+    ],
     namespace: Namespace = None,
     timeout: Annotated[float, typer.Option(help="Seconds before giving up (exit 1).")] = 60.0,
+    context: Context = None,
+    kubeconfig: Kubeconfig = None,
+    as_: As = None,
+    as_group: AsGroup = None,
 ) -> None:
-    """Wait until a saga reaches a phase."""
-    ns = namespace or default_namespace()
-    reached = run(lambda inspector: inspector.wait(ns, saga, for_, timeout))
-    typer.echo(f"{ns}/{saga} is {reached.status.phase}")
+    """Wait until a saga reaches a phase (exit 1 when it ends in another, or time runs out)."""
+    where = target(kubeconfig, context, namespace, as_, as_group)
+    reached = run(where, lambda inspector: inspector.wait(where.namespace, saga, for_, timeout))
+    typer.echo(f"{where.namespace}/{saga} is {reached.status.phase}")
+
+
+__all__ = ["EXIT_CODES", "abort", "list_sagas", "plan", "retry", "show", "skip", "wait"]

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
-from undolog.api import SagaPhase
+from undolog.api import Saga
 from undolog.calls.runner import Fence
 from undolog.controller.compensation import Compensator
-from undolog.controller.entry_index import EntryIndex, SagaKey
+from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
 from undolog.controller.timeline import Timeline
 from undolog.ledger import Ledger
@@ -26,7 +26,7 @@ class DriverContext:
     compensator: Compensator
     forwarder: Forwarder
     slots: asyncio.Semaphore  # sagas reconciled at once: memory and fairness with thousands of sagas
-    phase_changed: Callable[[SagaKey, SagaPhase | None], None]  # for the engine's gauges
+    phase_changed: Callable[[Saga], None]  # the saga as just written in a new phase: the engine's gauges
     fence: Fence  # checked before every move: a replaced leader neither writes nor calls
 
 

@@ -353,7 +353,7 @@ class SagaDriver:
             self.proof = EntryProof.NONE  # a new failure needs a new proof
         written = await self.write_status(saga, status)
         metrics.saga_transitions.labels(self.namespace, phase, reason).inc()
-        self.context.phase_changed(self.key, phase)
+        self.context.phase_changed(written)
         warning = phase in (SagaPhase.FAILED, SagaPhase.HALTED)
         self.context.timeline.record(written, phase, f"{reason}: {message}", warning=warning)
         return written

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -20,8 +19,9 @@ from undolog.controller.driver import SagaDriver, lost_entry
 from undolog.controller.entry_index import EntryIndex, SagaKey
 from undolog.controller.entry_watch import EntryEvent, EntryWatch
 from undolog.controller.forward import Forwarder
+from undolog.controller.gauges import SagaGauges
 from undolog.controller.timeline import Timeline
-from undolog.decisions import compensation_plan, phases
+from undolog.decisions import compensation_plan, phases, resolutions
 from undolog.errors import KubeError
 from undolog.kube import Body, Kube
 from undolog.ledger import Ledger, Unreadable
@@ -35,6 +35,7 @@ class Seen:
 
     phase: SagaPhase | None
     top_position: int | None
+    halted_on: str | None = None
 
 
 @dataclass
@@ -49,7 +50,7 @@ class Engine:
     max_concurrent: int = 200  # sagas reconciled at once; the others wait their turn
     drivers: dict[SagaKey, SagaDriver] = field(default_factory=dict)
     sagas: dict[SagaKey, Seen] = field(default_factory=dict)
-    phase_counts: Counter[tuple[str, SagaPhase]] = field(default_factory=Counter)
+    gauges: SagaGauges = field(default_factory=SagaGauges)
     leading: bool = False  # True once `lead` has indexed the entries (and holds the Lease)
     watches: list[asyncio.Task[None]] = field(default_factory=list)
     index: EntryIndex = field(default_factory=EntryIndex)
@@ -88,11 +89,7 @@ class Engine:
         self.leading = False
         metrics.leader.set(0)
         await self.stop()
-        for namespace, phase in list(self.phase_counts):
-            metrics.sagas_by_phase.remove(namespace, phase)
-        for namespace in {ns for ns, _ in self.phase_counts}:
-            metrics.halted_sagas.remove(namespace)
-        self.phase_counts.clear()
+        self.gauges.clear()
         self.sagas.clear()
 
     # -- events --------------------------------------------------------------------------------
@@ -131,7 +128,7 @@ class Engine:
 
     def saga_seen(self, saga: Saga) -> None:
         key = saga.key
-        self.phase_seen(key, saga.status.phase)
+        self.phase_seen(saga)
         self.sagas[key].top_position = saga.status.top_position
         driver = self.drivers.get(key)
         if driver is not None:
@@ -181,25 +178,22 @@ class Engine:
 
     # -- gauges -----------------------------------------------------------------------------------
 
-    def phase_seen(self, key: SagaKey, phase: SagaPhase | None) -> None:
+    def phase_seen(self, saga: Saga) -> None:
+        """The saga as last written or seen: its phase (and what it is halted on) in the gauges."""
+        key, phase = saga.key, saga.status.phase
+        halted_on = (
+            resolutions.halted_on(saga, list(self.index.of(key).values())) if phase == SagaPhase.HALTED else None
+        )
         seen = self.sagas.setdefault(key, Seen(None, None))
-        if seen.phase != phase:
-            self._count(key[0], seen.phase, phase)
-            seen.phase = phase
+        if (seen.phase, seen.halted_on) != (phase, halted_on):
+            if self.leading:
+                self.gauges.moved(key[0], (seen.phase, seen.halted_on), (phase, halted_on))
+            seen.phase, seen.halted_on = phase, halted_on
 
     def _forget(self, key: SagaKey) -> None:
         seen = self.sagas.pop(key, None)
-        if seen is not None:
-            self._count(key[0], seen.phase, None)
-
-    def _count(self, namespace: str, before: SagaPhase | None, after: SagaPhase | None) -> None:
-        if not self.leading:
-            return
-        for phase, change in ((before, -1), (after, 1)):
-            if phase is not None:
-                self.phase_counts[(namespace, phase)] += change
-                metrics.sagas_by_phase.labels(namespace, phase).set(self.phase_counts[(namespace, phase)])
-        metrics.halted_sagas.labels(namespace).set(self.phase_counts[(namespace, SagaPhase.HALTED)])
+        if seen is not None and self.leading:
+            self.gauges.moved(key[0], (seen.phase, seen.halted_on), (None, None))
 
     # -- drivers ----------------------------------------------------------------------------------
 

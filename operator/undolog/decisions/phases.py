@@ -283,16 +283,24 @@ def unclaimed(entry: UndoEntry) -> bool:
 # -- status ----------------------------------------------------------------------------------
 
 _T, _F, _U = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
-# Each phase's (Succeeded, Compensated, Halted) condition statuses.
-CONDITIONS: dict[SagaPhase, tuple[ConditionStatus, ConditionStatus, ConditionStatus]] = {
-    SagaPhase.ACTIVE: (_U, _U, _F),
-    SagaPhase.COMPLETED: (_T, _F, _F),
-    SagaPhase.FAILED: (_F, _U, _F),
-    SagaPhase.COMPENSATING: (_F, _U, _F),
-    SagaPhase.COMPENSATED: (_F, _T, _F),
-    SagaPhase.HALTED: (_F, _F, _T),
+PHASE_CONDITIONS = (
+    ConditionType.SUCCEEDED,
+    ConditionType.COMPENSATED,
+    ConditionType.HALTED,
+    ConditionType.READY,
+    ConditionType.RECONCILING,
+    ConditionType.STALLED,
+)
+# Each phase's condition statuses, in PHASE_CONDITIONS order. Ready is True only when nothing
+# is left to do (Completed, Compensated): what GitOps tools read as healthy.
+CONDITIONS: dict[SagaPhase, tuple[ConditionStatus, ...]] = {
+    SagaPhase.ACTIVE: (_U, _U, _F, _F, _T, _F),
+    SagaPhase.COMPLETED: (_T, _F, _F, _T, _F, _F),
+    SagaPhase.FAILED: (_F, _U, _F, _F, _T, _F),
+    SagaPhase.COMPENSATING: (_F, _U, _F, _F, _T, _F),
+    SagaPhase.COMPENSATED: (_F, _T, _F, _T, _F, _F),
+    SagaPhase.HALTED: (_F, _F, _T, _F, _F, _T),
 }
-PHASE_CONDITIONS = (ConditionType.SUCCEEDED, ConditionType.COMPENSATED, ConditionType.HALTED)
 
 
 def with_phase(
@@ -311,7 +319,7 @@ def with_phase(
     message = clip(message)
     values = CONDITIONS[phase]
     if phase == SagaPhase.HALTED and reason == SagaReason.FORWARD_RECOVERY_EXHAUSTED:
-        values = (_U, _F, _T)
+        values = (_U, _F, _T, _F, _F, _T)
     conditions = [
         condition(status.conditions, type_, value, reason, message, now, generation)
         for type_, value in zip(PHASE_CONDITIONS, values, strict=True)

@@ -7,10 +7,12 @@ the operator checks them again when it consumes the request (it is the only writ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from undolog.api import EffectDeliveryState, EffectState, EntryState, Saga, SagaPhase, SagaReason, UndoEntry
 from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION
+from undolog.decisions import compensation_plan
 
 
 @dataclass(frozen=True)
@@ -87,3 +89,19 @@ def how_to_resolve(saga: Saga, entry: UndoEntry | None, *, skip: bool = True) ->
             f'(or `kubectl annotate undo {entry.metadata.name} {SKIP_ANNOTATION}="<why>"`)'
         )
     return text
+
+
+def halted_on(saga: Saga, entries: Sequence[UndoEntry]) -> str | None:
+    """The function a Halted saga waits on: its blocking compensation's, or (halted going
+    forward) its failed step's action. What a batch retry "after fixing function F" picks."""
+    if saga.status.phase != SagaPhase.HALTED:
+        return None
+    if halted_forward(saga):
+        steps = saga.spec.steps or []
+        failed = [e for e in entries if e.status.effect == EffectState.FAILED and e.status.state != EntryState.SKIPPED]
+        positions = [e.spec.stack_position for e in failed if 0 < e.spec.stack_position <= len(steps)]
+        return steps[max(positions) - 1].action.function if positions else None
+    failure = compensation_plan.blocking_failure(entries)
+    if failure is None or failure.spec.compensation is None:
+        return None
+    return failure.spec.compensation.function

@@ -12,7 +12,7 @@ import builtins
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
+from multidict import CIMultiDict
 
 from undolog import errors
 from undolog.api import GROUP, VERSION
@@ -110,6 +111,20 @@ def trimmed(body: Body) -> Body:
     return body
 
 
+def _tuned(api: client.ApiClient, headers: CIMultiDict[str]) -> client.ApiClient:
+    """The client's HTTP session, with `headers` on every request (several of one name, which
+    impersonating several groups needs) and without trust_env (the generated client looks up
+    .netrc and proxies in a worker thread on every request otherwise)."""
+    rest = api.rest_client
+    old = rest.pool_manager
+    rest.pool_manager = aiohttp.ClientSession(
+        connector=old.connector, connector_owner=True, trust_env=False, read_bufsize=2**21, headers=headers
+    )
+    old._connector_owner = False  # the connector now belongs to the new session
+    old._connector = None
+    return api
+
+
 def kubeconfig_path(kubeconfig: str | None = None) -> str:
     return kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
 
@@ -140,8 +155,17 @@ class Kube:
     timeouts: Timeouts = TIMEOUTS
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> Kube:
-        """From the given kubeconfig (or KUBECONFIG), else the in-cluster service account."""
+    async def connect(
+        cls,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        *,
+        as_user: str | None = None,
+        as_groups: Sequence[str] = (),
+    ) -> Kube:
+        """From the given kubeconfig (or KUBECONFIG), else the in-cluster service account;
+        `as_user`/`as_groups` impersonate as kubectl's --as/--as-group do (the API checks that
+        the real user may impersonate, and then checks the impersonated one's RBAC)."""
         configuration = client.Configuration()
         if in_cluster(kubeconfig) and context is None:
             config.load_incluster_config(client_configuration=configuration)
@@ -151,7 +175,22 @@ class Kube:
                 context=context,
                 client_configuration=configuration,
             )
-        return cls(client.ApiClient(configuration))
+        headers = CIMultiDict[str]()
+        if as_user:
+            headers.add("Impersonate-User", as_user)
+        for group in as_groups:
+            headers.add("Impersonate-Group", group)
+        return cls(_tuned(client.ApiClient(configuration), headers))
+
+    @classmethod
+    def with_token(cls, server: str, ca_file: str | None, token: str) -> Kube:
+        """As whoever `token` belongs to (a person's bearer token, as a dashboard receives it),
+        never this process's own service account."""
+        configuration = client.Configuration()
+        configuration.host = server
+        configuration.ssl_ca_cert = ca_file
+        configuration.api_key = {"BearerToken": f"Bearer {token}"}
+        return cls(_tuned(client.ApiClient(configuration), CIMultiDict()))
 
     async def close(self) -> None:
         await self.api.close()

@@ -1,0 +1,54 @@
+"""`undolog dashboard`: the triage dashboard in the foreground (its modules load only here)."""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+from undolog.cli.triage import As, AsGroup, Context, Kubeconfig
+
+
+class Auth(StrEnum):
+    kubeconfig = "kubeconfig"
+    token = "token"
+
+
+def dashboard(
+    port: Annotated[int, typer.Option(help="Port to serve on.")] = 8000,
+    address: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0 in a pod).")] = "127.0.0.1",
+    auth: Annotated[
+        Auth,
+        typer.Option(
+            help="kubeconfig: act as the kubeconfig's user (one person, locally). token: act with the bearer "
+            "token each request carries, or one pasted on the login page (in a cluster)."
+        ),
+    ] = Auth.kubeconfig,
+    api_server: Annotated[
+        str | None, typer.Option(help="With --auth token: the API's URL (in a pod: found by itself).")
+    ] = None,
+    api_ca_file: Annotated[
+        str | None, typer.Option(help="With --auth token: the CA that signed the API's certificate.")
+    ] = None,
+    context: Context = None,
+    kubeconfig: Kubeconfig = None,
+    as_: As = None,
+    as_group: AsGroup = None,
+) -> None:
+    """Serve the triage dashboard: halted sagas first, their undo stacks live, retry/skip/abort
+    with a reason, with your own permissions."""
+    from undolog.dashboard.server import serve
+    from undolog.dashboard.viewers import KubeconfigViewer, TokenViewers, Viewers
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    viewers: Viewers
+    if auth == Auth.token:
+        try:
+            viewers = TokenViewers.in_cluster(api_server, api_ca_file)
+        except ValueError as error:
+            raise typer.BadParameter(str(error)) from None
+    else:
+        viewers = KubeconfigViewer(kubeconfig, context, as_, tuple(as_group or ()))
+    serve(viewers, address, port)

@@ -1,0 +1,39 @@
+"""The saga gauges: how many sagas the leading operator drives, by namespace and phase, and how
+many are halted, by namespace and the function they wait on. Only the leader exports them (a
+standby's would count the same sagas twice); a standby shows `undolog_leader 0`."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from undolog import metrics
+from undolog.api import SagaPhase
+
+State = tuple[SagaPhase | None, str | None]  # a saga's phase, and the function it is halted on
+
+
+@dataclass
+class SagaGauges:
+    by_phase: Counter[tuple[str, SagaPhase]] = field(default_factory=Counter)
+    halted: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def moved(self, namespace: str, before: State, after: State) -> None:
+        """One saga went from `before` to `after` (None phases: not counted)."""
+        for (phase, function), change in ((before, -1), (after, 1)):
+            if phase is None:
+                continue
+            self.by_phase[(namespace, phase)] += change
+            metrics.sagas_by_phase.labels(namespace, phase).set(self.by_phase[(namespace, phase)])
+            if phase == SagaPhase.HALTED:
+                key = (namespace, function or "")
+                self.halted[key] += change
+                metrics.halted_sagas.labels(*key).set(self.halted[key])
+
+    def clear(self) -> None:
+        for namespace, phase in self.by_phase:
+            metrics.sagas_by_phase.remove(namespace, phase)
+        for namespace, function in self.halted:
+            metrics.halted_sagas.remove(namespace, function)
+        self.by_phase.clear()
+        self.halted.clear()

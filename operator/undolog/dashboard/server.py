@@ -1,0 +1,385 @@
+"""The triage dashboard: server-rendered pages over the read model (undolog.inspect), live
+through server-sent events, acting with the viewer's own credentials (dashboard.viewers).
+
+Pages: the list (Halted first, filters in the URL), a saga (its undo stack drawn newest on top,
+outputs, conditions, the Event timeline), a Webhook. Actions (retry, skip, abort, and a batch
+retry of every saga halted on one function) are plain HTML forms with a reason; they go
+through the same rules as the CLI and become the annotations the operator consumes. No
+JavaScript build: one small script swaps the live region when the API says something changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from importlib import resources
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from aiohttp import web
+
+from undolog import errors
+from undolog.api import SagaPhase
+from undolog.conventions import now
+from undolog.dashboard.viewers import TOKEN_COOKIE, TokenViewers, Viewers
+from undolog.decisions import resolutions
+from undolog.inspect import Inspector
+from undolog.kube import Kube
+
+log = logging.getLogger("undolog.dashboard")
+CSRF_COOKIE = "undolog_csrf"
+KEEPALIVE_SECONDS = 15.0
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+VIEWERS = web.AppKey("viewers", Viewers)
+TEMPLATES = web.AppKey("templates", jinja2.Environment)
+SYMBOLS = {  # readable without colour: every phase also has a symbol and its name
+    SagaPhase.HALTED: "‖",
+    SagaPhase.FAILED: "✗",
+    SagaPhase.COMPENSATING: "↺",
+    SagaPhase.ACTIVE: "▸",
+    SagaPhase.COMPLETED: "✓",
+    SagaPhase.COMPENSATED: "↩",
+}
+
+
+def age(moment: datetime | None) -> str:
+    if moment is None:
+        return ""
+    seconds = int((now() - moment).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def templates() -> jinja2.Environment:
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("undolog.dashboard", "templates"),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    environment.filters["age"] = age
+    environment.filters["clock"] = lambda m: m.strftime("%H:%M:%S.%f")[:-3] if m else ""
+    environment.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
+    environment.globals["symbols"] = SYMBOLS
+    environment.globals["phases"] = list(SagaPhase)
+    return environment
+
+
+@dataclass
+class Page:
+    """What every page knows of its request: the viewer's client, who they are, the form token."""
+
+    request: web.Request
+    kube: Kube
+    csrf: str
+
+    @property
+    def inspector(self) -> Inspector:
+        return Inspector(self.kube)
+
+    def render(self, template: str, status: int = 200, **context: Any) -> web.Response:
+        environment = self.request.app[TEMPLATES]
+        fragment = self.request.query.get("fragment") == "1"
+        body = environment.get_template(template).render(
+            fragment=fragment,
+            csrf=self.csrf,
+            viewer=self.request.get("viewer", ""),
+            login=self.request.app[VIEWERS].login,
+            path=self.request.path_qs,
+            notice=self.request.query.get("notice", ""),
+            **context,
+        )
+        response = web.Response(text=body, content_type="text/html", status=status)
+        response.set_cookie(CSRF_COOKIE, self.csrf, httponly=True, samesite="Strict", path="/")
+        return response
+
+
+def page(handler: Callable[[Page], Awaitable[web.StreamResponse]]) -> Handler:
+    """The viewer's client (or the login page), the CSRF check on forms, API refusals shown."""
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        kube = await request.app[VIEWERS].client(request)
+        if kube is None:
+            raise web.HTTPSeeOther("/login?" + urlencode({"next": request.path_qs}))
+        csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(24)
+        if request.method == "POST":
+            form = await request.post()
+            if not secrets.compare_digest(str(form.get("csrf", "")), csrf):
+                raise web.HTTPForbidden(text="the form expired: reload the page and try again")
+        current = Page(request, kube, csrf)
+        with contextlib.suppress(errors.KubeError):
+            request["viewer"] = await kube.whoami()
+        try:
+            return await handler(current)
+        except errors.CommandError as refused:
+            return current.render("error.html", status=409, message=str(refused))
+        except errors.Forbidden as refused:
+            return current.render("error.html", status=403, message=f"forbidden: {refused.message}")
+        except errors.KubeError as refused:
+            return current.render("error.html", status=502, message=refused.message)
+
+    return wrapped
+
+
+def duration(text: str) -> timedelta | None:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip()
+    if len(text) < 2 or text[-1] not in units or not text[:-1].isdigit():
+        return None
+    return timedelta(seconds=int(text[:-1]) * units[text[-1]])
+
+
+def scope(current: Page) -> str | None:
+    namespace = current.request.query.get("namespace")
+    if namespace is None:
+        return current.request.app[VIEWERS].default_namespace
+    return namespace or None  # an empty choice: every namespace
+
+
+# -- pages ------------------------------------------------------------------------------------------
+
+
+@page
+async def saga_list(current: Page) -> web.StreamResponse:
+    query = current.request.query
+    phase = SagaPhase(query["phase"]) if query.get("phase") in set(SagaPhase) else None
+    namespace = scope(current)
+    sagas = await current.inspector.sagas(
+        namespace,
+        phase=phase,
+        org=query.get("org") or None,
+        function=query.get("function") or None,
+        older_than=duration(query.get("older_than", "")),
+    )
+    filters = {k: query.get(k, "") for k in ("phase", "org", "function", "older_than")}
+    filters["namespace"] = namespace or ""
+    events = "/events?" + urlencode({"namespace": namespace or ""})
+    halted = {s.key for s in sagas if s.status.phase == SagaPhase.HALTED}
+    called = await current.inspector.functions(namespace) if halted else {}
+    functions = sorted({f for key, names in called.items() if key in halted for f in names})
+    return current.render("sagas.html", sagas=sagas, filters=filters, events=events, functions=functions)
+
+
+@page
+async def saga_page(current: Page) -> web.StreamResponse:
+    namespace, name = current.request.match_info["namespace"], current.request.match_info["name"]
+    detail = await current.inspector.show(namespace, name)
+    saga = detail.saga
+    skippable = {e.metadata.name for e in detail.entries if isinstance(resolutions.skip(saga, e), resolutions.Allowed)}
+    halted_on = resolutions.halted_on(saga, detail.entries)
+    return current.render(
+        "saga.html",
+        detail=detail,
+        saga=saga,
+        skippable=skippable,
+        can_retry=isinstance(resolutions.retry(saga), resolutions.Allowed),
+        can_abort=isinstance(resolutions.abort(saga), resolutions.Allowed),
+        halted_on=halted_on,
+        events="/events?" + urlencode({"namespace": namespace, "saga": name}),
+    )
+
+
+@page
+async def webhook_page(current: Page) -> web.StreamResponse:
+    namespace, name = current.request.match_info["namespace"], current.request.match_info["name"]
+    return current.render("webhook.html", webhook=await current.inspector.webhook(namespace, name))
+
+
+# -- actions (forms with a reason; the operator stays the only writer of phases) ---------------------
+
+
+def back(current: Page, notice: str) -> web.HTTPSeeOther:
+    target = str(current.request.headers.get("Referer") or "/")
+    base = target.split("?notice=", 1)[0].split("&notice=", 1)[0]
+    return web.HTTPSeeOther(base + ("&" if "?" in base else "?") + urlencode({"notice": notice}))
+
+
+async def reason_of(current: Page) -> str:
+    reason = str((await current.request.post()).get("reason", "")).strip()
+    if not reason:
+        raise errors.CommandError("say why: the reason is kept on the saga with your name")
+    return reason
+
+
+@page
+async def retry(current: Page) -> web.StreamResponse:
+    namespace, name = current.request.match_info["namespace"], current.request.match_info["name"]
+    await current.inspector.retry(namespace, name, await reason_of(current))
+    raise back(current, f"retry requested for {namespace}/{name}")
+
+
+@page
+async def abort(current: Page) -> web.StreamResponse:
+    namespace, name = current.request.match_info["namespace"], current.request.match_info["name"]
+    await current.inspector.abort(namespace, name, await reason_of(current))
+    raise back(current, f"{namespace}/{name} aborted: it will be compensated newest-first")
+
+
+@page
+async def skip(current: Page) -> web.StreamResponse:
+    info = current.request.match_info
+    position = int(info["position"])
+    entry = await current.inspector.skip(info["namespace"], info["name"], position, await reason_of(current))
+    raise back(current, f"{entry.metadata.name} will be skipped; the saga then goes on")
+
+
+@page
+async def retry_halted(current: Page) -> web.StreamResponse:
+    form = await current.request.post()
+    function = str(form.get("function", "")).strip()
+    if not function:
+        raise errors.CommandError("name the function that was fixed")
+    namespace = str(form.get("namespace", "")) or None
+    reason = await reason_of(current)
+    sagas = await current.inspector.halted_on(function, namespace)
+    results = await current.inspector.retry_all(sagas, reason)
+    refused = [f"{s.reference}: {why}" for s, why in results if why]
+    said = f"retry requested for {len(results) - len(refused)} saga(s) halted on {function}"
+    if refused:
+        said += "; refused: " + "; ".join(refused)
+    raise back(current, said)
+
+
+# -- live ----------------------------------------------------------------------------------------------
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: `change` whenever a saga in view changes (the page then reloads its
+    live region), with the viewer's own watch permission."""
+    kube = await request.app[VIEWERS].client(request)
+    if kube is None:
+        raise web.HTTPUnauthorized()
+    namespace = request.query.get("namespace") or None
+    name = request.query.get("saga") or None
+    stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await stream.prepare(request)
+    await stream.write(b": connected\n\n")
+    changes = Inspector(kube).changes(namespace, name)
+    try:
+        async for _ in keepalive(changes):
+            await stream.write(b"event: change\ndata: {}\n\n" if _ else b": keepalive\n\n")
+    except (ConnectionResetError, errors.KubeError) as error:
+        log.debug("event stream ended: %s", error)
+    return stream
+
+
+async def keepalive(changes: AsyncIterator[Any]) -> AsyncIterator[bool]:
+    """True for each change, False every KEEPALIVE_SECONDS of silence (so proxies keep it open)."""
+    iterator = changes.__aiter__()
+    pending: asyncio.Task[Any] | None = None
+    try:
+        while True:
+            pending = pending or asyncio.ensure_future(iterator.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=KEEPALIVE_SECONDS)
+            if not done:
+                yield False
+                continue
+            pending.result()
+            pending = None
+            yield True
+    finally:
+        if pending is not None:
+            pending.cancel()
+
+
+# -- signing in (token mode) ----------------------------------------------------------------------------
+
+
+async def login_form(request: web.Request) -> web.StreamResponse:
+    environment = request.app[TEMPLATES]
+    body = environment.get_template("login.html").render(
+        next=request.query.get("next", "/"),
+        error=request.query.get("error", ""),
+        fragment=False,
+        csrf="",
+        viewer="",
+        login=True,
+        path="/login",
+        notice="",
+    )
+    return web.Response(text=body, content_type="text/html")
+
+
+def signing_in(viewers: TokenViewers) -> Handler:
+    async def login(request: web.Request) -> web.StreamResponse:
+        """A pasted token is checked against the API (who is it?) before it is kept."""
+        form = await request.post()
+        token = str(form.get("token", "")).strip()
+        target = str(form.get("next", "/"))
+        if not target.startswith("/") or target.startswith("//"):
+            target = "/"
+        kube = Kube.with_token(viewers.server, viewers.ca_file, token)
+        try:
+            await kube.whoami()
+        except errors.KubeError as refused:
+            raise web.HTTPSeeOther("/login?" + urlencode({"next": target, "error": refused.message})) from None
+        finally:
+            await kube.close()
+        response = web.HTTPSeeOther(target)
+        response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", secure=request.secure, path="/")
+        raise response
+
+    return login
+
+
+async def logout(request: web.Request) -> web.StreamResponse:
+    response = web.HTTPSeeOther("/login")
+    response.del_cookie(TOKEN_COOKIE, path="/")
+    raise response
+
+
+async def healthz(request: web.Request) -> web.StreamResponse:
+    return web.Response(text="ok")
+
+
+async def home(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPSeeOther("/sagas")
+
+
+def application(viewers: Viewers) -> web.Application:
+    app = web.Application()
+    app[VIEWERS] = viewers
+    app[TEMPLATES] = templates()
+    static = resources.files("undolog.dashboard") / "static"
+    app.add_routes(
+        [
+            web.get("/", home),
+            web.get("/healthz", healthz),
+            web.get("/sagas", saga_list),
+            web.get("/sagas/{namespace}/{name}", saga_page),
+            web.post("/sagas/{namespace}/{name}/retry", retry),
+            web.post("/sagas/{namespace}/{name}/abort", abort),
+            web.post("/sagas/{namespace}/{name}/entries/{position:\\d+}/skip", skip),
+            web.post("/retry-halted", retry_halted),
+            web.get("/webhooks/{namespace}/{name}", webhook_page),
+            web.get("/events", events),
+            web.static("/static", str(static)),
+        ]
+    )
+    if isinstance(viewers, TokenViewers):
+        app.add_routes(
+            [web.get("/login", login_form), web.post("/login", signing_in(viewers)), web.post("/logout", logout)]
+        )
+
+    async def close(_: web.Application) -> None:
+        await viewers.close()
+
+    app.on_cleanup.append(close)
+    return app
+
+
+def serve(viewers: Viewers, host: str, port: int) -> None:
+    # Live pages hold a connection open for good: a stop closes them after a moment, not a minute.
+    web.run_app(
+        application(viewers), host=host, port=port, shutdown_timeout=1.0, print=lambda text: log.info("%s", text)
+    )

@@ -1,0 +1,255 @@
+"""The triage dashboard in a real browser (Debian's chromium, driven by Playwright), against the
+real apiserver and the real operator: a halted saga appears live, a retry from the page
+compensates it and records who asked, a viewer without `patch` sees the API's refusal, the
+filters live in the URL, a batch retry after a fix. Screenshots go to docs/."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from tests.cluster.test_cli import halted_saga
+from tests.cluster.test_compensation import abort, external_saga, register
+from tests.conftest import REPO, Cluster
+from tests.support.manifests import call, saga
+from tests.support.operator_process import OperatorProcess
+from tests.support.participants import Participant, Reply
+from tests.support.waiting import eventually, saga_phase
+from undolog.kube import Kube
+
+pytestmark = pytest.mark.cluster
+CHROMIUM = os.environ.get("UNDOLOG_CHROMIUM", "/usr/bin/chromium")
+# No background traffic: this machine's network is closed, and tests stay on loopback.
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+DOCS = REPO / "docs"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Dashboard:
+    """`undolog dashboard` as a process, as a person would start it."""
+
+    def __init__(self, cluster: Cluster, log: Path, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "undolog.cli", "dashboard", f"--port={self.port}", *args],
+                env=cluster.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"the dashboard did not start:\n{log.read_text()}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=15)
+
+
+@pytest.fixture
+def dashboard(cluster: Cluster, tmp_path: Path) -> Iterator[Dashboard]:
+    served = Dashboard(cluster, tmp_path / "dashboard.log", f"--kubeconfig={cluster.kubeconfig}")
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: `make test` installs Debian's chromium"
+    return CHROMIUM
+
+
+@pytest_asyncio.fixture(scope="session")
+async def browser(chromium: str) -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=chromium, args=FLAGS)
+        yield launched
+        await launched.close()
+
+
+@pytest_asyncio.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    opened = await context.new_page()
+    yield opened
+    await context.close()
+
+
+async def test_a_halted_saga_appears_live_and_a_retry_from_the_page_compensates_it(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, dashboard: Dashboard, page: Page
+) -> None:
+    participant.script("/revoke", Reply(400, {"error": "no such grant"}))
+    participant.handle("/unsend", lambda request: Reply(200, delay=1.0))  # time to watch it move
+    await register(kube, namespace, participant, "delete-user", "revoke", "unsend")
+    await external_saga(kube, namespace, "stuck", [call("delete-user"), call("revoke"), call("unsend")], orgId="acme")
+    await saga_phase(kube, namespace, "stuck", "Active")
+    await page.goto(f"{dashboard.url}/sagas?namespace={namespace}")
+    await expect(page.get_by_role("link", name="stuck")).to_be_visible()
+    await page.wait_for_timeout(500)  # the page's event stream is open before anything changes
+    await abort(kube, namespace, "stuck")
+    await saga_phase(kube, namespace, "stuck", "Halted")
+    halted_at = time.monotonic()
+    halted_row = page.locator("tr.phase-halted", has_text="stuck")
+    await expect(halted_row).to_be_visible(timeout=2000)  # live: no reload
+    shown_after = time.monotonic() - halted_at
+    print(f"\nhalted saga shown {shown_after * 1000:.0f} ms after it halted")
+    assert shown_after < 2.0
+    await expect(halted_row).to_contain_text("CompensationFailed")
+    await page.screenshot(path=str(DOCS / "dashboard-list.png"), full_page=True)
+
+    await page.get_by_role("link", name="stuck").click()
+    stack = page.get_by_role("region", name="Undo stack (newest on top)")
+    await expect(stack.get_by_role("heading", level=3).first).to_contain_text("#3 step3")
+    await expect(stack).to_contain_text("HTTP 400")
+    await expect(page.get_by_role("link", name="revoke").first).to_be_visible()  # the Webhook, one click away
+    await page.screenshot(path=str(DOCS / "dashboard-saga.png"), full_page=True)
+
+    await page.get_by_label("Reason for the retry").fill("grant restored, INC-42")
+    await page.get_by_role("button", name="Retry").click()
+    await expect(page.get_by_role("status").first).to_contain_text("retry requested")
+    await expect(page.get_by_role("heading", name="Compensated")).to_be_visible(timeout=15000)
+    done = await saga_phase(kube, namespace, "stuck", "Compensated")
+    said = "grant restored, INC-42 (by undolog-admin"
+    assert any(said in c["message"] for c in done["status"]["conditions"])  # who asked, and why
+    events = await eventually(
+        lambda: kube.events_about(namespace, "stuck"),
+        lambda found: any(said in e.message for e in found),
+        10,
+        "an Event naming the reason and the viewer",
+    )
+    assert any(e.reason == "Compensating" and said in e.message for e in events)
+
+    await page.get_by_role("link", name="revoke").first.click()
+    await expect(page.get_by_role("heading", name="Webhook revoke")).to_be_visible()
+    await expect(page.locator("code")).to_contain_text(participant.url("/revoke"))
+
+
+async def test_a_viewer_without_patch_sees_the_apis_refusal(
+    kube: Kube,
+    namespace: str,
+    participant: Participant,
+    operator: OperatorProcess,
+    cluster: Cluster,
+    tmp_path: Path,
+    page: Page,
+) -> None:
+    """In-cluster mode: the dashboard acts with the token the viewer signs in with, never its own."""
+    await halted_saga(kube, namespace, participant)
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    rule = client.V1PolicyRule(
+        api_groups=["undolog.io"], resources=["sagas", "undoentries", "webhooks"], verbs=["get", "list", "watch"]
+    )
+    events = client.V1PolicyRule(api_groups=[""], resources=["events"], verbs=["get", "list", "watch"])
+    await rbac.create_namespaced_role(
+        namespace, client.V1Role(metadata=client.V1ObjectMeta(name="viewer"), rules=[rule, events])
+    )
+    core = client.CoreV1Api(kube.api)
+    await core.create_namespaced_service_account(
+        namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="viewer"))
+    )
+    subject = client.RbacV1Subject(kind="ServiceAccount", name="viewer", namespace=namespace)
+    binding = client.V1RoleBinding(
+        metadata=client.V1ObjectMeta(name="viewer"),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="viewer"),
+        subjects=[subject],
+    )
+    await rbac.create_namespaced_role_binding(namespace, binding)
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
+    token = (await core.create_namespaced_service_account_token("viewer", namespace, request)).status.token
+    assert cluster.local is not None
+    served = Dashboard(
+        cluster,
+        tmp_path / "dashboard.log",
+        "--auth=token",
+        f"--api-server={kube.api.configuration.host}",
+        f"--api-ca-file={cluster.local.pki / 'serving-ca.crt'}",
+    )
+    try:
+        await page.goto(f"{served.url}/sagas/{namespace}/stuck")
+        await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+        await page.get_by_label("Bearer token").fill(token)
+        await page.get_by_role("button", name="Sign in").click()
+        await expect(page.get_by_text(f"Signed in as system:serviceaccount:{namespace}:viewer")).to_be_visible()
+        await page.get_by_label("Reason for the retry").fill("trying")
+        await page.get_by_role("button", name="Retry").click()
+        refusal = page.get_by_role("alert")
+        await expect(refusal).to_contain_text(f'User "system:serviceaccount:{namespace}:viewer" cannot patch')
+        await expect(refusal).to_contain_text("forbidden")
+        # Their view is theirs: another namespace is not listed for them.
+        await page.goto(f"{served.url}/sagas?namespace=default")
+        await expect(page.get_by_role("alert")).to_contain_text("forbidden")
+    finally:
+        served.stop()
+    assert (await kube.get("sagas", namespace, "stuck"))["status"]["phase"] == "Halted"  # nothing was changed
+
+
+async def test_the_filters_live_in_the_url_and_a_batch_retry_after_a_fix(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, dashboard: Dashboard, page: Page
+) -> None:
+    participant.script("/refund", Reply(400), Reply(400))
+    await register(kube, namespace, participant, "refund", "release")
+    for name in ("pay-1", "pay-2"):
+        await external_saga(kube, namespace, name, [call("release"), call("refund")], orgId="shop")
+        await abort(kube, namespace, name)
+    await external_saga(kube, namespace, "open", [call("release")], orgId="other")
+    steps = [{"name": "one", "action": {"function": "release"}, "compensation": {"function": "release"}}]
+    await kube.create("sagas", namespace, saga("done", steps))
+    for name in ("pay-1", "pay-2"):
+        await saga_phase(kube, namespace, name, "Halted")
+    await saga_phase(kube, namespace, "done", "Completed")
+
+    await page.goto(f"{dashboard.url}/sagas?namespace={namespace}")
+    rows = page.locator("table.sagas tbody tr")
+    await expect(rows).to_have_count(4)
+    await expect(rows.first).to_contain_text("Halted")  # halted first
+    await page.get_by_label("Phase").select_option("Halted")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(page).to_have_url(
+        f"{dashboard.url}/sagas?namespace={namespace}&phase=Halted&org=&function=&older_than="
+    )
+    await expect(rows).to_have_count(2)
+    await page.goto(f"{dashboard.url}/sagas?namespace={namespace}&org=other")
+    await expect(rows).to_have_count(1)
+    await expect(rows.first).to_contain_text("open")
+    await page.goto(f"{dashboard.url}/sagas?namespace={namespace}&function=refund")
+    await expect(rows).to_have_count(2)  # the sagas that call refund to undo a step
+
+    await page.goto(f"{dashboard.url}/sagas?namespace={namespace}&phase=Halted")
+    await page.get_by_label("Fixed function").fill("refund")
+    await page.get_by_label("Reason").fill("refund service fixed")
+    await page.get_by_role("button", name="Retry every saga halted on it").click()
+    await expect(page.get_by_role("status").first).to_contain_text("retry requested for 2 saga(s) halted on refund")
+    for name in ("pay-1", "pay-2"):
+        await saga_phase(kube, namespace, name, "Compensated")
