@@ -9,12 +9,14 @@ export UNDOLOG_BIN_DIR ?= $(CURDIR)/bin
 LOCK := $(VENV)/bin/uv pip compile pyproject.toml --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 	--generate-hashes --quiet
 PYTHON_SOURCES := operator tests bench examples devtools
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help venv tools crds lock lint test demo bench chaos cluster-up cluster-down cluster-reset clean
+.PHONY: help venv tools browser crds lock lint test demo bench chaos cluster-up cluster-down cluster-reset clean
 
 help:
 	@echo "make demo          run the onboarding saga on a local control plane (builds what it needs)"
 	@echo "make test          lint, type-check, check the layering, and run every test against a real apiserver"
+	@echo "make browser       install Debian's chromium for the dashboard tests"
 	@echo "make tools         build etcd, kube-apiserver, kube-controller-manager, kubectl, helm into bin/"
 	@echo "make cluster-up    start the local control plane (.cluster/kubeconfig), or restart what died on its data"
 	@echo "make cluster-down  stop it (data kept); make cluster-reset deletes its data (every saga)"
@@ -41,6 +43,11 @@ lock: venv
 tools:
 	tools/build.sh
 
+# The dashboard tests drive Debian's chromium (never a browser downloaded at run time).
+browser: /usr/bin/chromium
+/usr/bin/chromium:
+	$(SUDO) apt-get install -y -q chromium || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
+
 crds: venv
 	$(PY) -m devtools.crds crds
 
@@ -55,7 +62,7 @@ lint: venv tools
 	bin/helm template undolog charts/undolog --kube-version 1.37.2 --set watchNamespaces='{team-a,team-b}' \
 		--set metrics.serviceMonitor.enabled=true > /dev/null
 
-test: venv tools lint
+test: venv tools browser lint
 	$(VENV)/bin/pytest
 
 cluster-up: venv tools

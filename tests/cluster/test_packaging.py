@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import promql_parser
 import pytest
 import yaml
 from kubernetes_asyncio import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.test_compensation import abort, external_saga, register
 from tests.conftest import BIN, REPO, Cluster
@@ -50,14 +52,33 @@ def rendered(*sets: str) -> list[dict[str, Any]]:
 def test_chart_rbac_is_least_privilege_without_wildcards() -> None:
     for documents in (rendered(), rendered("watchNamespaces={team-a,team-b}")):
         roles = [d for d in documents if d["kind"] in ("Role", "ClusterRole")]
-        assert roles
+        bound = {
+            binding["roleRef"]["name"]
+            for binding in documents
+            if binding["kind"] in ("RoleBinding", "ClusterRoleBinding")
+            and any(subject["kind"] == "ServiceAccount" for subject in binding["subjects"])
+        }
+        assert bound
+        assert bound <= {role["metadata"]["name"] for role in roles}
         for role in roles:
             for rule in role["rules"]:
                 for field in ("apiGroups", "resources", "verbs"):
                     assert "*" not in rule[field], (role["metadata"]["name"], rule)
-                assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+                if role["metadata"]["name"] in bound:  # the operator's own: never deletes or escalates
+                    assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
                 if "secrets" in rule["resources"]:
                     assert rule["verbs"] == ["get"]  # never list or watch Secrets
+        # People's roles (aggregated into view/edit): reading is read-only; nobody but the operator writes status.
+        people = {role["metadata"]["name"]: role for role in roles if role["metadata"]["name"] not in bound}
+        assert {rule_verb for rule in people["undolog-view"]["rules"] for rule_verb in rule["verbs"]} == {
+            "get",
+            "list",
+            "watch",
+        }
+        for role in people.values():
+            assert not any(
+                resource.endswith("sagas/status") for rule in role["rules"] for resource in rule["resources"]
+            )
     scoped = rendered("watchNamespaces={team-a,team-b}")
     assert sorted(
         d["metadata"]["namespace"] for d in scoped if d["kind"] == "Role" and "leader" not in d["metadata"]["name"]
@@ -66,7 +87,7 @@ def test_chart_rbac_is_least_privilege_without_wildcards() -> None:
         "team-b",
     ]
     assert not [d for d in scoped if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "undolog"]
-    deployment = next(d for d in rendered() if d["kind"] == "Deployment")
+    deployment = next(d for d in rendered() if d["kind"] == "Deployment" and d["metadata"]["name"] == "undolog")
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -205,6 +226,69 @@ async def test_metrics_are_served_with_prometheus_names(
     assert sample(text, "undolog_forward_attempts_total", function="work", outcome="succeeded") == 1.0
     assert sample(text, "undolog_saga_transitions_total", phase="Halted", reason="CompensationFailed") == 1.0
     assert "# TYPE undolog_compensation_duration_seconds histogram" in text
+    assert sample(text, "undolog_leader") == 1.0
+    assert "_created" not in text
+    for expression in shipped_queries():
+        asks_only_for_what_is_exposed(expression, text)
+
+
+def shipped_queries() -> list[str]:
+    """The PrometheusRule's expressions and the Grafana dashboard's queries, as the chart renders them."""
+    documents = rendered(
+        "metrics.prometheusRule.enabled=true",
+        "metrics.grafanaDashboard.enabled=true",
+        "metrics.serviceMonitor.enabled=true",
+    )
+    rule = next(d for d in documents if d["kind"] == "PrometheusRule")
+    queries = [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
+    board = next(d for d in documents if d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"]["labels"])
+    dashboard = yaml.safe_load(next(iter(board["data"].values())))
+    queries += [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    queries += [
+        v["query"].removeprefix("label_values(").removesuffix(", namespace)")
+        for v in dashboard["templating"]["list"]
+        if v["type"] == "query"
+    ]
+    assert len(queries) >= 12
+    return [q.replace("$namespace", ".*") for q in queries]
+
+
+def asks_only_for_what_is_exposed(expression: str, scraped: str) -> None:
+    """Every series an expression selects exists in a real scrape, with every label it matches or
+    groups by (and every exact label value it asks for), so no alert is silently never firing."""
+    labels: dict[str, list[dict[str, str]]] = {}
+    for family in text_string_to_metric_families(scraped):
+        for s in family.samples:
+            labels.setdefault(s.name, []).append(s.labels)
+    problems: list[str] = []
+
+    def check(node: object, grouped_by: list[str]) -> None:
+        if not isinstance(node, promql_parser.VectorSelector):
+            return
+        series = labels.get(node.name or "")
+        if not series:
+            problems.append(f"{node.name} is not exposed")
+            return
+        names = set().union(*series)
+        for matcher in node.matchers.matchers:
+            if matcher.name not in names:
+                problems.append(f"{node.name} has no label {matcher.name}")
+            elif matcher.op == promql_parser.MatchOp.Equal and matcher.value not in {
+                s.get(matcher.name) for s in series
+            }:
+                problems.append(f"{node.name} never has {matcher.name}={matcher.value!r}")
+        problems.extend(f"{node.name} has no label {label} to group by" for label in grouped_by if label not in names)
+
+    def visit(node: object) -> bool:
+        by = promql_parser.AggModifierType.By
+        if isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None and node.modifier.type == by:
+            grouped_by = list(node.modifier.labels)
+            promql_parser.walk(node.expr, lambda inner: check(inner, grouped_by))
+        check(node, [])
+        return True
+
+    promql_parser.walk(promql_parser.parse(expression), visit)  # parse: a syntax error fails here
+    assert not problems, (expression, problems)
 
 
 def lease_holder(kube: Kube, namespace: str) -> Any:
