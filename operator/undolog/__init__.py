@@ -16,7 +16,7 @@ from undolog.version import __version__
 
 if TYPE_CHECKING:
     from undolog.api import Call, CompensationPolicy, Saga, SagaPhase, UndoEntry
-    from undolog.errors import NoSaga, SagaEnded, UndoLogError
+    from undolog.errors import NoSaga, NotSent, SagaEnded, UndoLogError
     from undolog.sdk import SagaRun, StepRun, current_saga, current_step, open_saga, undoable
 
 _PUBLIC = {
@@ -26,6 +26,7 @@ _PUBLIC = {
     "SagaPhase": "undolog.api",
     "UndoEntry": "undolog.api",
     "NoSaga": "undolog.errors",
+    "NotSent": "undolog.errors",
     "SagaEnded": "undolog.errors",
     "UndoLogError": "undolog.errors",
     "SagaRun": "undolog.sdk",
@@ -40,6 +41,7 @@ __all__ = [
     "Call",
     "CompensationPolicy",
     "NoSaga",
+    "NotSent",
     "Saga",
     "SagaEnded",
     "SagaPhase",

@@ -102,6 +102,12 @@ class SagaEnded(UndoLogError):
     """The saga is no longer Active: no step may be registered or run."""
 
 
+class NotSent(UndoLogError):
+    """Raised by an agent inside a step whose tool call provably never left (refused locally,
+    before any request): the effect is recorded NotSent and the step is not compensated. Raise
+    it only with that proof; when in doubt let the real error through (it is compensated)."""
+
+
 class NoSaga(UndoLogError):
     """An @undoable tool was called outside `async with saga:`."""
 

@@ -182,6 +182,24 @@ async def test_post_commit_effects_are_sent_once_after_commit_and_never_after_ab
     assert len(participant.received("/mailer")) == 1  # nothing for the aborted saga
 
 
+async def test_a_step_never_sent_is_not_undone_with_null_arguments(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    steps = [step("reserve"), step("create_user")]
+    steps[1]["compensation"]["args"] = {"user_id": "${steps.create_user.output.user_id}"}
+    await register_steps(kube, namespace, participant, steps)
+    await kube.delete("webhooks", namespace, "create-user-do")  # unregistered: refused before any byte left
+    await kube.create("sagas", namespace, saga("never", steps))
+    done = await saga_phase(kube, namespace, "never", "Compensated")
+    assert paths(participant) == ["reserve-do", "reserve-undo"]  # never DELETE {"user_id": null}
+    assert done["status"]["failedStep"] == "create_user"
+    entries = await entries_of(kube, namespace, "never")
+    never = entries[2]["status"]
+    assert (never["effect"], never["state"], never["reason"]) == ("NotSent", "Skipped", "NotSent")
+    assert "no Webhook 'create-user-do'" in never["skipReason"]
+    assert entries[1]["status"]["state"] == "Compensated"
+
+
 async def test_bad_references_fail_the_saga_before_any_call(
     kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
 ) -> None:

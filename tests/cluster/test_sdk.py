@@ -15,7 +15,7 @@ from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant
 from tests.support.waiting import eventually, saga_phase
 from undolog.kube import Kube
-from undolog.sdk import Call, SagaEnded, current_step, open_saga, undoable
+from undolog.sdk import Call, NotSent, SagaEnded, current_step, open_saga, undoable
 from undolog.sdk import sync as sync_sdk
 
 pytestmark = pytest.mark.cluster
@@ -75,6 +75,35 @@ async def test_a_tool_that_raises_aborts_and_is_undone_newest_first(
     assert listed[0]["status"]["output"] == {"user_id": "u-1"}
     for entry in listed:
         assert entry["spec"]["registeredAt"] < entry["status"]["executedAt"]
+
+
+async def test_a_tool_that_never_sent_its_call_is_not_undone(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
+) -> None:
+    await register(kube, namespace, participant, "delete-user", "refund")
+
+    @undoable(lambda email: Call(function="delete-user", args={"email": email}))
+    async def create_user(email: str) -> None:
+        return None
+
+    @undoable(lambda amount: Call(function="refund", args={"amount": amount}))
+    async def charge(amount: int) -> None:
+        raise NotSent(f"amount {amount} is over the card's limit: refused before calling the bank")
+
+    saga = await open_saga(generate_name="agent-", namespace=namespace, kubeconfig=str(cluster.kubeconfig))
+
+    async def agent() -> None:
+        async with saga:
+            await create_user("ada@example.com")
+            await charge(10**9)
+
+    with pytest.raises(NotSent):
+        await agent()
+    await saga_phase(kube, namespace, saga.name, "Compensated")
+    assert [r.path for r in participant.received()] == ["/delete-user"]  # no refund of a charge never made
+    never = (await entries(kube, namespace, saga.name))[1]["status"]
+    assert (never["effect"], never["state"], never["reason"]) == ("NotSent", "Skipped", "NotSent")
+    assert "over the card's limit" in never["skipReason"]
 
 
 async def test_concurrent_tools_get_distinct_increasing_positions(

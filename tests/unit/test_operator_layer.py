@@ -257,6 +257,50 @@ async def test_orchestrated_steps_run_in_order_with_outputs_flowing(operator: Op
     assert operator.kube.body("undoentries", NS, "o-1")["status"]["output"] == {"user_id": "u-7"}
 
 
+async def test_a_step_whose_call_never_left_is_not_compensated(operator: Operator) -> None:
+    operator.webhook("create")
+    steps = [
+        {"name": "create", "action": {"function": "create"}, "compensation": {"function": "undo", "args": {"n": 1}}},
+        {
+            "name": "grant",
+            "action": {"function": "unregistered"},
+            "compensation": {"function": "undo", "args": {"n": "${steps.grant.output.id}"}},
+        },
+    ]
+    operator.saga("o", steps=steps)
+    done = await operator.drive("o")
+    assert (done.status.phase, done.status.failed_step) == ("Compensated", "grant")
+    assert operator.transport.paths() == ["/create", "/undo"]  # never {"n": null} for the step never sent
+    assert operator.undone() == [1]
+    never = operator.kube.body("undoentries", NS, "o-2")["status"]
+    assert (never["effect"], never["state"], never["reason"]) == ("NotSent", "Skipped", "NotSent")
+    assert "no Webhook 'unregistered'" in never["skipReason"]
+    assert done.status.compensated_count == 2
+
+
+async def test_a_target_refused_on_the_first_send_is_never_sent(operator: Operator) -> None:
+    operator.webhook("create")
+    refused = CallOutcome(error="127.0.0.1:80 is refused by the egress policy", refusal=CallRefusal.TARGET_REFUSED)
+    operator.transport.script("/create", refused)
+    steps = [{"name": "create", "action": {"function": "create"}, "compensation": {"function": "undo"}}]
+    operator.saga("o", steps=steps)
+    done = await operator.drive("o")
+    assert done.status.phase == "Compensated"
+    assert operator.transport.paths() == ["/create"]  # refused before any byte left; nothing to undo
+    assert operator.state("o-1") == ("NotSent", "Skipped")
+
+
+async def test_a_step_registered_before_a_crash_may_have_been_sent_so_it_is_compensated(operator: Operator) -> None:
+    steps = [{"name": "create", "action": {"function": "gone"}, "compensation": {"function": "undo", "args": {"n": 1}}}]
+    saga = operator.saga("o", steps=steps)
+    # An earlier operator registered the step and may have sent it before it died; the function is gone now.
+    operator.entry(saga, 1, effect="Pending", compensation={"function": "undo", "args": {"n": 1}})
+    done = await operator.drive("o")
+    assert done.status.phase == "Compensated"
+    assert operator.state("o-1") == ("Failed", "Compensated")
+    assert operator.undone() == [1]
+
+
 async def test_an_answer_that_is_not_kept_as_output_says_why(operator: Operator) -> None:
     operator.webhook("create")
     omitted = OmittedOutput(reason=OutputOmission.ANSWER_NOT_JSON, message="not a JSON object (text/html, 9 bytes)")

@@ -12,12 +12,15 @@ from undolog.api.common import MAX_MESSAGE, MAX_SAGA_NAME, STEP_NAME, Call, Mode
 
 
 class EffectState(StrEnum):
-    """The forward effect: Executing means the outcome is unknown (and unknown is compensated)."""
+    """The forward effect: Executing means the outcome is unknown (and unknown is compensated).
+    Failed may still have done something (a 500 after the work, a timeout), so it is compensated
+    too; NotSent is proof that no byte of the call ever left, so there is nothing to undo."""
 
     PENDING = "Pending"
     EXECUTING = "Executing"
     COMMITTED = "Committed"
     FAILED = "Failed"
+    NOT_SENT = "NotSent"
 
 
 class EntryState(StrEnum):
@@ -51,6 +54,7 @@ class EntryReason(StrEnum):
     RETRIES_EXHAUSTED = "RetriesExhausted"
     # Settled without a call.
     NO_COMPENSATION = "NoCompensation"
+    NOT_SENT = "NotSent"  # the forward call never left: nothing to undo
     SKIPPED_BY_PERSON = "SkippedByPerson"
     REGISTERED_AFTER_COMPLETION = "RegisteredAfterCompletion"
     # The entry names no saga the operator can find (kept Pending: the saga may still come).

@@ -15,6 +15,7 @@ from undolog.api import Attempt, AttemptKind, EntryReason, EntryState, EventReas
 from undolog.calls.runner import AttemptRecord
 from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
 from undolog.conventions import clip, compensation_key, now
+from undolog.decisions import compensation_plan
 from undolog.decisions.retry import Verdict
 from undolog.errors import CallNotPossible
 
@@ -28,14 +29,12 @@ class Compensator:
     ) -> UndoEntry:
         ledger, timeline = self.recorder.ledger, self.recorder.timeline
         name, call = entry.metadata.name, entry.spec.compensation
-        if call is None:
-            timeline.record(saga, EventReason.ENTRY_SKIPPED, f"{name} (step {entry.spec.step}) has no compensation")
+        settled = compensation_plan.settled_without_call(entry)
+        if settled is not None or call is None:  # (the rule covers a missing compensation; mypy cannot see it)
+            reason, why = settled or (EntryReason.NO_COMPENSATION, "")
+            timeline.record(saga, EventReason.ENTRY_SKIPPED, f"{name} (step {entry.spec.step}): {why}")
             skipped = entry.status.model_copy(
-                update={
-                    "state": EntryState.SKIPPED,
-                    "reason": EntryReason.NO_COMPENSATION,
-                    "skip_reason": "the step has no compensation (Pivot or Retriable)",
-                }
+                update={"state": EntryState.SKIPPED, "reason": reason, "skip_reason": why}
             )
             return await ledger.write_entry_status(entry, skipped)
         label = f"{name} (step {entry.spec.step}, {call.function} {call.version})"

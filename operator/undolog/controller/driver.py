@@ -67,6 +67,7 @@ class SagaDriver:
         self.last_error: str | None = None
         self.lost: list[LostEntry] = []  # entries gone since the last reconcile, to be reported
         self.proof = EntryProof.NONE
+        self.never_sent: set[str] = set()  # entries this driver created and has not yet sent
 
     @property
     def key(self) -> tuple[str, str]:
@@ -212,12 +213,18 @@ class SagaDriver:
             case moves.Transition(phase=phase, reason=reason, message=message, failed_step=failed_step):
                 return await self.enter(saga, parsed, phase, reason, message, failed_step=failed_step)
             case moves.RegisterStep(position=position, step=step):
-                entry = await context.forwarder.register(saga, position, step)
+                entry, created = await context.forwarder.register(saga, position, step)
                 entries[entry.metadata.name] = entry
+                if created:
+                    self.never_sent.add(entry.metadata.name)
                 return await self.counted(saga, entries)
             case moves.ExecuteStep(entry=entry, step=step):
                 name = entry.metadata.name
-                entries[name] = await context.forwarder.execute(saga, entries[name], step, outputs)
+                first_send = name in self.never_sent
+                self.never_sent.discard(name)  # from here on an attempt may have left
+                entries[name] = await context.forwarder.execute(
+                    saga, entries[name], step, outputs, first_send=first_send
+                )
                 return await self.counted(saga, entries)
             case moves.MarkPivot():
                 timeline.record(
@@ -313,7 +320,11 @@ class SagaDriver:
         else:
             for name, entry in list(entries.items()):
                 was = entry.status
-                if resume == SagaPhase.ACTIVE and was.effect == EffectState.FAILED and was.state != EntryState.SKIPPED:
+                if (
+                    resume == SagaPhase.ACTIVE
+                    and was.effect in compensation_plan.FAILED_EFFECTS
+                    and was.state != EntryState.SKIPPED
+                ):
                     again = was.model_copy(update={"effect": EffectState.PENDING, "reason": None})
                 elif resume == SagaPhase.COMPENSATING and was.state == EntryState.FAILED:
                     again = was.model_copy(update={"state": EntryState.PENDING, "retry_count": 0, "reason": None})

@@ -5,6 +5,11 @@ Write-ahead costs two API writes per step: the entry is created (effect Pending:
 maybe sent) and later set Committed with the output, or Failed. Executing is written only for
 a call that is not over within a moment, for people watching; it adds nothing to recovery,
 since a Pending entry is sent again under the same key just like an Executing one.
+
+NotSent instead of Failed needs proof that no attempt ever left: the call was refused before
+sending (no such function, a bad reference, a refused target) on the first execution of an
+entry this operator itself just created. An entry found already registered may have been sent
+by an operator that died, so a refusal then is Failed, and compensated.
 """
 
 from __future__ import annotations
@@ -40,23 +45,32 @@ from undolog.errors import CallNotPossible, StaleEntry
 class Forwarder:
     recorder: CallRecorder
 
-    async def register(self, saga: Saga, position: int, step: Step) -> UndoEntry:
-        """Create the step's entry; after a crash, the one created before is found again."""
+    async def register(self, saga: Saga, position: int, step: Step) -> tuple[UndoEntry, bool]:
+        """Create the step's entry; after a crash, the one created before is found again.
+        True when this call created it (so no attempt can have been sent yet)."""
         ledger = self.recorder.ledger
         entry = new_undo_entry(
             saga, position, step.name, step.compensation, undo_id=stable_undo_id(saga.metadata.uid, position, step.name)
         )
         try:
-            return await ledger.create_entry(entry)
+            return await ledger.create_entry(entry), True
         except errors.AlreadyExists:
             existing = await ledger.entry(saga.metadata.namespace, entry_name(saga.metadata.name, position))
         if not owned_by(existing, saga.metadata.uid):
             raise StaleEntry(f"UndoEntry {existing.reference} belongs to an earlier saga named {saga.metadata.name}")
-        return existing
+        return existing, False
 
     async def execute(
-        self, saga: Saga, entry: UndoEntry, step: Step, outputs: Mapping[str, Mapping[str, Any] | None]
+        self,
+        saga: Saga,
+        entry: UndoEntry,
+        step: Step,
+        outputs: Mapping[str, Mapping[str, Any] | None],
+        *,
+        first_send: bool,
     ) -> UndoEntry:
+        """Send the step's call. `first_send`: no attempt of it can have left before (the
+        entry was just created here), so a refusal before sending proves NotSent."""
         ledger, timeline = self.recorder.ledger, self.recorder.timeline
         call = step.action
         label = f"{entry.metadata.name} (step {step.name}, {call.function} {call.version})"
@@ -66,7 +80,7 @@ class Forwarder:
         if isinstance(prepared, CallNotPossible):
             failed = entry.status.model_copy(
                 update={
-                    "effect": EffectState.FAILED,
+                    "effect": EffectState.NOT_SENT if first_send else EffectState.FAILED,
                     "executed_at": now(),
                     "last_error": clip(str(prepared)),
                     "reason": EntryReason(prepared.reason),
@@ -114,7 +128,8 @@ class Forwarder:
                 "output_omitted": last.outcome.omitted or omitted,
             }
         else:
-            changes |= {"effect": EffectState.FAILED}
+            never_left = first_send and all(a.outcome.refusal is not None for a in result.attempts)
+            changes |= {"effect": EffectState.NOT_SENT if never_left else EffectState.FAILED}
             changes |= failure_changes(result, saga, label, EventReason.STEP_FAILED, timeline)
         return await ledger.write_entry_status(entry, entry.status.model_copy(update=changes))
 

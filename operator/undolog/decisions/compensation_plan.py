@@ -1,20 +1,34 @@
 """Which UndoEntry is compensated next: strictly descending stackPosition (LIFO).
 
 An entry is still owed a compensation while its state is Pending or Running (Running means a
-call may have left before a crash: it is sent again under the same key). Its effect state does
-not matter: Executing means the outcome is unknown, and unknown is compensated. The operator
-compensates from this plan and `undolog plan` (the read model) shows the same plan.
+call may have left before a crash: it is sent again under the same key). Its effect state
+hardly matters: Executing means the outcome is unknown, and unknown is compensated; only an
+effect proven NotSent (no byte of the forward call left) is settled without a call, like a step
+with no compensation. The operator compensates from this plan and `undolog plan` (the read
+model) shows the same plan.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from undolog.api import EntryState, UndoEntry
+from undolog.api import EffectState, EntryReason, EntryState, UndoEntry
 
 OWED = frozenset({EntryState.PENDING, EntryState.RUNNING})
 SETTLED = frozenset({EntryState.COMPENSATED, EntryState.SKIPPED})
 UNSETTLED = frozenset({*OWED, EntryState.FAILED})  # what a compensation still has to deal with
+FAILED_EFFECTS = frozenset({EffectState.FAILED, EffectState.NOT_SENT})  # the step did not commit
+
+
+def settled_without_call(entry: UndoEntry) -> tuple[EntryReason, str] | None:
+    """Why an owed entry is Skipped instead of compensated, if it is: nothing to call, or
+    nothing was ever done."""
+    if entry.status.effect == EffectState.NOT_SENT:
+        why = entry.status.last_error or "the forward call was refused before it was sent"
+        return EntryReason.NOT_SENT, f"never sent, nothing to undo ({why})"[:1024]
+    if entry.spec.compensation is None:
+        return EntryReason.NO_COMPENSATION, "the step has no compensation (Pivot or Retriable)"
+    return None
 
 
 def owed(entries: Iterable[UndoEntry]) -> list[UndoEntry]:

@@ -24,6 +24,7 @@ from undolog.api import (
     StepType,
     UndoEntry,
 )
+from undolog.decisions import compensation_plan
 from undolog.decisions.arguments import referenced_steps
 from undolog.decisions.moves import (
     DeliverEffect,
@@ -111,7 +112,7 @@ def forward_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, deadli
         effect = entry.status.effect
         if effect in (EffectState.PENDING, EffectState.EXECUTING):
             return ExecuteStep(entry, step)
-        if effect == EffectState.FAILED and entry.status.state != EntryState.SKIPPED:
+        if effect in compensation_plan.FAILED_EFFECTS and entry.status.state != EntryState.SKIPPED:
             error = entry.status.last_error or "unknown error"
             if step.type == StepType.RETRIABLE:
                 return Transition(

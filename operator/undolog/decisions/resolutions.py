@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from undolog.api import EffectDeliveryState, EffectState, EntryState, Saga, SagaPhase, SagaReason, UndoEntry
+from undolog.api import EffectDeliveryState, EntryState, Saga, SagaPhase, SagaReason, UndoEntry
 from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION
 from undolog.decisions import compensation_plan
 
@@ -47,7 +47,7 @@ def retry(saga: Saga) -> Verdict:
 def skip(saga: Saga, entry: UndoEntry) -> Verdict:
     """A person says an entry needs no (more) compensation: it was undone by hand."""
     phase = saga.status.phase
-    if phase == SagaPhase.HALTED and halted_forward(saga) and entry.status.effect == EffectState.FAILED:
+    if phase == SagaPhase.HALTED and halted_forward(saga) and entry.status.effect in compensation_plan.FAILED_EFFECTS:
         return Allowed(SagaPhase.ACTIVE)
     if (
         phase == SagaPhase.HALTED
@@ -98,7 +98,11 @@ def halted_on(saga: Saga, entries: Sequence[UndoEntry]) -> str | None:
         return None
     if halted_forward(saga):
         steps = saga.spec.steps or []
-        failed = [e for e in entries if e.status.effect == EffectState.FAILED and e.status.state != EntryState.SKIPPED]
+        failed = [
+            e
+            for e in entries
+            if e.status.effect in compensation_plan.FAILED_EFFECTS and e.status.state != EntryState.SKIPPED
+        ]
         positions = [e.spec.stack_position for e in failed if 0 < e.spec.stack_position <= len(steps)]
         return steps[max(positions) - 1].action.function if positions else None
     failure = compensation_plan.blocking_failure(entries)

@@ -7,12 +7,13 @@ async with await undolog.sdk.open_saga(generate_name="onboard-", namespace="agen
 """
 
 from undolog.api import Call
-from undolog.errors import NoSaga, SagaEnded
+from undolog.errors import NoSaga, NotSent, SagaEnded
 from undolog.sdk.saga import SagaRun, StepRun, current_saga, current_step, open_saga, undoable
 
 __all__ = [
     "Call",
     "NoSaga",
+    "NotSent",
     "SagaEnded",
     "SagaRun",
     "StepRun",

@@ -34,7 +34,7 @@ from undolog.conventions import (
     now,
 )
 from undolog.decisions.phases import FINAL
-from undolog.errors import NoSaga, SagaEnded
+from undolog.errors import NoSaga, NotSent, SagaEnded
 from undolog.kube import Kube, default_namespace
 from undolog.ledger import Ledger
 
@@ -154,13 +154,15 @@ class SagaRun:
         return StepRun(self, step, position, entry)
 
     async def finish(self, run: StepRun, error: BaseException | None = None) -> None:
-        """Record the effect's outcome: Committed with its output, or Failed with the error."""
+        """Record the effect's outcome: Committed with its output, or Failed with the error
+        (NotSent when the agent raised NotSent: the call provably never left)."""
         ledger = await self._client()
         if error is None:
             output, omitted = kept_output(run.output)
             changes: dict[str, Any] = {"effect": EffectState.COMMITTED, "output": output, "output_omitted": omitted}
         else:
-            changes = {"effect": EffectState.FAILED, "last_error": describe_error(error)[:4096]}
+            effect = EffectState.NOT_SENT if isinstance(error, NotSent) else EffectState.FAILED
+            changes = {"effect": effect, "last_error": describe_error(error)[:4096]}
         changes["executed_at"] = now()
         run.entry = await ledger.write_entry_status(run.entry, run.entry.status.model_copy(update=changes))
 
