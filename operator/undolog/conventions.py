@@ -108,6 +108,7 @@ def new_undo_entry(
     *,
     undo_id: str | None = None,
     registered_at: datetime | None = None,
+    depends_on: list[str] | None = None,
 ) -> UndoEntry:
     """The UndoEntry that registers `step` of `saga` at `position`, before the step runs."""
     meta = saga.metadata
@@ -125,6 +126,7 @@ def new_undo_entry(
             step=step,
             compensation=compensation,
             registered_at=registered_at or now(),
+            depends_on=depends_on,
         ),
     )
 

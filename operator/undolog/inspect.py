@@ -62,7 +62,8 @@ class SagaDetail:
 
 @dataclass(frozen=True)
 class PlannedCompensation:
-    """One compensation the operator would make now, in order."""
+    """One compensation the operator would make, in order: entries with the same order are
+    compensated together (independent steps, see dependsOn); under strict LIFO one per order."""
 
     order: int
     entry: UndoEntry
@@ -180,7 +181,8 @@ class Inspector:
         outputs = {e.spec.step: e.status.output for e in entries}
         registry = Registry(self.ledger)
         planned = []
-        for order, entry in enumerate(compensation_plan.unsettled(entries), start=1):
+        in_order = [(order, e) for order, wave in enumerate(compensation_plan.waves(entries), start=1) for e in wave]
+        for order, entry in in_order:
             call = entry.spec.compensation
             if call is None:
                 planned.append(PlannedCompensation(order, entry, None, None, "no compensation: skipped"))

@@ -5,8 +5,9 @@ records (what actually arrived, in what order, under which key) and the final ob
 2. Every effect that happened (its forward call arrived, or its entry says it committed) is
    compensated exactly once in net when its saga is Compensated: a repeat only under the same
    Idempotency-Key; and nothing of a Completed saga is compensated.
-3. No compensation runs out of LIFO order: an entry's first compensation call arrives only after
-   every higher entry's compensation succeeded.
+3. No compensation runs out of order: an entry's first compensation call arrives only after
+   the compensation of every entry that must be undone before it succeeded (every higher entry
+   under LIFO; with dependsOn, the ones that depend on it).
 
 Pure: records and objects in, violations out.
 """
@@ -100,31 +101,54 @@ def check(sagas: Sequence[Body], entries: Sequence[Body], forward: Iterable[Call
                 if state not in ("Compensated", "Skipped"):
                     report.violations.append(f"{ref}: {entry['metadata']['name']} is {state} in a Compensated saga")
                 report.compensations_checked += 1
-        report.violations.extend(lifo_violations(ref, stack, undo_by_key))
+        report.violations.extend(order_violations(ref, stack, undo_by_key))
     for key, calls in undo_by_key.items():
         if key not in known_undo_keys:
             report.violations.append(f"compensation under unknown key {key} ({len(calls)} calls)")
     return report
 
 
-def lifo_violations(ref: str, stack: Sequence[Body], undo_by_key: dict[str, list[Call]]) -> list[str]:
-    """Under LIFO an entry's first compensation call comes after the higher entries' successes."""
+def order_violations(ref: str, stack: Sequence[Body], undo_by_key: dict[str, list[Call]]) -> list[str]:
+    """An entry's first compensation call comes only after every entry that must be undone
+    before it has succeeded, transitively: with `dependsOn`, the higher entries that name its
+    step; without it (or naming a step that is not below it), every higher entry (LIFO).
+    Written apart from the operator's rule, over the raw objects."""
+    ascending = sorted(stack, key=lambda e: e["spec"]["stackPosition"])
+    below: dict[str, set[str]] = {}
+    seen: set[str] = set()
+    for entry in ascending:
+        below[entry["metadata"]["name"]] = set(seen)
+        seen.add(entry["spec"]["step"])
+
+    def waits(upper: Body, lower: Body) -> bool:
+        if upper["spec"]["stackPosition"] <= lower["spec"]["stackPosition"]:
+            return False
+        named = upper["spec"].get("dependsOn")
+        if named is None or not set(named) <= below[upper["metadata"]["name"]]:
+            return True
+        return bool(lower["spec"]["step"] in named)
+
+    before: dict[str, set[str]] = {}  # name -> every entry that must be undone before it
+    for lower in reversed(ascending):
+        direct = [u["metadata"]["name"] for u in ascending if waits(u, lower)]
+        before[lower["metadata"]["name"]] = set(direct).union(*(before[u] for u in direct))
+    calls_of = {
+        e["metadata"]["name"]: sorted(undo_by_key.get(f"undo-{e['spec']['undoId']}", []), key=lambda c: c.at)
+        for e in stack
+        if e["spec"].get("compensation") is not None
+    }
+    first_success = {
+        name: min(c.at for c in calls if 200 <= c.replied < 300)
+        for name, calls in calls_of.items()
+        if any(200 <= c.replied < 300 for c in calls)
+    }
     violations = []
-    done_at: float | None = None  # when the entries above had all succeeded
-    above = ""
-    for entry in stack:  # highest position first
-        compensation = entry["spec"].get("compensation")
-        if compensation is None:
-            continue
-        calls = sorted(undo_by_key.get(f"undo-{entry['spec']['undoId']}", []), key=lambda c: c.at)
+    for entry in reversed(ascending):
+        name = entry["metadata"]["name"]
+        calls = calls_of.get(name)
         if not calls:
             continue
-        if done_at is not None and calls[0].at < done_at:
-            violations.append(
-                f"{ref}: {entry['metadata']['name']} was compensated before {above} had succeeded (LIFO broken)"
-            )
-        succeeded = [c.at for c in calls if 200 <= c.replied < 300]
-        if succeeded:
-            done_at = max(done_at or 0.0, min(succeeded))
-            above = entry["metadata"]["name"]
+        early = [(first_success[u], u) for u in before[name] if u in first_success and calls[0].at < first_success[u]]
+        if early:
+            violations.append(f"{ref}: {name} was compensated before {max(early)[1]} had succeeded (order broken)")
     return violations

@@ -1,7 +1,9 @@
 """The fault-injection workload: a mix of sagas against one participant, and the checks.
 
-A third are external sagas (three committed entries, then aborted), a third orchestrated
-sagas refused at one step (so compensated), a third orchestrated sagas that complete.
+A third are external sagas (three committed entries, then aborted; every other one declares
+entries 2 and 3 independent of each other, both depending on 1, so they are undone together), a
+third orchestrated sagas refused at one step (so compensated), a third orchestrated sagas that
+complete.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Workload:
                     name, position, owner_uid=created["metadata"]["uid"], compensation=call("undo", n=position)
                 )
                 body["spec"]["effectId"] = f"{created['metadata']['uid']}:step{position}:fwd"
+                if (i // 3) % 2 and position > 1:
+                    body["spec"]["dependsOn"] = ["step1"]
                 await self.kube.create("undoentries", self.namespace, body)
                 await self.kube.patch_status(
                     "undoentries", self.namespace, f"{name}-{position}", {"status": {"effect": "Committed"}}

@@ -21,13 +21,21 @@ pytestmark = pytest.mark.cluster
 
 
 async def external_saga(
-    kube: Kube, namespace: str, name: str, calls: list[dict[str, Any]], **spec: Any
+    kube: Kube,
+    namespace: str,
+    name: str,
+    calls: list[dict[str, Any]],
+    depends_on: dict[int, list[str]] | None = None,
+    **spec: Any,
 ) -> tuple[Body, list[Body]]:
-    """A saga and one committed entry per call, positions 1..n, as the SDK writes them."""
+    """A saga and one committed entry per call, positions 1..n (steps step1..stepn), as the SDK
+    writes them; `depends_on` gives an entry's dependsOn by position."""
     created = await kube.create("sagas", namespace, saga(name, **spec))
     entries = []
     for position, compensation in enumerate(calls, start=1):
         body = undo_entry(name, position, owner_uid=created["metadata"]["uid"], compensation=compensation)
+        if depends_on and position in depends_on:
+            body["spec"]["dependsOn"] = depends_on[position]
         body["spec"]["effectId"] = f"{created['metadata']['uid']}:step{position}:fwd"
         entry = await kube.create("undoentries", namespace, body)
         entries.append(

@@ -47,7 +47,25 @@ def test_out_of_order_compensation_is_caught() -> None:
         [],
         [undo("a", 2, 1.0, 503), undo("a", 1, 1.1), undo("a", 2, 1.2)],
     )
-    assert report.violations == ["ns/a: a-1 was compensated before a-2 had succeeded (LIFO broken)"]
+    assert report.violations == ["ns/a: a-1 was compensated before a-2 had succeeded (order broken)"]
+
+
+def test_the_dependency_order_is_checked_instead_of_lifo_where_declared() -> None:
+    diamond = [entry("d", 1), entry("d", 2), entry("d", 3), entry("d", 4)]
+    diamond[1]["spec"]["dependsOn"] = ["s1"]
+    diamond[2]["spec"]["dependsOn"] = ["s1"]
+    diamond[3]["spec"]["dependsOn"] = ["s2", "s3"]
+    together = [undo("d", 4, 1.0), undo("d", 2, 1.1), undo("d", 3, 1.1), undo("d", 1, 1.3)]
+    assert check([saga("d", "Compensated")], diamond, [], together).violations == []
+    early = [undo("d", 4, 1.0), undo("d", 2, 1.1), undo("d", 1, 1.2), undo("d", 3, 1.3)]
+    assert check([saga("d", "Compensated")], diamond, [], early).violations == [
+        "ns/d: d-1 was compensated before d-3 had succeeded (order broken)"
+    ]
+    skipped_the_top = [undo("d", 2, 1.0), undo("d", 3, 1.0), undo("d", 4, 1.1), undo("d", 1, 1.3)]
+    assert check([saga("d", "Compensated")], diamond, [], skipped_the_top).violations == [
+        "ns/d: d-3 was compensated before d-4 had succeeded (order broken)",
+        "ns/d: d-2 was compensated before d-4 had succeeded (order broken)",
+    ]
 
 
 def test_unfinished_sagas_missed_compensations_and_stray_keys_are_caught() -> None:

@@ -20,7 +20,7 @@ from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner
 from undolog.calls.transport import PreparedCall
 from undolog.controller.compensation import Compensator
-from undolog.controller.context import DriverContext, wait_without_slot
+from undolog.controller.context import DriverContext, Slot, wait_without_slot
 from undolog.controller.driver import SagaDriver
 from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
@@ -339,6 +339,14 @@ async def test_an_entry_registered_after_completion_is_settled_and_said(operator
     assert operator.state("c-1") == ("Committed", "Pending")  # the committed step is left alone
     assert any(reason == "EntryAfterCompletion" for _, reason, _ in operator.kube.events)
     assert operator.transport.sent == []
+
+
+async def test_calls_made_together_give_up_and_take_back_one_slot() -> None:
+    slots = asyncio.Semaphore(2)
+    async with Slot(slots):
+        await asyncio.gather(wait_without_slot(0.01), wait_without_slot(0.02))  # two calls of one saga retrying
+        assert slots.locked() is False  # it holds exactly one of the two
+    await asyncio.wait_for(asyncio.gather(slots.acquire(), slots.acquire()), 1)  # both free again: none leaked
 
 
 async def test_a_saga_waiting_to_retry_gives_its_slot_to_another(operator: Operator) -> None:

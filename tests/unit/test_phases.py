@@ -39,7 +39,11 @@ def make_saga(phase: str | None = "Active", **spec: Any) -> Saga:
 
 
 def make_entry(
-    position: int, state: str = "Pending", compensation: bool = True, effect: str = "Committed"
+    position: int,
+    state: str = "Pending",
+    compensation: bool = True,
+    effect: str = "Committed",
+    depends_on: list[str] | None = None,
 ) -> UndoEntry:
     spec: dict[str, Any] = {
         "saga": "s",
@@ -51,6 +55,8 @@ def make_entry(
     }
     if compensation:
         spec["compensation"] = {"function": "undo"}
+    if depends_on is not None:
+        spec["dependsOn"] = depends_on
     return UndoEntry.model_validate(
         {"metadata": {"name": f"s-{position}"}, "spec": spec, "status": {"state": state, "effect": effect}}
     )
@@ -112,12 +118,13 @@ def test_compensation_is_lifo_complete_and_halts_as_the_policy_says(
     order: list[int] = []
     for _ in range(100):
         move = phases.decide(saga, list(entries.values()), NOW, FRESH)
-        if not isinstance(move, moves.CompensateEntry):
+        if not isinstance(move, moves.CompensateEntries):
             break
-        position = move.entry.spec.stack_position
+        (entry,) = move.entries  # without dependsOn, one at a time
+        position = entry.spec.stack_position
         order.append(position)
-        fails = position in failing and move.entry.spec.compensation is not None
-        entries[position] = with_state(move.entry, "Failed" if fails else "Compensated")
+        fails = position in failing and entry.spec.compensation is not None
+        entries[position] = with_state(entry, "Failed" if fails else "Compensated")
     assert isinstance(move, moves.Transition)
     assert order == sorted(order, reverse=True)  # strictly newest first, each once
     assert len(set(order)) == len(order)
@@ -193,6 +200,91 @@ def test_an_entry_registered_after_completion_is_recorded_once() -> None:
     assert phases.decide(done, [make_entry(1), with_state(late, "Skipped")], NOW) == moves.Wait(finished=True)
 
 
+@st.composite
+def dependency_stacks(draw: st.DrawFn) -> list[UndoEntry]:
+    """A stack of up to 12 entries, each depending on everything below (no dependsOn), on
+    nothing, or on some lower steps (sometimes naming a step that is not below it)."""
+    size = draw(st.integers(1, 12))
+    entries = []
+    for position in range(1, size + 1):
+        lower = [f"step{p}" for p in range(1, position)]
+        kind = draw(st.sampled_from(["all", "none", "some", "unknown"]))
+        named = {
+            "all": None,
+            "none": [],
+            "some": draw(st.lists(st.sampled_from(lower), unique=True)) if lower else [],
+            "unknown": [*draw(st.lists(st.sampled_from(lower), unique=True, max_size=2)), f"step{position + 1}"]
+            if lower
+            else None,
+        }[kind]
+        entries.append(make_entry(position, depends_on=named))
+    return entries
+
+
+def must_wait(upper: UndoEntry, lower: UndoEntry) -> bool:
+    """The oracle, written apart from the rule: `upper` is undone before `lower`."""
+    if upper.spec.stack_position <= lower.spec.stack_position:
+        return False
+    named = upper.spec.depends_on
+    trusted = named is not None and all(int(n.removeprefix("step")) < upper.spec.stack_position for n in named)
+    return not trusted or lower.spec.step in (named or [])
+
+
+@given(dependency_stacks(), st.sets(st.integers(1, 12), max_size=3), st.sampled_from(["Halt", "Continue"]))
+def test_compensation_follows_the_dependency_order_and_runs_independent_entries_together(
+    stack: list[UndoEntry], failing: set[int], policy: str
+) -> None:
+    entries = {e.spec.stack_position: e for e in stack}
+    saga = make_saga("Compensating", compensationPolicy={"onFailure": policy})
+    done: set[int] = set()
+    for _ in range(100):
+        move = phases.decide(saga, list(entries.values()), NOW, FRESH)
+        if not isinstance(move, moves.CompensateEntries):
+            break
+        assert 1 <= len(move.entries) <= compensation_plan.PARALLEL
+        for entry in move.entries:
+            waiting = [u for u in stack if must_wait(u, entry)]
+            settled = {"Compensated", "Skipped"} | ({"Failed"} if policy == "Continue" else set())
+            assert all(entries[u.spec.stack_position].status.state in settled for u in waiting), (
+                entry.spec.stack_position,
+                [u.spec.stack_position for u in waiting],
+            )
+        # Everything the rule let go at once is independent: none must wait for another of them.
+        assert not any(must_wait(a, b) for a in move.entries for b in move.entries)
+        for entry in move.entries:
+            position = entry.spec.stack_position
+            entries[position] = with_state(entry, "Failed" if position in failing else "Compensated")
+            done.add(position)
+    assert isinstance(move, moves.Transition)
+    failed = {p for p, e in entries.items() if e.status.state == "Failed"}
+    if not failed:
+        assert move.phase == "Compensated"
+        assert done == set(entries)
+    else:
+        assert move.phase == "Halted"
+        if policy == "Continue":
+            assert done == set(entries)  # the rest went on first
+        else:  # nothing that had to wait for a failed entry was touched
+            assert not any(must_wait(entries[f], entries[p]) for f in failed for p in done)
+
+
+def test_independent_entries_go_together_and_the_plan_shows_waves() -> None:
+    independent = [make_entry(p, depends_on=[]) for p in range(1, 13)]
+    move = phases.decide(make_saga("Compensating"), independent, NOW, FRESH)
+    assert isinstance(move, moves.CompensateEntries)
+    assert [e.spec.stack_position for e in move.entries] == list(range(12, 2, -1))  # PARALLEL at once, newest first
+    diamond = [
+        make_entry(1),
+        make_entry(2, depends_on=["step1"]),
+        make_entry(3, depends_on=["step1"]),
+        make_entry(4, depends_on=["step2", "step3"]),
+    ]
+    waves = [[e.spec.stack_position for e in wave] for wave in compensation_plan.waves(diamond)]
+    assert waves == [[4], [3, 2], [1]]
+    lifo = [make_entry(p) for p in (1, 2, 3)]
+    assert [[e.spec.stack_position for e in w] for w in compensation_plan.waves(lifo)] == [[3], [2], [1]]
+
+
 proofs = st.sampled_from(list(EntryProof))
 
 
@@ -206,11 +298,11 @@ def test_nothing_is_compensated_unlisted_and_nothing_declared_compensated_on_an_
     move = phases.decide(make_saga(phase), entries, NOW, proof)
     if proof == EntryProof.NONE:
         assert move == moves.ProveEntries()
-    if isinstance(move, moves.CompensateEntry):
+    if isinstance(move, moves.CompensateEntries):
         assert proof != EntryProof.NONE
-        assert move.entry.spec.stack_position == max(
-            e.spec.stack_position for e in entries if e.status.state in compensation_plan.OWED
-        )
+        assert [e.spec.stack_position for e in move.entries] == [
+            max(e.spec.stack_position for e in entries if e.status.state in compensation_plan.OWED)
+        ]
     if isinstance(move, moves.Transition) and move.phase == SagaPhase.COMPENSATED:
         assert proof == EntryProof.FRESH
         assert not compensation_plan.owed(entries)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
 Plural = Literal["sagas", "undoentries", "webhooks"]
@@ -19,6 +19,8 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 # Step names are DNS labels that may also hold '_' (the design's own references, such as
 # ${steps.create_user.output.user_id}, use it); they never become object names.
 STEP_NAME = r"^[a-z0-9]([-_a-z0-9]*[a-z0-9])?$"
+StepName = Annotated[str, StringConstraints(max_length=63, pattern=STEP_NAME), Field(description="A step name.")]
+MAX_DEPENDENCIES = 50  # names in one dependsOn
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 MAX_ARGS = 32
 MAX_MESSAGE = 4096

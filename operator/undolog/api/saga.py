@@ -10,6 +10,7 @@ from pydantic import Field, JsonValue
 
 from undolog.api.common import (
     LABEL_VALUE,
+    MAX_DEPENDENCIES,
     MAX_MESSAGE,
     MAX_SAGA_NAME,
     STEP_NAME,
@@ -18,6 +19,7 @@ from undolog.api.common import (
     Model,
     Plural,
     Resource,
+    StepName,
 )
 
 
@@ -81,6 +83,7 @@ def _rank(step: str) -> str:
 
 
 _OUT_OF_ORDER = f"i > 0 && {_rank('self[i - 1]')} > {_rank('s')}"
+_BAD_DEPENDENCY = "has(s.dependsOn) && s.dependsOn.exists(d, !self.exists(j, t, j < i && t.name == d))"
 _ORDER_HINT = "order spec.steps as Compensatable steps, then at most one Pivot, then Retriable steps"
 STEP_RULES: list[JsonValue] = [
     {
@@ -95,6 +98,14 @@ STEP_RULES: list[JsonValue] = [
         "messageExpression": (
             "'step \"' + self.transformList(i, s, s.type == 'Pivot', s.name)[1] + '\" is a second Pivot:"
             " a saga has at most one Pivot step (spec.steps[].type)'"
+        ),
+    },
+    {
+        "rule": f"self.all(i, s, !({_BAD_DEPENDENCY}))",
+        "messageExpression": (
+            f"self.transformList(i, s, {_BAD_DEPENDENCY}, 'step \"' + s.name + '\" dependsOn '"
+            f" + s.dependsOn.filter(d, !self.exists(j, t, j < i && t.name == d))[0]"
+            f" + ', which is not a step before it: spec.steps[].dependsOn names earlier steps')[0]"
         ),
     },
     {
@@ -151,6 +162,14 @@ class Step(Model):
     compensation: Call | None = Field(
         default=None,
         description="The call that undoes the action; required for Compensatable, forbidden otherwise.",
+    )
+    depends_on: list[StepName] | None = Field(
+        default=None,
+        max_length=MAX_DEPENDENCIES,
+        description=(
+            "Earlier steps this one depends on: they are undone only after this one is. Absent: it depends "
+            "on every earlier step (strict newest-first). [] : on none, so it may be undone alongside others."
+        ),
     )
 
     model_config = Model.model_config | {

@@ -8,7 +8,17 @@ from typing import Any, ClassVar
 
 from pydantic import Field, JsonValue
 
-from undolog.api.common import MAX_MESSAGE, MAX_SAGA_NAME, STEP_NAME, Call, Model, Plural, Resource
+from undolog.api.common import (
+    MAX_DEPENDENCIES,
+    MAX_MESSAGE,
+    MAX_SAGA_NAME,
+    STEP_NAME,
+    Call,
+    Model,
+    Plural,
+    Resource,
+    StepName,
+)
 
 
 class EffectState(StrEnum):
@@ -109,6 +119,14 @@ class UndoEntrySpec(Model):
     )
     registered_at: datetime = Field(
         description="RFC 3339 time with microseconds at which the entry was written, before the effect ran."
+    )
+    depends_on: list[StepName] | None = Field(
+        default=None,
+        max_length=MAX_DEPENDENCIES,
+        description=(
+            "Steps of lower entries this one depends on: they are compensated only after this one. Absent: "
+            "every lower entry (strict newest-first). A name that is no lower entry's step counts as absent."
+        ),
     )
 
     model_config = Model.model_config | {

@@ -38,6 +38,7 @@ class Slot:
     def __init__(self, slots: asyncio.Semaphore) -> None:
         self.slots = slots
         self.held = False
+        self.taking_back = asyncio.Lock()  # calls of one saga made together share the slot
 
     async def __aenter__(self) -> Slot:
         await self.slots.acquire()
@@ -52,12 +53,16 @@ class Slot:
             self.slots.release()
 
     async def pause(self, seconds: float) -> None:
+        """Give the slot up for `seconds`. With several calls of the saga under way, the first
+        to wait gives it up and the first to wake takes it back: never two slots for one saga."""
         if self.held:
             self.held = False
             self.slots.release()
         await asyncio.sleep(seconds)
-        await self.slots.acquire()
-        self.held = True
+        async with self.taking_back:
+            if not self.held:
+                await self.slots.acquire()
+                self.held = True
 
 
 _current: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("undolog_slot", default=None)

@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
 from undolog import errors, metrics
 from undolog.api import (
@@ -40,7 +42,7 @@ from undolog.ledger import newest
 log = logging.getLogger("undolog.driver")
 COUNTER_INTERVAL = 5.0  # seconds between progress writes of stackDepth and compensatedCount
 NOT_LEADING_RECHECK = 1.0  # seconds before a driver that found the Lease in doubt looks again
-CALLS = (moves.CompensateEntry, moves.ExecuteStep, moves.DeliverEffect)  # moves that take time
+CALLS = (moves.CompensateEntries, moves.ExecuteStep, moves.DeliverEffect)  # moves that take time
 Entries = dict[str, UndoEntry]
 
 
@@ -168,6 +170,26 @@ class SagaDriver:
             saga = newest(written, self.latest) or await ledger.saga(self.namespace, self.name)
             self.latest = saga
 
+    async def compensate(
+        self, saga: Saga, entries: Entries, names: list[str], outputs: Mapping[str, Mapping[str, Any] | None]
+    ) -> None:
+        """Compensate entries together; what each one wrote is kept even when another raised."""
+        compensator, ledger = self.context.compensator, self.context.ledger
+
+        async def one(name: str) -> None:
+            try:
+                entries[name] = await compensator.compensate(saga, entries[name], outputs)
+            except errors.NotFound:  # deleted while its call was being made: report it, go on
+                self.lose(lost_entry(entries.pop(name), "deleted by hand while its call was in flight"))
+            except errors.Conflict:  # decide again on its newest copy, not on what the watch holds
+                self.context.index.keep(await ledger.entry(*entries[name].key))
+                raise
+
+        results = await asyncio.gather(*(one(name) for name in names), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
     async def prove(self, saga: Saga, entries: Entries) -> None:
         """A consistent LIST of the saga's entries: the proof that none is missing. What the
         index held and the listing lacks was deleted; what cannot be read is reported."""
@@ -235,9 +257,8 @@ class SagaDriver:
                 timeline.record(saga, EventReason.ABORT_REFUSED, message, warning=True)
                 status = saga.status.model_copy(update={"reason": SagaReason.ABORT_REFUSED, "message": message})
                 return await self.write_status(saga, status)
-            case moves.CompensateEntry(entry=entry):
-                name = entry.metadata.name
-                entries[name] = await context.compensator.compensate(saga, entries[name], outputs)
+            case moves.CompensateEntries(entries=owed):
+                await self.compensate(saga, entries, [e.metadata.name for e in owed], outputs)
                 return await self.counted(saga, entries)
             case moves.DeliverEffect(effect=effect):
                 delivered = await context.forwarder.deliver(saga, effect, outputs)

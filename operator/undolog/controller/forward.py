@@ -50,7 +50,12 @@ class Forwarder:
         True when this call created it (so no attempt can have been sent yet)."""
         ledger = self.recorder.ledger
         entry = new_undo_entry(
-            saga, position, step.name, step.compensation, undo_id=stable_undo_id(saga.metadata.uid, position, step.name)
+            saga,
+            position,
+            step.name,
+            step.compensation,
+            undo_id=stable_undo_id(saga.metadata.uid, position, step.name),
+            depends_on=step.depends_on,
         )
         try:
             return await ledger.create_entry(entry), True

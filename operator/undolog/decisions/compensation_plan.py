@@ -1,4 +1,10 @@
-"""Which UndoEntry is compensated next: strictly descending stackPosition (LIFO).
+"""Which UndoEntries are compensated next: the dependency order, by default strict LIFO.
+
+An entry depends on the entries below it that its `spec.dependsOn` names (by step), or, without
+`dependsOn`, on every entry below it. An entry is compensated only once every entry above it
+that depends on it is settled (Compensated or Skipped; under onFailure Continue also Failed).
+Without any `dependsOn` that is exactly descending stackPosition (LIFO), one at a time;
+entries that do not depend on one another are compensated together (at most PARALLEL at once).
 
 An entry is still owed a compensation while its state is Pending or Running (Running means a
 call may have left before a crash: it is sent again under the same key). Its effect state
@@ -13,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from undolog.api import EffectState, EntryReason, EntryState, UndoEntry
+
+PARALLEL = 10  # entries of one saga compensated at once, at most
 
 OWED = frozenset({EntryState.PENDING, EntryState.RUNNING})
 SETTLED = frozenset({EntryState.COMPENSATED, EntryState.SKIPPED})
@@ -43,6 +51,69 @@ def unsettled(entries: Iterable[UndoEntry]) -> list[UndoEntry]:
 
 def newest_first(entries: Iterable[UndoEntry]) -> list[UndoEntry]:
     return sorted(entries, key=lambda e: e.spec.stack_position, reverse=True)
+
+
+def declared_dependencies(entries: Iterable[UndoEntry]) -> dict[str, frozenset[str] | None]:
+    """Each entry's `dependsOn` (by entry name) where it can be trusted, else None (everything
+    below it): a `dependsOn` that names a step which is not below the entry is not trusted."""
+    declared: dict[str, frozenset[str] | None] = {}
+    below: set[str] = set()
+    for entry in sorted(entries, key=lambda e: e.spec.stack_position):
+        names = entry.spec.depends_on
+        declared[entry.metadata.name] = frozenset(names) if names is not None and set(names) <= below else None
+        below.add(entry.spec.step)
+    return declared
+
+
+def depends(upper: UndoEntry, lower: UndoEntry, declared: dict[str, frozenset[str] | None]) -> bool:
+    """Whether `upper` must be compensated before `lower`."""
+    if upper.spec.stack_position <= lower.spec.stack_position:
+        return False
+    names = declared.get(upper.metadata.name)
+    return names is None or lower.spec.step in names
+
+
+def ready(entries: Sequence[UndoEntry], *, failed_blocks: bool) -> list[UndoEntry]:
+    """The owed entries that may be compensated now, newest first: every entry that must go
+    before each is settled (or Failed, unless `failed_blocks`: onFailure Halt). Linear: an
+    entry waits for the highest unsettled entry without a trusted dependsOn, and for the
+    unsettled entries that name its step."""
+    done = SETTLED if failed_blocks else SETTLED | {EntryState.FAILED}
+    declared = declared_dependencies(entries)
+    waits_for_all_below = -1  # position of the highest unsettled entry that depends on everything below
+    named: dict[str, int] = {}  # step -> position of the highest unsettled entry that names it
+    for entry in entries:
+        if entry.status.state in done:
+            continue
+        position, names = entry.spec.stack_position, declared[entry.metadata.name]
+        if names is None:
+            waits_for_all_below = max(waits_for_all_below, position)
+        for step in names or ():
+            named[step] = max(named.get(step, -1), position)
+    return [
+        e
+        for e in owed(entries)
+        if e.spec.stack_position >= waits_for_all_below and named.get(e.spec.step, -1) <= e.spec.stack_position
+    ]
+
+
+def waves(entries: Sequence[UndoEntry]) -> list[list[UndoEntry]]:
+    """What a compensation would do from here (after a retry) if every call succeeded: the
+    unsettled entries in the groups that may run together, first group first, newest first."""
+    simulated = {
+        e.metadata.name: e.model_copy(update={"status": e.status.model_copy(update={"state": EntryState.PENDING})})
+        if e.status.state == EntryState.FAILED
+        else e
+        for e in entries
+    }
+    original = {e.metadata.name: e for e in entries}
+    result: list[list[UndoEntry]] = []
+    while wave := ready(list(simulated.values()), failed_blocks=True):
+        result.append([original[w.metadata.name] for w in wave])
+        for entry in wave:
+            settled = entry.status.model_copy(update={"state": EntryState.COMPENSATED})
+            simulated[entry.metadata.name] = entry.model_copy(update={"status": settled})
+    return result
 
 
 def blocking_failure(entries: Sequence[UndoEntry]) -> UndoEntry | None:

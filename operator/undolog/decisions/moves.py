@@ -95,10 +95,11 @@ class RefuseAbort:
 
 
 @dataclass(frozen=True)
-class CompensateEntry:
-    """Compensate (or skip, when it has no compensation) this entry, the highest one owed."""
+class CompensateEntries:
+    """Compensate (or settle without a call) these entries together: the ones the dependency
+    order lets go now (under strict LIFO, only the highest one owed), newest first."""
 
-    entry: UndoEntry
+    entries: tuple[UndoEntry, ...]
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ Move = (
     | ExecuteStep
     | MarkPivot
     | RefuseAbort
-    | CompensateEntry
+    | CompensateEntries
     | DeliverEffect
     | Retry
     | SkipEntry

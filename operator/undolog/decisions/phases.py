@@ -45,7 +45,7 @@ from undolog.conventions import (
 from undolog.decisions import compensation_plan, resolutions
 from undolog.decisions.forward import effects_move, forward_move
 from undolog.decisions.moves import (
-    CompensateEntry,
+    CompensateEntries,
     EntryProof,
     Initialize,
     Move,
@@ -155,20 +155,21 @@ def registered_after_completion(saga: Saga, entries: Sequence[UndoEntry]) -> lis
 
 
 def compensating_move(saga: Saga, entries: Sequence[UndoEntry], proof: EntryProof) -> Move:
-    """LIFO: the highest entry still owed, once a LIST has shown where the top of the stack is.
-    A Failed or lost entry stops the descent under Halt (everything above it is compensated
-    first); under Continue the rest goes on first. Compensated only on a fresh LIST."""
+    """The entries the dependency order lets go now (strict LIFO: the highest one owed), once a
+    LIST has shown where the top of the stack is. Under Halt a Failed entry keeps what it
+    depends on waiting (without dependsOn: everything below it), and a lost entry everything
+    below it; under Continue the rest goes on first. Compensated only on a fresh LIST."""
     if proof == EntryProof.NONE:
         return ProveEntries()
     failure = compensation_plan.blocking_failure(entries)
-    owed = compensation_plan.owed(entries)
     halting = saga.spec.compensation_policy.on_failure == OnFailure.HALT
+    ready = compensation_plan.ready(entries, failed_blocks=halting)
     lost = [e for e in saga.status.lost_entries if not e.acknowledged]
     if lost and halting:
         lowest_allowed = max(e.stack_position or 0 for e in lost)
-        owed = [e for e in owed if e.spec.stack_position > lowest_allowed]
-    if owed and not (halting and failure is not None):
-        return CompensateEntry(owed[0])
+        ready = [e for e in ready if e.spec.stack_position > lowest_allowed]
+    if ready:
+        return CompensateEntries(tuple(ready[: compensation_plan.PARALLEL]))
     if lost:
         names = ", ".join(f"{e.name} ({e.why})" for e in lost)
         return Transition(

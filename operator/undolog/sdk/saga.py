@@ -6,7 +6,7 @@ import asyncio
 import contextvars
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -128,11 +128,12 @@ class SagaRun:
 
     # -- steps -------------------------------------------------------------------------------
 
-    async def register(self, step: str, compensation: Call | None) -> StepRun:
+    async def register(self, step: str, compensation: Call | None, depends_on: Sequence[str] | None = None) -> StepRun:
         """Write the step's UndoEntry (write-ahead) and mark its effect Executing.
 
         Positions come from a lock-guarded counter, so concurrent tool calls get distinct,
         strictly increasing positions; AlreadyExists on a position is never retried silently.
+        `depends_on` names steps registered before this one (see `step`).
         """
         if self._ended:
             raise SagaEnded(f"saga {self.namespace}/{self.name} is {self._ended}: step {step!r} was not registered")
@@ -142,12 +143,21 @@ class SagaRun:
         if phase not in (None, SagaPhase.ACTIVE) or self.saga.spec.outcome:
             raise SagaEnded(f"saga {self.namespace}/{self.name} is {phase}: step {step!r} was not registered or run")
         async with self._lock:
+            unknown = sorted(set(depends_on or ()) - self._names)
+            if unknown:
+                raise ValueError(
+                    f"step {step!r} depends_on {', '.join(unknown)}, which no step of saga {self.name} registered "
+                    f"before it is called (known: {', '.join(sorted(self._names)) or 'none'})"
+                )
             self._positions += 1
             position = self._positions
             if step in self._names:  # a tool called twice: each call its own step and forward key
                 step = f"{step}-{position}"
             self._names.add(step)
-        entry = await ledger.create_entry(new_undo_entry(self.saga, position, step, compensation))
+        dependencies = None if depends_on is None else list(depends_on)
+        entry = await ledger.create_entry(
+            new_undo_entry(self.saga, position, step, compensation, depends_on=dependencies)
+        )
         entry = await ledger.write_entry_status(
             entry, entry.status.model_copy(update={"effect": EffectState.EXECUTING})
         )
@@ -167,10 +177,12 @@ class SagaRun:
         run.entry = await ledger.write_entry_status(run.entry, run.entry.status.model_copy(update=changes))
 
     @asynccontextmanager
-    async def step(self, name: str, compensation: Call | None = None) -> AsyncIterator[StepRun]:
+    async def step(
+        self, name: str, compensation: Call | None = None, *, depends_on: Sequence[str] | None = None
+    ) -> AsyncIterator[StepRun]:
         """Register, run the body, record the outcome. An exception marks the effect Failed
         (its outcome may be partial, so it is still compensated) and propagates."""
-        run = await self.register(name, compensation)
+        run = await self.register(name, compensation, depends_on)
         token = _current_step.set(run)
         try:
             yield run
@@ -314,7 +326,10 @@ R = TypeVar("R")
 
 
 def undoable(
-    compensation: Callable[..., Call | None] | None = None, *, step: str | None = None
+    compensation: Callable[..., Call | None] | None = None,
+    *,
+    step: str | None = None,
+    depends_on: Sequence[str] | None = None,
 ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
     """Make an async tool undoable within the current saga.
 
@@ -322,6 +337,8 @@ def undoable(
     before the tool, so the undo is on the ledger before the effect can happen. A tool that
     returns a dict has it stored as the step's output (usable in `${steps.<name>.output...}`).
     Inside the tool, `current_step().forward_key` is the Idempotency-Key for its own call.
+    `depends_on` (step names): only those earlier steps are undone after this one; the others
+    may be undone alongside it (absent: it depends on every earlier step).
     """
 
     def wrap(tool: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
@@ -331,7 +348,7 @@ def undoable(
         async def run(*args: P.args, **kwargs: P.kwargs) -> R:
             saga = current_saga()
             undo = compensation(*args, **kwargs) if compensation else None
-            async with saga.step(name, undo) as running:
+            async with saga.step(name, undo, depends_on=depends_on) as running:
                 result = await tool(*args, **kwargs)
                 if isinstance(result, dict):
                     running.output = result
