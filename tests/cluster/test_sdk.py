@@ -106,6 +106,34 @@ async def test_a_tool_that_never_sent_its_call_is_not_undone(
     assert "over the card's limit" in never["skipReason"]
 
 
+async def test_steps_declare_what_they_depend_on_and_unknown_names_are_refused(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
+) -> None:
+    await register(kube, namespace, participant, "delete-user", "revoke", "recall")
+    saga = await open_saga(generate_name="agent-", namespace=namespace, kubeconfig=str(cluster.kubeconfig))
+
+    async def agent() -> None:
+        async with saga:
+            async with saga.step("create_user", Call(function="delete-user")):
+                pass
+            with pytest.raises(ValueError, match="depends_on send_mail, which no step of saga"):
+                await saga.register("grant", Call(function="revoke"), depends_on=["send_mail"])
+            async with saga.step("grant", Call(function="revoke"), depends_on=["create_user"]):
+                pass
+            async with saga.step("send_email", Call(function="recall"), depends_on=["create_user"]):
+                pass
+            raise ToolFailed("changed my mind")
+
+    with pytest.raises(ToolFailed):
+        await agent()
+    await saga_phase(kube, namespace, saga.name, "Compensated")
+    listed = await entries(kube, namespace, saga.name)
+    assert [e["spec"].get("dependsOn") for e in listed] == [None, ["create_user"], ["create_user"]]
+    paths = [r.path for r in participant.received()]
+    assert sorted(paths[:2]) == ["/recall", "/revoke"]  # together, in either order
+    assert paths[2:] == ["/delete-user"]
+
+
 async def test_concurrent_tools_get_distinct_increasing_positions(
     kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
 ) -> None:

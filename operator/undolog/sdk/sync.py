@@ -12,7 +12,7 @@ import asyncio
 import contextvars
 import functools
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from types import TracebackType
@@ -70,8 +70,10 @@ class Saga:
         return self._run.uid
 
     @contextmanager
-    def step(self, name: str, compensation: Call | None = None) -> Iterator[StepRun]:
-        run = self._loop.run(self._run.register(name, compensation))
+    def step(
+        self, name: str, compensation: Call | None = None, *, depends_on: Sequence[str] | None = None
+    ) -> Iterator[StepRun]:
+        run = self._loop.run(self._run.register(name, compensation, depends_on))
         try:
             yield run
         except BaseException as error:
@@ -146,7 +148,10 @@ def open_saga(
 
 
 def undoable(
-    compensation: Callable[..., Call | None] | None = None, *, step: str | None = None
+    compensation: Callable[..., Call | None] | None = None,
+    *,
+    step: str | None = None,
+    depends_on: Sequence[str] | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """`undolog.sdk.undoable` for synchronous tools, within `with saga:`."""
 
@@ -160,7 +165,7 @@ def undoable(
             except LookupError:
                 raise NoSaga("no saga is open here: call @undoable tools inside `with saga:`") from None
             undo = compensation(*args, **kwargs) if compensation else None
-            with saga.step(name, undo) as running:
+            with saga.step(name, undo, depends_on=depends_on) as running:
                 result = tool(*args, **kwargs)
                 if isinstance(result, dict):
                     running.output = result
