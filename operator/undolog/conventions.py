@@ -109,6 +109,7 @@ def new_undo_entry(
     undo_id: str | None = None,
     registered_at: datetime | None = None,
     depends_on: list[str] | None = None,
+    effect_id: str | None = None,
 ) -> UndoEntry:
     """The UndoEntry that registers `step` of `saga` at `position`, before the step runs."""
     meta = saga.metadata
@@ -122,7 +123,7 @@ def new_undo_entry(
             saga=meta.name,
             undo_id=undo_id or str(uuid.uuid4()),
             stack_position=position,
-            effect_id=forward_key(meta.uid, step),
+            effect_id=effect_id or forward_key(meta.uid, step),
             step=step,
             compensation=compensation,
             registered_at=registered_at or now(),

@@ -29,7 +29,7 @@ from undolog.conventions import (
     now,
     timestamp,
 )
-from undolog.decisions import compensation_plan, resolutions
+from undolog.decisions import compensation_plan, resolutions, rewind
 from undolog.decisions.arguments import resolve
 from undolog.decisions.phases import TERMINAL
 from undolog.errors import CallNotPossible, CommandError
@@ -178,7 +178,7 @@ class Inspector:
         if saga.status.phase in TERMINAL:
             raise CommandError(f"saga {name!r} is {saga.status.phase}: there is nothing left to compensate")
         entries = await self.entries(saga)
-        outputs = {e.spec.step: e.status.output for e in entries}
+        outputs = rewind.outputs(entries)
         registry = Registry(self.ledger)
         planned = []
         in_order = [(order, e) for order, wave in enumerate(compensation_plan.waves(entries), start=1) for e in wave]

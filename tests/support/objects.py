@@ -21,6 +21,7 @@ def entry_body(
     effect: str = "Committed",
     compensation: dict[str, Any] | None = None,
     owner_uid: str | None = None,
+    step: str | None = None,
 ) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": f"{saga}-{position}", "namespace": namespace, "resourceVersion": str(rv)}
     if owner_uid:
@@ -36,7 +37,7 @@ def entry_body(
             "undoId": str(uuid.uuid4()),
             "stackPosition": position,
             "effectId": f"uid:step{position}:fwd",
-            "step": f"step{position}",
+            "step": step or f"step{position}",
             "compensation": compensation or {"function": "undo", "args": {"n": position}},
             "registeredAt": NOW.isoformat(),
         },

@@ -33,5 +33,6 @@ class EventReason(StrEnum):
     SAGA_UNREADABLE = "SagaUnreadable"
     PIVOT_COMMITTED = "PivotCommitted"
     ABORT_REFUSED = "AbortRefused"
+    REWIND_REFUSED = "RewindRefused"
     ANNOTATION_IGNORED = "AnnotationIgnored"
     OPERATOR_ERROR = "OperatorError"

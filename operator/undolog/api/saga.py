@@ -46,6 +46,13 @@ class SagaPhase(StrEnum):
     COMPENSATING = "Compensating"
     COMPENSATED = "Compensated"
     HALTED = "Halted"
+    REWINDING = "Rewinding"  # undoing the entries above spec.rewind.toPosition, then Active again
+
+
+class RewindState(StrEnum):
+    REWINDING = "Rewinding"
+    DONE = "Done"
+    REFUSED = "Refused"
 
 
 class SagaReason(StrEnum):
@@ -70,6 +77,9 @@ class SagaReason(StrEnum):
     ENTRY_SKIPPED = "EntrySkipped"
     RETRY_REQUESTED = "RetryRequested"
     LEDGER_WRITE_REFUSED = "LedgerWriteRefused"
+    REWINDING = "Rewinding"
+    REWOUND = "Rewound"
+    REWIND_REFUSED = "RewindRefused"
 
 
 MAX_STEPS = 50
@@ -140,7 +150,50 @@ ROOT_RULES: list[JsonValue] = [
             "(its Retriable steps are retried until they succeed)"
         ),
     },
+    {
+        # A rewind may not undo a committed Pivot (steps are positions 1..n the first time round).
+        "rule": "!has(self.spec.rewind) || (has(oldSelf.spec.rewind) && oldSelf.spec.rewind == self.spec.rewind)"
+        " || !has(self.spec.steps) || !has(self.status) || !has(self.status.pivotCommitted)"
+        " || !self.status.pivotCommitted || !self.spec.steps.exists(s, s.type == 'Pivot')"
+        " || self.spec.rewind.toPosition > self.spec.steps.transformList(i, s, s.type == 'Pivot', i)[0]",
+        "messageExpression": (
+            "'spec.rewind.toPosition ' + string(self.spec.rewind.toPosition) + ' is refused: it would undo the"
+            " committed Pivot step \"' + self.spec.steps.filter(s, s.type == 'Pivot')[0].name + '\" (position '"
+            " + string(self.spec.steps.transformList(i, s, s.type == 'Pivot', i)[0] + 1) + '); rewind to it or"
+            " above it'"
+        ),
+    },
 ]
+
+
+class Rewind(Model):
+    """A request to undo the entries above a stack position and then go on from there."""
+
+    to_position: int = Field(
+        ge=0,
+        le=1_000_000,
+        description="Undo (newest first) every entry above this stackPosition; 0 undoes all and keeps the saga.",
+    )
+    reason: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="Why; kept in status.rewind and an Event. A new request must differ from the last one.",
+    )
+
+
+class RewindStatus(Model):
+    """The last rewind: what was asked, and how far it got."""
+
+    to_position: int = Field(ge=0, le=1_000_000, description="spec.rewind.toPosition of the request.")
+    reason: str = Field(max_length=1024, description="spec.rewind.reason of the request.")
+    state: RewindState = Field(description="Rewinding, Done, or Refused (message says why).")
+    message: str | None = Field(default=None, max_length=MAX_MESSAGE, description="What happened.")
+    undone: int = Field(default=0, ge=0, description="Entries compensated (or skipped) by this rewind.")
+    started_at: datetime | None = Field(default=None, description="When the rewind started.")
+    finished_at: datetime | None = Field(default=None, description="When the saga was handed back.")
+
+    def answers(self, request: Rewind) -> bool:
+        return (self.to_position, self.reason) == (request.to_position, request.reason)
 
 
 class Step(Model):
@@ -298,6 +351,13 @@ class SagaSpec(Model):
         default=None,
         description="Set by the agent or a person: Abort compensates an Active saga; Commit completes it.",
     )
+    rewind: Rewind | None = Field(
+        default=None,
+        description=(
+            "Set by the agent, a person or a manifest on an Active saga: undo the entries above toPosition "
+            "(phase Rewinding), then hand the saga back (Active). Orchestrated sagas run their later steps again."
+        ),
+    )
 
     model_config = Model.model_config | {
         "json_schema_extra": {
@@ -357,6 +417,7 @@ class SagaStatus(Model):
     effects: list[EffectStatus] = Field(
         default_factory=list, max_length=20, description="Delivery of spec.effects after the saga completed."
     )
+    rewind: RewindStatus | None = Field(default=None, description="The last rewind (spec.rewind) and its progress.")
     lost_entries: list[LostEntry] = Field(
         default_factory=list,
         max_length=100,

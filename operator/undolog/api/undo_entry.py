@@ -175,6 +175,10 @@ class UndoEntryStatus(Model):
     )
     executed_at: datetime | None = Field(default=None, description="When the forward effect finished.")
     compensated_at: datetime | None = Field(default=None, description="When the compensation succeeded.")
+    rewound_at: datetime | None = Field(
+        default=None,
+        description="Settled by a rewind (spec.rewind) at this time: history; its step may have run again above it.",
+    )
     skip_reason: str | None = Field(default=None, max_length=MAX_MESSAGE, description="Why a person skipped it.")
     output: dict[str, Any] | None = Field(default=None, description="The forward call's JSON response (size-capped).")
     output_omitted: OmittedOutput | None = Field(

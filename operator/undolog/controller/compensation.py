@@ -11,13 +11,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from undolog.api import Attempt, AttemptKind, EntryReason, EntryState, EventReason, Saga, UndoEntry
+from undolog.api import Attempt, AttemptKind, EntryReason, EntryState, EventReason, Saga, SagaPhase, UndoEntry
 from undolog.calls.runner import AttemptRecord
 from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
 from undolog.conventions import clip, compensation_key, now
 from undolog.decisions import compensation_plan
 from undolog.decisions.retry import Verdict
 from undolog.errors import CallNotPossible
+
+
+def rewound(saga: Saga) -> dict[str, Any]:
+    """An entry settled while its saga rewinds is history from then on."""
+    return {"rewound_at": now()} if saga.status.phase == SagaPhase.REWINDING else {}
 
 
 @dataclass
@@ -33,10 +38,8 @@ class Compensator:
         if settled is not None or call is None:  # (the rule covers a missing compensation; mypy cannot see it)
             reason, why = settled or (EntryReason.NO_COMPENSATION, "")
             timeline.record(saga, EventReason.ENTRY_SKIPPED, f"{name} (step {entry.spec.step}): {why}")
-            skipped = entry.status.model_copy(
-                update={"state": EntryState.SKIPPED, "reason": reason, "skip_reason": why}
-            )
-            return await ledger.write_entry_status(entry, skipped)
+            skipped = {"state": EntryState.SKIPPED, "reason": reason, "skip_reason": why} | rewound(saga)
+            return await ledger.write_entry_status(entry, entry.status.model_copy(update=skipped))
         label = f"{name} (step {entry.spec.step}, {call.function} {call.version})"
         prepared = await self.recorder.prepare(
             saga, call, outputs, label, missing_as_null=True, kind=AttemptKind.COMPENSATION
@@ -82,7 +85,7 @@ class Compensator:
                 EventReason.ENTRY_COMPENSATED,
                 f"{label}: HTTP {last.outcome.status_code} in {last.duration_milliseconds} ms, attempt {last.number}",
             )
-            changes |= {"state": EntryState.COMPENSATED, "compensated_at": now(), "reason": None}
+            changes |= {"state": EntryState.COMPENSATED, "compensated_at": now(), "reason": None} | rewound(saga)
         else:
             changes |= {"state": EntryState.FAILED}
             changes |= failure_changes(result, saga, label, EventReason.COMPENSATION_FAILED, timeline)

@@ -26,6 +26,7 @@ from undolog.api import (
     EntryState,
     EventReason,
     LostEntry,
+    RewindStatus,
     Saga,
     SagaPhase,
     SagaReason,
@@ -34,7 +35,7 @@ from undolog.api import (
 )
 from undolog.controller.context import DriverContext, Slot
 from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, now, owned_by
-from undolog.decisions import compensation_plan, moves, phases
+from undolog.decisions import compensation_plan, moves, phases, rewind
 from undolog.decisions.moves import EntryProof
 from undolog.decisions.retry import operator_retry_seconds
 from undolog.ledger import newest
@@ -221,7 +222,7 @@ class SagaDriver:
         context = self.context
         ledger, timeline = context.ledger, context.timeline
         parsed = list(entries.values())
-        outputs = {e.spec.step: e.status.output for e in parsed}
+        outputs = rewind.outputs(parsed)
         match move:
             case moves.Initialize():
                 return await self.enter(saga, parsed, SagaPhase.ACTIVE, SagaReason.STARTED, "the operator took charge")
@@ -232,10 +233,13 @@ class SagaDriver:
             case moves.ProveEntries():
                 await self.prove(saga, entries)
                 return saga
-            case moves.Transition(phase=phase, reason=reason, message=message, failed_step=failed_step):
-                return await self.enter(saga, parsed, phase, reason, message, failed_step=failed_step)
-            case moves.RegisterStep(position=position, step=step):
-                entry, created = await context.forwarder.register(saga, position, step)
+            case moves.Transition(phase=phase, reason=reason, message=message, failed_step=failed_step, rewind=rewound):
+                return await self.enter(saga, parsed, phase, reason, message, failed_step=failed_step, rewound=rewound)
+            case moves.RefuseRewind(rewind=refused):
+                timeline.record(saga, EventReason.REWIND_REFUSED, refused.message or "rewind refused", warning=True)
+                return await self.write_status(saga, saga.status.model_copy(update={"rewind": refused}))
+            case moves.RegisterStep(position=position, step=step, again=again):
+                entry, created = await context.forwarder.register(saga, position, step, again=again)
                 entries[entry.metadata.name] = entry
                 if created:
                     self.never_sent.add(entry.metadata.name)
@@ -267,9 +271,14 @@ class SagaDriver:
                 return await self.retry(saga, entries, request, resume)
             case moves.SkipEntry(entry=entry, reason=reason, resume=resume):
                 name = entry.metadata.name
-                skipped = entries[name].status.model_copy(
-                    update={"state": EntryState.SKIPPED, "skip_reason": reason, "reason": EntryReason.SKIPPED_BY_PERSON}
-                )
+                changes: dict[str, Any] = {
+                    "state": EntryState.SKIPPED,
+                    "skip_reason": reason,
+                    "reason": EntryReason.SKIPPED_BY_PERSON,
+                }
+                if resume == SagaPhase.REWINDING:  # settled by the rewind: history from now on
+                    changes["rewound_at"] = now()
+                skipped = entries[name].status.model_copy(update=changes)
                 written = await ledger.write_entry_status(entries[name], skipped)
                 entries[name] = await ledger.drop_annotation(written, SKIP_ANNOTATION)
                 timeline.record(entries[name], EventReason.SKIPPED, f"skipped by a person: {reason}", warning=True)
@@ -347,7 +356,7 @@ class SagaDriver:
                     and was.state != EntryState.SKIPPED
                 ):
                     again = was.model_copy(update={"effect": EffectState.PENDING, "reason": None})
-                elif resume == SagaPhase.COMPENSATING and was.state == EntryState.FAILED:
+                elif resume in (SagaPhase.COMPENSATING, SagaPhase.REWINDING) and was.state == EntryState.FAILED:
                     again = was.model_copy(update={"state": EntryState.PENDING, "retry_count": 0, "reason": None})
                 else:
                     continue
@@ -369,6 +378,7 @@ class SagaDriver:
         message: str,
         *,
         failed_step: str | None = None,
+        rewound: RewindStatus | None = None,
     ) -> Saga:
         """Write the saga's new phase (conditions, counters), then post the Event."""
         status = phases.with_phase(
@@ -377,6 +387,8 @@ class SagaDriver:
         status = _with_counters(status, entries)
         if failed_step:
             status = status.model_copy(update={"failed_step": failed_step})
+        if rewound is not None:
+            status = status.model_copy(update={"rewind": rewound})
         if phase == SagaPhase.COMPLETED and not saga.spec.steps:
             # The proven top of the stack at the commit: an entry above it came later.
             top = max((e.spec.stack_position for e in entries), default=0)

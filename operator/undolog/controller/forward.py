@@ -35,7 +35,17 @@ from undolog.api import (
 )
 from undolog.calls.runner import AttemptRecord
 from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
-from undolog.conventions import clip, effect_key, entry_name, kept_output, new_undo_entry, now, owned_by, stable_undo_id
+from undolog.conventions import (
+    clip,
+    effect_key,
+    entry_name,
+    forward_key,
+    kept_output,
+    new_undo_entry,
+    now,
+    owned_by,
+    stable_undo_id,
+)
 from undolog.decisions.forward import EFFECT_RETRIES, FORWARD_RECOVERY_RETRIES
 from undolog.decisions.retry import Verdict
 from undolog.errors import CallNotPossible, StaleEntry
@@ -45,7 +55,7 @@ from undolog.errors import CallNotPossible, StaleEntry
 class Forwarder:
     recorder: CallRecorder
 
-    async def register(self, saga: Saga, position: int, step: Step) -> tuple[UndoEntry, bool]:
+    async def register(self, saga: Saga, position: int, step: Step, *, again: bool = False) -> tuple[UndoEntry, bool]:
         """Create the step's entry; after a crash, the one created before is found again.
         True when this call created it (so no attempt can have been sent yet)."""
         ledger = self.recorder.ledger
@@ -56,6 +66,8 @@ class Forwarder:
             step.compensation,
             undo_id=stable_undo_id(saga.metadata.uid, position, step.name),
             depends_on=step.depends_on,
+            # A step run again after a rewind is a new effect: a new forward key.
+            effect_id=forward_key(saga.metadata.uid, f"{step.name}@{position}") if again else None,
         )
         try:
             return await ledger.create_entry(entry), True

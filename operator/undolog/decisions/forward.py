@@ -24,7 +24,7 @@ from undolog.api import (
     StepType,
     UndoEntry,
 )
-from undolog.decisions import compensation_plan
+from undolog.decisions import compensation_plan, rewind
 from undolog.decisions.arguments import referenced_steps
 from undolog.decisions.moves import (
     DeliverEffect,
@@ -68,10 +68,10 @@ def reference_problems(steps: Sequence[Step]) -> list[str]:
 
 
 def pivot_committed(steps: Sequence[Step], entries: Sequence[UndoEntry]) -> bool:
-    positions = {e.spec.stack_position: e for e in entries}
-    for position, step in enumerate(steps, start=1):
+    by_step = rewind.current(entries)
+    for step in steps:
         if step.type == StepType.PIVOT:
-            entry = positions.get(position)
+            entry = by_step.get(step.name)
             return entry is not None and entry.status.effect == EffectState.COMMITTED
     return False
 
@@ -104,11 +104,12 @@ def forward_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, deadli
         return Transition(SagaPhase.FAILED, SagaReason.INVALID_REFERENCE, "; ".join(problems))
     if committed_pivot and not status.pivot_committed:
         return MarkPivot()
-    by_position = {e.spec.stack_position: e for e in entries}
-    for position, step in enumerate(steps, start=1):
-        entry = by_position.get(position)
+    by_step = rewind.current(entries)  # after a rewind, the steps above it run again
+    for step in steps:
+        entry = by_step.get(step.name)
         if entry is None:
-            return RegisterStep(position, step)
+            top = max((e.spec.stack_position for e in entries), default=0)
+            return RegisterStep(top + 1, step, again=any(e.spec.step == step.name for e in entries))
         effect = entry.status.effect
         if effect in (EffectState.PENDING, EffectState.EXECUTING):
             return ExecuteStep(entry, step)

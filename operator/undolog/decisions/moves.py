@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from undolog.api import Effect, SagaPhase, SagaReason, Step, UndoEntry
+from undolog.api import Effect, RewindStatus, SagaPhase, SagaReason, Step, UndoEntry
 
 
 class EntryProof(StrEnum):
@@ -45,12 +45,21 @@ class UpdateDepth:
 
 @dataclass(frozen=True)
 class Transition:
-    """Enter a phase: Failed, Compensating, Completed, Compensated, Halted, or Active again."""
+    """Enter a phase: Failed, Compensating, Completed, Compensated, Halted, Rewinding, or Active
+    again; `rewind` is the rewind's new record when it starts or ends."""
 
     phase: SagaPhase
     reason: SagaReason
     message: str
     failed_step: str | None = None
+    rewind: RewindStatus | None = None
+
+
+@dataclass(frozen=True)
+class RefuseRewind:
+    """Record why spec.rewind is not carried out (a Warning Event; the phase stays)."""
+
+    rewind: RewindStatus
 
 
 @dataclass(frozen=True)
@@ -68,10 +77,12 @@ class RecordLateEntry:
 
 @dataclass(frozen=True)
 class RegisterStep:
-    """Write-ahead: create the UndoEntry of an orchestrated step before its call."""
+    """Write-ahead: create the UndoEntry of an orchestrated step before its call. `again`: the
+    step ran before and was rewound, so this run is a new effect (a new forward key)."""
 
     position: int
     step: Step
+    again: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,6 +165,7 @@ Move = (
     | ExecuteStep
     | MarkPivot
     | RefuseAbort
+    | RefuseRewind
     | CompensateEntries
     | DeliverEffect
     | Retry

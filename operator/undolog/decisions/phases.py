@@ -1,7 +1,8 @@
 """The saga state machine: given a saga, its entries and how far they are proven complete,
 the next move.
 
-Active -> Completed, or Active -> Failed -> Compensating -> Compensated | Halted.
+Active -> Completed, or Active -> Failed -> Compensating -> Compensated | Halted; and
+Active -> Rewinding -> Active (or Halted) when spec.rewind asks for a partial rollback.
 `decide` is pure: the controller applies the move it returns (one API write, read or call),
 then asks again with what it got back, until the answer is to wait.
 
@@ -25,6 +26,8 @@ from undolog.api import (
     EntryState,
     OnFailure,
     Outcome,
+    Rewind,
+    RewindState,
     Saga,
     SagaPhase,
     SagaReason,
@@ -42,7 +45,7 @@ from undolog.conventions import (
     SKIP_ANNOTATION,
     clip,
 )
-from undolog.decisions import compensation_plan, resolutions
+from undolog.decisions import compensation_plan, resolutions, rewind
 from undolog.decisions.forward import effects_move, forward_move
 from undolog.decisions.moves import (
     CompensateEntries,
@@ -52,6 +55,7 @@ from undolog.decisions.moves import (
     ProveEntries,
     RecordLateEntry,
     RefuseAnnotation,
+    RefuseRewind,
     Retry,
     SkipEntry,
     SyncMetadata,
@@ -88,6 +92,9 @@ def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: Entry
 def phase_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof) -> Move:
     phase = saga.status.phase
     if phase == SagaPhase.ACTIVE:
+        request = rewind.requested(saga)
+        if request is not None:
+            return start_rewind(saga, entries, request, now)
         if saga.spec.steps:
             return forward_move(saga, entries, now, deadline_of(saga))
         return external_move(saga, entries, now, proof)
@@ -98,6 +105,8 @@ def phase_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: E
         return Transition(SagaPhase.COMPENSATING, SagaReason.COMPENSATING, f"undoing {owed} entries newest-first")
     if phase == SagaPhase.COMPENSATING:
         return compensating_move(saga, entries, proof)
+    if phase == SagaPhase.REWINDING:
+        return rewinding_move(saga, entries, now, proof)
     if phase == SagaPhase.COMPENSATED and compensation_plan.owed(entries):
         late = compensation_plan.owed(entries)[0]
         return Transition(
@@ -115,9 +124,9 @@ def phase_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: E
     return Wait()  # Halted: a person resolves it (retry or skip annotations)
 
 
-def external_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof) -> Move:
-    """An agent's saga: it ends by spec.outcome, a deadline or a delete; entries come from the SDK."""
-    spec, meta, status = saga.spec, saga.metadata, saga.status
+def failure_of(saga: Saga, now: datetime) -> Transition | None:
+    """An agent's saga (or a rewinding one) fails by spec.outcome Abort, a delete or its deadline."""
+    spec, meta = saga.spec, saga.metadata
     if spec.outcome == Outcome.ABORT:
         why = meta.annotations.get(ABORT_REASON_ANNOTATION)
         message = f"spec.outcome is Abort: {why}" if why else "spec.outcome is Abort"
@@ -136,6 +145,16 @@ def external_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof
             SagaReason.DEADLINE_EXCEEDED,
             f"not finished within spec.activeDeadlineSeconds={spec.active_deadline_seconds}",
         )
+    return None
+
+
+def external_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof) -> Move:
+    """An agent's saga: it ends by spec.outcome, a deadline or a delete; entries come from the SDK."""
+    spec, status = saga.spec, saga.status
+    failure = failure_of(saga, now)
+    if failure is not None:
+        return failure
+    deadline = deadline_of(saga)
     if spec.outcome == Outcome.COMMIT:
         # The top of the stack at the commit is proven, so a later entry can be told apart.
         if proof == EntryProof.NONE:
@@ -154,17 +173,60 @@ def registered_after_completion(saga: Saga, entries: Sequence[UndoEntry]) -> lis
     return [e for e in entries if e.spec.stack_position > top and e.status.state in compensation_plan.OWED]
 
 
-def compensating_move(saga: Saga, entries: Sequence[UndoEntry], proof: EntryProof) -> Move:
+def start_rewind(saga: Saga, entries: Sequence[UndoEntry], request: Rewind, now: datetime) -> Move:
+    refused = rewind.refusal(saga, request)
+    if refused is not None:
+        return RefuseRewind(rewind.refused(request, refused))
+    above = sum(1 for e in entries if e.spec.stack_position > request.to_position and e.status.rewound_at is None)
+    return Transition(
+        SagaPhase.REWINDING,
+        SagaReason.REWINDING,
+        f"rewinding to position {request.to_position}: undoing {above} entries above it ({request.reason})",
+        rewind=rewind.started(request, now),
+    )
+
+
+def rewinding_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof) -> Move:
+    """Like a compensation, limited to the entries above the rewind's position; then Active."""
+    failure = failure_of(saga, now)
+    if failure is not None:  # the whole saga is undone now: the compensation takes over
+        return failure
+    last = saga.status.rewind
+    if last is None:  # Rewinding is only entered with status.rewind; never stay in it without
+        return Transition(SagaPhase.ACTIVE, SagaReason.REWOUND, "no rewind recorded in status.rewind: Active again")
+    times = [e.status.rewound_at for e in entries if e.spec.stack_position > last.to_position]
+    undone = sum(1 for t in times if t is not None and (last.started_at is None or t >= last.started_at))
+    finished = Transition(
+        SagaPhase.ACTIVE,
+        SagaReason.REWOUND,
+        f"rewound to position {last.to_position}: {undone} entries undone; the saga goes on from there",
+        rewind=last.model_copy(update={"state": RewindState.DONE, "finished_at": now, "undone": undone}),
+    )
+    scope = {e.metadata.name for e in rewind.undone_by(saga, entries)}
+    return compensating_move(saga, entries, proof, scope=scope, finished=finished)
+
+
+def compensating_move(
+    saga: Saga,
+    entries: Sequence[UndoEntry],
+    proof: EntryProof,
+    *,
+    scope: set[str] | None = None,
+    finished: Move | None = None,
+) -> Move:
     """The entries the dependency order lets go now (strict LIFO: the highest one owed), once a
     LIST has shown where the top of the stack is. Under Halt a Failed entry keeps what it
     depends on waiting (without dependsOn: everything below it), and a lost entry everything
-    below it; under Continue the rest goes on first. Compensated only on a fresh LIST."""
+    below it; under Continue the rest goes on first. Compensated only on a fresh LIST.
+    A rewind limits it to `scope` (entry names) and ends with `finished` instead."""
     if proof == EntryProof.NONE:
         return ProveEntries()
-    failure = compensation_plan.blocking_failure(entries)
+    in_scope = [e for e in entries if scope is None or e.metadata.name in scope]
+    failure = compensation_plan.blocking_failure(in_scope)
     halting = saga.spec.compensation_policy.on_failure == OnFailure.HALT
     ready = compensation_plan.ready(entries, failed_blocks=halting)
-    lost = [e for e in saga.status.lost_entries if not e.acknowledged]
+    ready = [e for e in ready if scope is None or e.metadata.name in scope]
+    lost = [e for e in saga.status.lost_entries if not e.acknowledged] if scope is None else []
     if lost and halting:
         lowest_allowed = max(e.stack_position or 0 for e in lost)
         ready = [e for e in ready if e.spec.stack_position > lowest_allowed]
@@ -179,9 +241,11 @@ def compensating_move(saga: Saga, entries: Sequence[UndoEntry], proof: EntryProo
             f"`kubectl annotate saga {saga.metadata.name} {RETRY_ANNOTATION}=<what you did>` to go on without it",
         )
     if failure is not None:
-        return Transition(SagaPhase.HALTED, *halt_reason(saga, failure, entries))
+        return Transition(SagaPhase.HALTED, *halt_reason(saga, failure, in_scope))
     if proof != EntryProof.FRESH:
         return ProveEntries()
+    if finished is not None:
+        return finished
     return Transition(
         SagaPhase.COMPENSATED,
         SagaReason.COMPENSATED,
@@ -301,6 +365,7 @@ CONDITIONS: dict[SagaPhase, tuple[ConditionStatus, ...]] = {
     SagaPhase.COMPENSATING: (_F, _U, _F, _F, _T, _F),
     SagaPhase.COMPENSATED: (_F, _T, _F, _T, _F, _F),
     SagaPhase.HALTED: (_F, _F, _T, _F, _F, _T),
+    SagaPhase.REWINDING: (_U, _U, _F, _F, _T, _F),
 }
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from undolog.api import EffectDeliveryState, EntryState, Saga, SagaPhase, SagaReason, UndoEntry
 from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION
-from undolog.decisions import compensation_plan
+from undolog.decisions import compensation_plan, rewind
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,17 @@ def halted_forward(saga: Saga) -> bool:
     return saga.status.phase == SagaPhase.HALTED and saga.status.reason == SagaReason.FORWARD_RECOVERY_EXHAUSTED
 
 
+def undoing(saga: Saga) -> SagaPhase:
+    """The phase a Halted saga's undoing resumes in: Rewinding when a rewind halted, else Compensating."""
+    return SagaPhase.REWINDING if rewind.in_progress(saga) else SagaPhase.COMPENSATING
+
+
 def retry(saga: Saga) -> Verdict:
     """A Halted saga resumes where it stopped (Failed entries go back to Pending); a Completed
     saga's failed post-commit effects are sent again."""
     phase = saga.status.phase
     if phase == SagaPhase.HALTED:
-        return Allowed(SagaPhase.ACTIVE if halted_forward(saga) else SagaPhase.COMPENSATING)
+        return Allowed(SagaPhase.ACTIVE if halted_forward(saga) else undoing(saga))
     if phase == SagaPhase.COMPLETED and any(e.state == EffectDeliveryState.FAILED for e in saga.status.effects):
         return Allowed(SagaPhase.COMPLETED)
     return Refused(f"retry refused: saga {saga.metadata.name} is {phase or 'new'}, not Halted")
@@ -54,7 +59,7 @@ def skip(saga: Saga, entry: UndoEntry) -> Verdict:
         and not halted_forward(saga)
         and entry.status.state in (EntryState.FAILED, EntryState.PENDING)
     ):
-        return Allowed(SagaPhase.COMPENSATING)
+        return Allowed(undoing(saga))
     return Refused(
         f"skip of {entry.metadata.name} refused: only a Pending or Failed entry of a Halted saga can be "
         f"skipped (saga {phase or 'new'}, entry {entry.status.state})"
