@@ -16,7 +16,7 @@ from undolog.version import __version__
 
 if TYPE_CHECKING:
     from undolog.api import Call, CompensationPolicy, Saga, SagaPhase, UndoEntry
-    from undolog.errors import NoSaga, NotSent, SagaEnded, UndoLogError
+    from undolog.errors import NoSaga, NotSent, RewindNotDone, SagaEnded, UndoLogError
     from undolog.sdk import SagaRun, StepRun, current_saga, current_step, open_saga, undoable
 
 _PUBLIC = {
@@ -27,6 +27,7 @@ _PUBLIC = {
     "UndoEntry": "undolog.api",
     "NoSaga": "undolog.errors",
     "NotSent": "undolog.errors",
+    "RewindNotDone": "undolog.errors",
     "SagaEnded": "undolog.errors",
     "UndoLogError": "undolog.errors",
     "SagaRun": "undolog.sdk",
@@ -42,6 +43,7 @@ __all__ = [
     "CompensationPolicy",
     "NoSaga",
     "NotSent",
+    "RewindNotDone",
     "Saga",
     "SagaEnded",
     "SagaPhase",

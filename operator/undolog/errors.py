@@ -108,6 +108,11 @@ class NotSent(UndoLogError):
     it only with that proof; when in doubt let the real error through (it is compensated)."""
 
 
+class RewindNotDone(UndoLogError):
+    """A rewind was refused (past a committed Pivot, the saga ending), or the saga halted or
+    failed while rewinding; the message says which and why."""
+
+
 class NoSaga(UndoLogError):
     """An @undoable tool was called outside `async with saga:`."""
 

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from undolog import errors
-from undolog.api import Outcome, Saga, SagaPhase, UndoEntry, Webhook
+from undolog.api import Outcome, Rewind, Saga, SagaPhase, UndoEntry, Webhook
 from undolog.calls.registry import Registry
 from undolog.conventions import (
     ABORT_REASON_ANNOTATION,
@@ -41,6 +41,7 @@ PHASE_ORDER: dict[SagaPhase | None, int] = {
     SagaPhase.HALTED: 0,
     SagaPhase.FAILED: 1,
     SagaPhase.COMPENSATING: 2,
+    SagaPhase.REWINDING: 2,
     SagaPhase.ACTIVE: 3,
     None: 3,
     SagaPhase.COMPLETED: 4,
@@ -251,6 +252,20 @@ class Inspector:
             "spec": {"outcome": Outcome.ABORT.value},
         }
         return Saga.model_validate(await self.kube.patch("sagas", namespace, name, patch))
+
+    async def rewind(self, namespace: str, name: str, to: str | int, reason: str) -> Rewind:
+        """Ask for a rewind (spec.rewind) to a position or a step, checked by the shared rules."""
+        saga = await self.saga(namespace, name)
+        try:
+            position = rewind.position_of(to, await self.entries(saga))
+        except ValueError as error:
+            raise CommandError(f"saga {name!r}: {error}") from None
+        request = Rewind(to_position=position, reason=await self.stamp(reason))
+        refused = rewind.may_request(saga, request)
+        if refused:
+            raise CommandError(refused)
+        await self.kube.patch("sagas", namespace, name, {"spec": {"rewind": request.model_dump(by_alias=True)}})
+        return request
 
     async def wait(self, namespace: str, name: str, phase: SagaPhase, within: float, poll: float = 0.2) -> Saga:
         """Until the saga is in `phase`; CommandError when it can no longer get there or time runs out."""

@@ -156,11 +156,11 @@ ROOT_RULES: list[JsonValue] = [
         " || !has(self.spec.steps) || !has(self.status) || !has(self.status.pivotCommitted)"
         " || !self.status.pivotCommitted || !self.spec.steps.exists(s, s.type == 'Pivot')"
         " || self.spec.rewind.toPosition > self.spec.steps.transformList(i, s, s.type == 'Pivot', i)[0]",
+        # (string() of a number is beyond the CEL cost budget here: the position is not quoted)
         "messageExpression": (
-            "'spec.rewind.toPosition ' + string(self.spec.rewind.toPosition) + ' is refused: it would undo the"
-            " committed Pivot step \"' + self.spec.steps.filter(s, s.type == 'Pivot')[0].name + '\" (position '"
-            " + string(self.spec.steps.transformList(i, s, s.type == 'Pivot', i)[0] + 1) + '); rewind to it or"
-            " above it'"
+            "'spec.rewind.toPosition is refused: it would undo the committed Pivot step \"'"
+            " + self.spec.steps[self.spec.steps.transformList(i, s, s.type == 'Pivot', i)[0]].name"
+            " + '\"; rewind to its position or above it'"
         ),
     },
 ]

@@ -19,7 +19,7 @@ app = typer.Typer(
 app.command()(operator)
 app.command()(dashboard)
 app.command("list", epilog=triage.EXIT_CODES)(triage.list_sagas)
-for command in (triage.show, triage.plan, triage.retry, triage.skip, triage.abort, triage.wait):
+for command in (triage.show, triage.plan, triage.retry, triage.skip, triage.abort, triage.rewind, triage.wait):
     app.command(epilog=triage.EXIT_CODES)(command)
 
 

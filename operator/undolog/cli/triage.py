@@ -456,6 +456,28 @@ def abort(
     typer.echo(f"{where.namespace}/{saga} aborted; it will be compensated newest-first")
 
 
+def rewind(
+    saga: SagaName,
+    to: Annotated[
+        str, typer.Option("--to", help="Keep this stack position (or this step's latest run); undo everything above.")
+    ],
+    reason: Reason,
+    namespace: Namespace = None,
+    context: Context = None,
+    kubeconfig: Kubeconfig = None,
+    as_: As = None,
+    as_group: AsGroup = None,
+) -> None:
+    """Rewind an Active saga: undo the entries above a position, newest first, then go on from there."""
+    where = target(kubeconfig, context, namespace, as_, as_group)
+    position_or_step = int(to) if to.isdigit() else to
+    request = run(where, lambda inspector: inspector.rewind(where.namespace, saga, position_or_step, reason))
+    typer.echo(
+        f"{where.namespace}/{saga} rewinds to position {request.to_position}: the entries above it are undone "
+        "newest-first, then the saga is Active again (undolog show, or wait --for Active)"
+    )
+
+
 def wait(
     saga: SagaName,
     for_: Annotated[
@@ -474,4 +496,4 @@ def wait(
     typer.echo(f"{where.namespace}/{saga} is {reached.status.phase}")
 
 
-__all__ = ["EXIT_CODES", "abort", "list_sagas", "plan", "retry", "show", "skip", "wait"]
+__all__ = ["EXIT_CODES", "abort", "list_sagas", "plan", "retry", "rewind", "show", "skip", "wait"]

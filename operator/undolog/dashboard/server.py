@@ -43,6 +43,7 @@ SYMBOLS = {  # readable without colour: every phase also has a symbol and its na
     SagaPhase.HALTED: "‖",
     SagaPhase.FAILED: "✗",
     SagaPhase.COMPENSATING: "↺",
+    SagaPhase.REWINDING: "⟲",
     SagaPhase.ACTIVE: "▸",
     SagaPhase.COMPLETED: "✓",
     SagaPhase.COMPENSATED: "↩",

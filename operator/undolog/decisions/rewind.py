@@ -13,7 +13,33 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from undolog.api import Rewind, RewindState, RewindStatus, Saga, StepType, UndoEntry
+from undolog.api import Rewind, RewindState, RewindStatus, Saga, SagaPhase, StepType, UndoEntry
+
+
+def position_of(step_or_position: str | int, entries: Iterable[UndoEntry]) -> int:
+    """The stack position to rewind to: a position as given, or the position of a step's
+    current run (that step is kept; everything after it is undone)."""
+    if isinstance(step_or_position, int):
+        return step_or_position
+    entry = current(entries).get(step_or_position)
+    if entry is None:
+        raise ValueError(f"no step {step_or_position!r} has run in this saga (or it was rewound already)")
+    return entry.spec.stack_position
+
+
+def may_request(saga: Saga, request: Rewind) -> str | None:
+    """Why a rewind cannot be asked for now (it is only for an Active saga), or None."""
+    if saga.status.phase != SagaPhase.ACTIVE:
+        return f"rewind refused: saga {saga.metadata.name} is {saga.status.phase or 'new'}, not Active"
+    return refusal(saga, request)
+
+
+def outcome(saga: Saga, request: Rewind) -> RewindStatus | None:
+    """The rewind's final record once it has been carried out or refused; None while pending."""
+    last = saga.status.rewind
+    if last is None or not last.answers(request) or last.state == RewindState.REWINDING:
+        return None
+    return last
 
 
 def requested(saga: Saga) -> Rewind | None:

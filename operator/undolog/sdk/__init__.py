@@ -7,13 +7,14 @@ async with await undolog.sdk.open_saga(generate_name="onboard-", namespace="agen
 """
 
 from undolog.api import Call
-from undolog.errors import NoSaga, NotSent, SagaEnded
+from undolog.errors import NoSaga, NotSent, RewindNotDone, SagaEnded
 from undolog.sdk.saga import SagaRun, StepRun, current_saga, current_step, open_saga, undoable
 
 __all__ = [
     "Call",
     "NoSaga",
     "NotSent",
+    "RewindNotDone",
     "SagaEnded",
     "SagaRun",
     "StepRun",

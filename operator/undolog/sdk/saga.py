@@ -19,6 +19,8 @@ from undolog.api import (
     CompensationPolicy,
     EffectState,
     Outcome,
+    Rewind,
+    RewindState,
     Saga,
     SagaPhase,
     SagaSpec,
@@ -33,8 +35,9 @@ from undolog.conventions import (
     new_undo_entry,
     now,
 )
+from undolog.decisions import rewind
 from undolog.decisions.phases import FINAL
-from undolog.errors import NoSaga, NotSent, SagaEnded
+from undolog.errors import NoSaga, NotSent, RewindNotDone, SagaEnded
 from undolog.kube import Kube, default_namespace
 from undolog.ledger import Ledger
 
@@ -237,6 +240,36 @@ class SagaRun:
         if failed_step:
             annotations[FAILED_STEP_ANNOTATION] = failed_step
         await self._end(Outcome.ABORT, annotations)
+
+    async def rewind_to(self, step_or_position: str | int, reason: str, within: float = 60.0) -> Saga:
+        """Undo every step after `step_or_position` (a step name: its latest run is kept; or a
+        stack position), newest first, and go on from there: the operator compensates them
+        (phase Rewinding) and hands the saga back Active; steps called after this get new,
+        higher positions and new forward keys. RewindNotDone if it was refused or the saga
+        halted or failed meanwhile; TimeoutError after `within` seconds."""
+        ledger = await self._client()
+        self.saga = await ledger.saga(self.namespace, self.name)
+        position = rewind.position_of(step_or_position, (await ledger.entries_of(self.saga)).entries)
+        request = Rewind(to_position=position, reason=f"{reason[:900]} (at {now().isoformat()})")
+        refused = rewind.may_request(self.saga, request)
+        if refused:
+            raise RewindNotDone(refused)
+        body = {"spec": {"rewind": request.model_dump(by_alias=True)}}
+        self.saga = Saga.model_validate(await self.kube.patch("sagas", self.namespace, self.name, body))
+        deadline = time.monotonic() + within
+        while (done := rewind.outcome(self.saga, request)) is None:
+            if self.saga.status.phase in (*FINAL, SagaPhase.FAILED, SagaPhase.COMPENSATING):
+                raise RewindNotDone(
+                    f"saga {self.namespace}/{self.name} is {self.saga.status.phase} while rewinding: "
+                    f"{self.saga.status.message}"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"saga {self.namespace}/{self.name} did not finish rewinding in {within} s")
+            await asyncio.sleep(POLL_SECONDS)
+            self.saga = await ledger.saga(self.namespace, self.name)
+        if done.state != RewindState.DONE:
+            raise RewindNotDone(done.message or "rewind refused")
+        return self.saga
 
     async def _end(self, outcome: Outcome, annotations: dict[str, str]) -> None:
         if self._ended:

@@ -91,6 +91,9 @@ class Saga:
     def abort(self, reason: str, failed_step: str | None = None) -> None:
         self._loop.run(self._run.abort(reason, failed_step))
 
+    def rewind_to(self, step_or_position: str | int, reason: str, within: float = 60.0) -> SagaObject:
+        return self._loop.run(self._run.rewind_to(step_or_position, reason, within))
+
     def wait(self, phases: tuple[SagaPhase, ...] = tuple(FINAL), within: float = 60.0) -> SagaObject:
         return self._loop.run(self._run.wait(phases, within))
 
