@@ -7,6 +7,7 @@ import typer
 from undolog.cli import triage
 from undolog.cli.dashboard import dashboard
 from undolog.cli.operator import operator
+from undolog.cli.verify import verify
 
 app = typer.Typer(
     name="undolog",
@@ -21,6 +22,7 @@ app.command()(dashboard)
 app.command("list", epilog=triage.EXIT_CODES)(triage.list_sagas)
 for command in (triage.show, triage.plan, triage.retry, triage.skip, triage.abort, triage.rewind, triage.wait):
     app.command(epilog=triage.EXIT_CODES)(command)
+app.command(epilog=triage.EXIT_CODES)(verify)
 
 
 def main() -> None:

@@ -353,6 +353,15 @@ class Kube:
         data = {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
         return dict(secret.metadata.labels or {}), data
 
+    async def create_namespace(self, name: str, labels: dict[str, str]) -> None:
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+        with mapped():
+            await self._core.create_namespace(body, _request_timeout=self.timeouts.request)
+
+    async def delete_namespace(self, name: str) -> None:
+        with mapped():
+            await self._core.delete_namespace(name, _request_timeout=self.timeouts.request)
+
     async def events_about(self, namespace: str, name: str, uid: str | None = None) -> builtins.list[EventRecord]:
         """core/v1 Events about one object, oldest first (names sort by creation for ours)."""
         selector = f"involvedObject.name={name}" + (f",involvedObject.uid={uid}" if uid else "")
