@@ -1,0 +1,154 @@
+"""Contract checks for people who write participants, as a pytest plugin (`participant_contract`
+fixture, loaded by pytest when undolog is installed) and plain functions.
+
+What the operator relies on, checked over real HTTP with the wire protocol's headers:
+- the forward call and the compensation honour `Idempotency-Key`: the same call twice gives the
+  same answer (and, by the participant's word, no second effect);
+- a compensation for a forward call the participant never saw is accepted (2xx): the operator
+  compensates whenever the outcome is unknown, e.g. a timeout before the request arrived;
+- every answer comes within the Webhook's `timeoutSeconds`.
+
+    from undolog.testing import Participant
+
+    def test_identity(participant_contract):
+        participant_contract(Participant(
+            compensation_url="http://127.0.0.1:8101/users/delete",
+            forward_url="http://127.0.0.1:8101/users", forward_args={"email": "ada@example.com"},
+            compensation_args=lambda output: {"user_id": output.get("user_id")},
+            timeout_seconds=5,
+        ))
+
+Only the standard library is used for HTTP, so the SDK install stays lean.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from undolog.calls import protocol
+from undolog.conventions import compensation_key, forward_key
+
+Arguments = Mapping[str, Any] | Callable[[Mapping[str, Any]], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Participant:
+    """One compensation endpoint (and optionally its forward call) under test."""
+
+    compensation_url: str
+    # Or built from the forward call's answer (called with {} for a forward call never seen, as the
+    # operator then resolves ${steps...} references to null: use output.get(...)).
+    compensation_args: Arguments = field(default_factory=dict)
+    forward_url: str | None = None
+    forward_args: Mapping[str, Any] = field(default_factory=dict)
+    timeout_seconds: float = 10.0  # the Webhook's timeoutSeconds
+    step: str = "contract-check"
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: Any
+    seconds: float
+
+
+def post(url: str, body: Mapping[str, Any], headers: Mapping[str, str], timeout: float) -> Answer:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **headers}, method="POST"
+    )
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            status, raw = answer.status, answer.read()
+    except urllib.error.HTTPError as error:
+        status, raw = error.code, error.read()
+    try:
+        parsed: Any = json.loads(raw) if raw else None
+    except ValueError:
+        parsed = raw.decode(errors="replace")
+    return Answer(status, parsed, time.monotonic() - started)
+
+
+def problems(participant: Participant) -> list[str]:
+    """Every way this participant breaks the contract (empty: it keeps it)."""
+    found: list[str] = []
+    saga = f"contract/{uuid.uuid4().hex[:8]}"
+    run = str(uuid.uuid4())
+    step = participant.step
+    forward = forward_key(run, step)
+    limit = participant.timeout_seconds
+
+    def timed(what: str, answer: Answer) -> Answer:
+        if answer.seconds > limit:
+            found.append(f"{what} took {answer.seconds:.2f} s, over the Webhook's timeoutSeconds={limit:g}")
+        return answer
+
+    def undo(args: Mapping[str, Any], key: str, forward_of: str, attempt: int) -> Answer:
+        headers = protocol.headers(
+            idempotency_key=key, saga=saga, step=step, org=None, attempt=attempt, forward=forward_of
+        )
+        return timed("the compensation", post(participant.compensation_url, args, headers, limit + 1))
+
+    output: Mapping[str, Any] = {}
+    if participant.forward_url is not None:
+        headers = protocol.headers(idempotency_key=forward, saga=saga, step=step, org=None, attempt=1)
+        first = timed("the forward call", post(participant.forward_url, participant.forward_args, headers, limit + 1))
+        again = timed("the forward call", post(participant.forward_url, participant.forward_args, headers, limit + 1))
+        if not 200 <= first.status < 300:
+            found.append(f"the forward call answered {first.status}: {first.body}")
+        elif (again.status, again.body) != (first.status, first.body):
+            found.append(
+                f"the forward call sent twice under one Idempotency-Key answered {first.status} {first.body} then "
+                f"{again.status} {again.body}: a retry would repeat the effect"
+            )
+        output = first.body if isinstance(first.body, Mapping) else {}
+    args = participant.compensation_args
+    resolved = args(output) if callable(args) else args
+    key = compensation_key(str(uuid.uuid4()))
+    first = undo(resolved, key, forward, 1)
+    again = undo(resolved, key, forward, 2)
+    if not 200 <= first.status < 300:
+        found.append(f"the compensation answered {first.status}: {first.body}")
+    elif (again.status, again.body) != (first.status, first.body):
+        found.append(
+            f"the compensation sent twice under one Idempotency-Key answered {first.status} {first.body} then "
+            f"{again.status} {again.body}: the operator retries under the same key and needs the same answer"
+        )
+    never_seen = forward_key(str(uuid.uuid4()), step)
+    unknown_args = args({}) if callable(args) else args  # what the operator sends: no forward output known
+    unknown = undo(unknown_args, compensation_key(str(uuid.uuid4())), never_seen, 1)
+    if not 200 <= unknown.status < 300:
+        found.append(
+            f"a compensation for a forward call it never saw (Undolog-Forward-Key {never_seen}) answered "
+            f"{unknown.status} {unknown.body}: it must succeed (nothing to undo), since the operator compensates "
+            "whenever a forward call's outcome is unknown"
+        )
+    return found
+
+
+def check(participant: Participant) -> None:
+    """AssertionError naming every broken rule."""
+    found = problems(participant)
+    if found:
+        raise AssertionError(
+            f"{participant.compensation_url} breaks the participant contract:\n- " + "\n- ".join(found)
+        )
+
+
+try:  # the pytest plugin, when pytest runs
+    import pytest
+except ImportError:  # pragma: no cover - used without pytest
+    pass
+else:
+
+    @pytest.fixture
+    def participant_contract() -> Callable[[Participant], None]:
+        """Check a participant against the contract: `participant_contract(Participant(...))`."""
+        return check

@@ -1,0 +1,114 @@
+"""The participant contract checks (undolog.testing, a pytest plugin) against real HTTP servers
+on loopback: the example services keep the contract; participants that break it are named."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+
+import pytest
+from examples.onboarding.services import Authorization, Email, Identity, Reply, Service
+
+from undolog.testing import Participant, problems
+
+
+def serve(service: Service) -> tuple[ThreadingHTTPServer, str]:
+    server = service.serve(0)
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.fixture
+def onboarding() -> Iterator[dict[str, str]]:
+    authorization, authorization_url = serve(Authorization())
+    identity, identity_url = serve(Identity(authorization_url))
+    email, email_url = serve(Email(slow_send_seconds=0.0))
+    yield {"identity": identity_url, "authorization": authorization_url, "email": email_url}
+    for server in (authorization, identity, email):
+        server.shutdown()
+
+
+def test_the_example_services_keep_the_contract(onboarding: dict[str, str], participant_contract: object) -> None:
+    check = participant_contract
+    assert callable(check)
+    check(
+        Participant(
+            compensation_url=f"{onboarding['identity']}/users/delete",
+            compensation_args=lambda output: {"user_id": output.get("user_id")},
+            forward_url=f"{onboarding['identity']}/users",
+            forward_args={"email": "ada@example.com"},
+            timeout_seconds=5,
+        )
+    )
+    check(
+        Participant(
+            compensation_url=f"{onboarding['email']}/emails/recall",
+            compensation_args={"to": "ada@example.com"},
+            forward_url=f"{onboarding['email']}/emails/send",
+            forward_args={"to": "ada@example.com", "template": "welcome"},
+            timeout_seconds=2,
+        )
+    )
+
+
+class KeyIgnoring(Service):
+    """Deletes a refund every time it is asked, key or not, and says how many it deleted."""
+
+    def __init__(self) -> None:
+        super().__init__("careless")
+        self.counter = itertools.count(1)
+        self.routes = {"/refund": self.refund}
+
+    def handle(self, path: str, body: dict[str, object], headers: dict[str, str]) -> Reply:
+        return self.refund(body, headers)  # no replay by Idempotency-Key
+
+    def refund(self, body: dict[str, object], headers: dict[str, str]) -> Reply:
+        if not headers.get("undolog-forward-key", "").startswith("known"):
+            return 404, {"error": "no such charge"}
+        return 200, {"refunds": next(self.counter)}
+
+
+class Slow(Service):
+    def __init__(self) -> None:
+        super().__init__("slow")
+        self.routes = {"/undo": self.undo}
+
+    def undo(self, body: dict[str, object], headers: dict[str, str]) -> Reply:
+        threading.Event().wait(0.6)
+        return 200, {}
+
+
+def test_a_participant_that_refuses_a_compensation_for_what_it_never_saw_is_caught() -> None:
+    server, url = serve(KeyIgnoring())
+    try:
+        found = problems(Participant(compensation_url=f"{url}/refund", timeout_seconds=2))
+    finally:
+        server.shutdown()
+    assert len(found) == 2
+    assert found[0].startswith("the compensation answered 404")
+    assert "a compensation for a forward call it never saw" in found[1]
+
+
+def test_a_participant_that_repeats_its_effect_under_one_key_is_caught() -> None:
+    careless = KeyIgnoring()
+    careless.refund = lambda body, headers: (200, {"refunds": next(careless.counter)})  # type: ignore[method-assign]
+    server, url = serve(careless)
+    try:
+        found = problems(Participant(compensation_url=f"{url}/refund", timeout_seconds=2))
+    finally:
+        server.shutdown()
+    assert found == [
+        "the compensation sent twice under one Idempotency-Key answered 200 {'refunds': 1} then 200 {'refunds': 2}: "
+        "the operator retries under the same key and needs the same answer"
+    ]
+
+
+def test_a_participant_slower_than_its_timeout_is_caught() -> None:
+    server, url = serve(Slow())
+    try:
+        found = problems(Participant(compensation_url=f"{url}/undo", timeout_seconds=0.3))
+    finally:
+        server.shutdown()
+    assert found
+    assert all("over the Webhook's timeoutSeconds=0.3" in f for f in found)
