@@ -117,7 +117,7 @@ async def test_a_halted_saga_appears_live_and_a_retry_from_the_page_compensates_
     await saga_phase(kube, namespace, "stuck", "Active")
     await page.goto(f"{dashboard.url}/sagas?namespace={namespace}")
     await expect(page.get_by_role("link", name="stuck")).to_be_visible()
-    await page.wait_for_timeout(500)  # the page's event stream is open before anything changes
+    await expect(page.locator("body[data-live=ready]")).to_be_attached()  # its watch is up: no change missed
     await abort(kube, namespace, "stuck")
     await saga_phase(kube, namespace, "stuck", "Halted")
     halted_at = time.monotonic()
@@ -133,6 +133,8 @@ async def test_a_halted_saga_appears_live_and_a_retry_from_the_page_compensates_
     stack = page.get_by_role("region", name="Undo stack (newest on top)")
     await expect(stack.get_by_role("heading", level=3).first).to_contain_text("#3 step3")
     await expect(stack).to_contain_text("HTTP 400")
+    order = page.get_by_role("region", name="Compensation order (what runs together)")
+    await expect(order.get_by_role("listitem")).to_have_text(["#2 step2", "#1 step1"])
     await expect(page.get_by_role("link", name="revoke").first).to_be_visible()  # the Webhook, one click away
     await page.screenshot(path=str(DOCS / "dashboard-saga.png"), full_page=True)
 

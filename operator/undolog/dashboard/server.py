@@ -29,7 +29,8 @@ from undolog import errors
 from undolog.api import SagaPhase
 from undolog.conventions import now
 from undolog.dashboard.viewers import TOKEN_COOKIE, TokenViewers, Viewers
-from undolog.decisions import resolutions
+from undolog.decisions import compensation_plan, resolutions
+from undolog.decisions.phases import TERMINAL
 from undolog.inspect import Inspector
 from undolog.kube import Kube
 
@@ -186,6 +187,7 @@ async def saga_page(current: Page) -> web.StreamResponse:
         can_retry=isinstance(resolutions.retry(saga), resolutions.Allowed),
         can_abort=isinstance(resolutions.abort(saga), resolutions.Allowed),
         halted_on=halted_on,
+        waves=[] if saga.status.phase in TERMINAL else compensation_plan.waves(detail.entries),
         events="/events?" + urlencode({"namespace": namespace, "saga": name}),
     )
 
@@ -264,8 +266,11 @@ async def events(request: web.Request) -> web.StreamResponse:
     name = request.query.get("saga") or None
     stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await stream.prepare(request)
-    await stream.write(b": connected\n\n")
-    changes = Inspector(kube).changes(namespace, name)
+    inspector = Inspector(kube)
+    since = await inspector.now(namespace)
+    # From here on no change is missed: the page may rely on what it shows (and tests wait for it).
+    await stream.write(b"event: ready\ndata: {}\n\n")
+    changes = inspector.changes(namespace, name, since)
     try:
         async for _ in keepalive(changes):
             await stream.write(b"event: change\ndata: {}\n\n" if _ else b": keepalive\n\n")

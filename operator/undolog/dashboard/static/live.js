@@ -15,7 +15,9 @@
     const answer = await fetch(url, { credentials: "same-origin" });
     if (answer.ok) live.innerHTML = await answer.text();
   }
-  new EventSource(source).addEventListener("change", function () {
+  const events = new EventSource(source);
+  events.addEventListener("ready", function () { document.body.dataset.live = "ready"; });
+  events.addEventListener("change", function () {
     if (!queued) { queued = true; setTimeout(refresh, 100); }
   });
 })();
