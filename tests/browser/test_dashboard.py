@@ -152,6 +152,7 @@ async def test_a_halted_saga_appears_live_and_a_retry_from_the_page_compensates_
         "an Event naming the reason and the viewer",
     )
     assert any(e.reason == "Compensating" and said in e.message for e in events)
+    print("\n".join(f"{e.type} {e.reason}: {e.message}" for e in events))
 
     await page.get_by_role("link", name="revoke").first.click()
     await expect(page.get_by_role("heading", name="Webhook revoke")).to_be_visible()
@@ -209,6 +210,7 @@ async def test_a_viewer_without_patch_sees_the_apis_refusal(
         refusal = page.get_by_role("alert")
         await expect(refusal).to_contain_text(f'User "system:serviceaccount:{namespace}:viewer" cannot patch')
         await expect(refusal).to_contain_text("forbidden")
+        print(f"\nshown to the viewer: {await refusal.inner_text()}")
         # Their view is theirs: another namespace is not listed for them.
         await page.goto(f"{served.url}/sagas?namespace=default")
         await expect(page.get_by_role("alert")).to_contain_text("forbidden")

@@ -98,6 +98,7 @@ async def test_machine_output_survives_brackets_and_markup(
     await kube.patch("sagas", namespace, "stuck", {"metadata": {"annotations": {"note": odd}}})
     listed = undolog(cluster, "list", "-n", namespace, "-o", "yaml")
     parsed = parse_in_another_process(listed.stdout)
+    print(f"\nundolog list -o yaml | python -c 'yaml.safe_load(...)' -> note = {parsed[:60]}...")
     assert parsed == odd
     shown = json.loads(undolog(cluster, "show", "stuck", "-n", namespace, "-o", "json").stdout)
     assert [item["kind"] for item in shown["items"]] == ["Saga", "UndoEntry", "UndoEntry", "UndoEntry"]
@@ -126,6 +127,9 @@ async def test_kubeconfig_context_and_impersonation_like_kubectl(
     assert kubectl.returncode != 0
     assert "forbidden" in kubectl.stderr
     refused = undolog(cluster, "retry", "stuck", "-n", namespace, "--as", nobody, "--as-group", "system:authenticated")
+    print(
+        f"\nkubectl --as: {kubectl.stderr.strip()}\nundolog --as (exit {refused.returncode}): {refused.stderr.strip()}"
+    )
     assert refused.returncode == 1
     assert f'forbidden: sagas.undolog.io "stuck" is forbidden: User "{nobody}" cannot get' in refused.stderr
     assert "undolog.io/retry" not in (await kube.get("sagas", namespace, "stuck"))["metadata"].get("annotations", {})
