@@ -73,6 +73,17 @@ class PlannedCompensation:
     refusal: str | None  # why it cannot be sent (nothing would be); or "no compensation: skipped"
 
 
+def age(moment: datetime | None) -> str:
+    """How long ago, the way kubectl says it (4s, 3m, 2h, 5d)."""
+    if moment is None:
+        return ""
+    seconds = int((now() - moment).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
 @dataclass
 class Inspector:
     kube: Kube

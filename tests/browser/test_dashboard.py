@@ -13,7 +13,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
@@ -25,7 +24,7 @@ from tests.conftest import REPO, Cluster
 from tests.support.manifests import call, saga
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Reply
-from tests.support.waiting import eventually, saga_phase
+from tests.support.waiting import eventually, saga_phase, until_healthy
 from undolog.kube import Kube
 
 pytestmark = pytest.mark.cluster
@@ -62,16 +61,7 @@ class Dashboard:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"the dashboard did not start:\n{log.read_text()}")
+        until_healthy(f"{self.url}/healthz", self.process, log.read_text, 30, "the dashboard")
 
     def stop(self) -> None:
         self.process.terminate()

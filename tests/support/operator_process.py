@@ -7,11 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
-import httpx
+from tests.support.waiting import until_healthy
 
 
 def free_port() -> int:
@@ -77,17 +76,7 @@ class OperatorProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"operator exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{liveness}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"operator not live after {timeout} s:\n{self.log()}")
+        until_healthy(f"http://127.0.0.1:{liveness}/healthz", self.process, self.log, timeout, "the operator")
 
     def kill(self) -> None:
         """kill -9: no cleanup, no goodbye, exactly like a crashed pod."""

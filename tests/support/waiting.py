@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+
+import httpx
 
 from undolog.kube import Body, Kube
 
@@ -22,6 +25,21 @@ async def eventually(probe: Callable[[], Awaitable[T]], accept: Callable[[T], bo
         last = seen
         await asyncio.sleep(0.05)
     raise AssertionError(f"{what} not reached in {within} s; last seen: {last}")
+
+
+def until_healthy(url: str, process: subprocess.Popen[bytes], log: Callable[[], str], within: float, what: str) -> None:
+    """Until `url` answers 200 (a process's /healthz); fails at once, with its log, if it exits."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"{what} exited with {process.returncode}:\n{log()}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not live after {within} s:\n{log()}")
 
 
 async def saga_phase(kube: Kube, namespace: str, name: str, phase: str, within: float = 30.0) -> Body:

@@ -30,8 +30,7 @@ import yaml
 
 from undolog import errors
 from undolog.api import Saga, SagaPhase
-from undolog.conventions import now
-from undolog.inspect import Inspector, PlannedCompensation, SagaDetail
+from undolog.inspect import Inspector, PlannedCompensation, SagaDetail, age
 from undolog.kube import Kube, default_namespace
 
 T = TypeVar("T")
@@ -150,16 +149,6 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = ["   ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in [header, *rows]]
     return "\n".join(line.rstrip() for line in lines)
-
-
-def age(moment: datetime | None) -> str:
-    if moment is None:
-        return ""
-    seconds = int((now() - moment).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{max(seconds, 0)}s"
 
 
 def clock(moment: datetime | None) -> str:

@@ -17,7 +17,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
@@ -27,11 +27,10 @@ from aiohttp import web
 
 from undolog import errors
 from undolog.api import SagaPhase
-from undolog.conventions import now
 from undolog.dashboard.viewers import TOKEN_COOKIE, TokenViewers, Viewers
 from undolog.decisions import compensation_plan, resolutions
 from undolog.decisions.phases import TERMINAL
-from undolog.inspect import Inspector
+from undolog.inspect import Inspector, age
 from undolog.kube import Kube
 
 log = logging.getLogger("undolog.dashboard")
@@ -49,16 +48,6 @@ SYMBOLS = {  # readable without colour: every phase also has a symbol and its na
     SagaPhase.COMPLETED: "✓",
     SagaPhase.COMPENSATED: "↩",
 }
-
-
-def age(moment: datetime | None) -> str:
-    if moment is None:
-        return ""
-    seconds = int((now() - moment).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{max(seconds, 0)}s"
 
 
 def templates() -> jinja2.Environment:
