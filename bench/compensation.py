@@ -148,9 +148,53 @@ async def _all(kube: Kube, namespace: str, phase: str, n: int) -> bool:
     return (await phases(kube, namespace)).get(phase, 0) == n
 
 
-async def main(sizes: list[int]) -> None:
+async def idle_latency(bench: Bench, samples: int) -> dict[str, Any]:
+    """Abort to first compensation call for one saga at a time on an idle operator: `samples`
+    sagas, each aborted only once the previous one's first call has arrived."""
+    kube = bench.kube
+    namespace = await bench.namespace("idle")
+    participant = RemoteParticipant()
+    await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
+    operator = bench.operator(namespace)
+    try:
+        names = [f"i{i:03d}" for i in range(samples)]
+        for name in names:
+            await make_saga(kube, namespace, name)
+        await until(lambda: _all(kube, namespace, "Active", samples), 120, f"{samples} sagas Active")
+        latencies = []
+        for count, name in enumerate(names, start=1):
+            await asyncio.sleep(0.3)  # idle: the operator has nothing else to do (a pause, not a wait)
+            await kube.patch("sagas", namespace, name, {"spec": {"outcome": "Abort"}})
+            aborted = time.monotonic()
+            received = await participant.until(lambda r, count=count: len(r) >= 3 * count, 60)  # type: ignore[misc]
+            first = min(r.at for r in received if r.headers["undolog-saga"].endswith(f"/{name}"))
+            latencies.append(first - aborted)
+        return {
+            "samples": samples,
+            "abort_to_first_call_p50_ms": round(percentile(latencies, 0.5) * 1000, 1),
+            "abort_to_first_call_p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
+        }
+    finally:
+        operator.stop()
+        participant.close()
+
+
+async def main(sizes: list[int], idle_samples: int) -> None:
     rows = []
     async with bench_cluster() as bench:
+        if idle_samples:
+            idle = await idle_latency(bench, idle_samples)
+            print_table(
+                ["one idle saga, samples", "abort->1st call p50", "p99"],
+                [
+                    (
+                        idle["samples"],
+                        f"{idle['abort_to_first_call_p50_ms']} ms",
+                        f"{idle['abort_to_first_call_p99_ms']} ms",
+                    )
+                ],
+            )
+            save("compensation_idle", idle)
         for n in sizes:
             print(f"N={n} ...", flush=True)
             row = await measure(bench, n)
@@ -187,4 +231,6 @@ async def main(sizes: list[int]) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 10, 100, 1000])
-    asyncio.run(main(parser.parse_args().sizes))
+    parser.add_argument("--idle-samples", type=int, default=30, help="one-saga-at-a-time aborts for p50/p99")
+    options = parser.parse_args()
+    asyncio.run(main(options.sizes, options.idle_samples))

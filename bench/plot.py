@@ -15,8 +15,8 @@ OUT = ROOT / "docs" / "throughput.png"
 
 
 def main() -> None:
-    operator = json.loads((RESULTS / "compensation.json").read_text())
-    sqlite = json.loads((RESULTS / "sqlite.json").read_text())["compensation"]
+    operator = json.loads((RESULTS / "compensation.json").read_text())["results"]
+    sqlite = json.loads((RESULTS / "sqlite.json").read_text())["results"]["compensation"]
     figure, axis = plt.subplots(figsize=(7, 4.2), dpi=120)
     for rows, label, marker in (
         (operator, "UndoLog operator (etcd via kube-apiserver)", "o"),

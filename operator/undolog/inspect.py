@@ -23,7 +23,6 @@ from undolog.calls.registry import Registry
 from undolog.conventions import (
     ABORT_REASON_ANNOTATION,
     ORG_LABEL,
-    PHASE_LABEL,
     RETRY_ANNOTATION,
     SKIP_ANNOTATION,
     now,
@@ -110,13 +109,14 @@ class Inspector:
         selector = ",".join(
             part
             for part in (
-                f"{PHASE_LABEL}={phase.lower()}" if phase else "",
                 f"{ORG_LABEL}={org}" if org else "",
                 label_selector or "",
             )
             if part
         )
         listed = await self.ledger.sagas(namespace, label_selector=selector or None)
+        if phase:  # from the status: the phase label is written only when a saga waits
+            listed = [s for s in listed if s.status.phase == phase]
         moment = now()
         if older_than is not None:
             listed = [s for s in listed if age_of(s, moment) >= older_than]

@@ -358,7 +358,7 @@ async def test_describe_reads_as_a_timeline(
     await external_saga(kube, namespace, "story", [call("refund")], orgId="acme")
     await abort(kube, namespace, "story")
     await saga_phase(kube, namespace, "story", "Compensated")
-    wanted = ["Active", "Failed", "Compensating", "CompensationRetry", "Compensated"]
+    wanted = ["Active", "Failed", "CompensationRetry", "Compensated"]  # failing and compensating: one write
 
     async def reasons() -> list[str]:
         listed = json.loads(cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)["items"]
@@ -366,10 +366,10 @@ async def test_describe_reads_as_a_timeline(
         return [e["reason"] for e in ours]
 
     seen = await eventually(reasons, lambda r: all(w in r for w in wanted), 30, "events")
-    assert seen.index("Failed") < seen.index("Compensating") < seen.index("CompensationRetry")
+    assert seen.index("Failed") < seen.index("CompensationRetry")
     described = cluster.kubectl("describe", "saga", "story", "-n", namespace).stdout
     for fragment in (
-        "Aborted: spec.outcome is Abort",
+        "Aborted: spec.outcome is Abort; undoing 1 entry",
         "attempt 1: HTTP 503",
         "retrying in",
         "story-1 (step step1, refund v1)",

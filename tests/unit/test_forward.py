@@ -12,6 +12,7 @@ from tests.unit.test_phases import make_entry, make_saga, with_state
 from undolog.api import EffectStatus, Saga, SagaPhase, SagaReason, Step, UndoEntry
 from undolog.decisions import moves, phases
 from undolog.decisions.forward import reference_problems
+from undolog.decisions.moves import EntryProof
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -24,6 +25,7 @@ def step(name: str, type_: str = "Compensatable", **args: Any) -> dict[str, Any]
     return body
 
 
+FRESH = EntryProof.FRESH
 ORDER = [step("reserve"), step("authorize"), step("capture", "Pivot"), step("confirm", "Retriable")]
 
 
@@ -58,11 +60,12 @@ def test_steps_are_registered_then_sent_in_order() -> None:
 
 def test_a_failure_before_the_pivot_fails_the_saga_naming_the_step() -> None:
     failed = with_effect(entry(2, "Failed"), "Failed", "HTTP 402: declined (permanent failure)")
-    move = phases.decide(orchestrated(), [entry(1, "Committed"), failed], NOW)
-    assert move == moves.Transition(
-        SagaPhase.FAILED,
+    assert phases.decide(orchestrated(), [entry(1, "Committed"), failed], NOW) == moves.ProveEntries()
+    move = phases.decide(orchestrated(), [entry(1, "Committed"), failed], NOW, FRESH)
+    assert move == moves.Transition(  # failed and compensating in one write, once every entry is listed
+        SagaPhase.COMPENSATING,
         SagaReason.STEP_FAILED,
-        "step 'authorize' failed: HTTP 402: declined (permanent failure)",
+        "step 'authorize' failed: HTTP 402: declined (permanent failure); undoing 2 entries",
         "authorize",
     )
 
@@ -82,7 +85,7 @@ def test_the_pivot_is_recorded_then_abort_is_refused_once() -> None:
 def test_deadline_and_delete_only_matter_before_the_pivot() -> None:
     late = NOW + timedelta(seconds=60)
     before = orchestrated(activeDeadlineSeconds=10)
-    move = phases.decide(before, [entry(1, "Committed")], late)
+    move = phases.decide(before, [entry(1, "Committed")], late, FRESH)
     assert isinstance(move, moves.Transition)
     assert move.reason == "DeadlineExceeded"
     after = orchestrated(activeDeadlineSeconds=10)
@@ -141,9 +144,9 @@ def test_references_to_unknown_or_later_steps_are_named() -> None:
         "a call can only use the outputs of steps before it",
         "step 'mail' action refers to ${steps.ghost...}: there is no such step",
     ]
-    move = phases.decide(make_saga(steps=[s.to_api() for s in steps]), [], NOW)
+    move = phases.decide(make_saga(steps=[s.to_api() for s in steps]), [], NOW, FRESH)
     assert isinstance(move, moves.Transition)
-    assert (move.phase, move.reason) == ("Failed", "InvalidReference")
+    assert (move.phase, move.reason) == ("Compensating", "InvalidReference")
 
 
 @given(st.lists(st.sampled_from(["Committed", "Failed"]), min_size=1, max_size=4))
@@ -155,7 +158,7 @@ def test_forward_runs_in_order_until_the_first_failure(outcomes: list[str]) -> N
     for _ in range(20):
         if all(entries.get(p) and entries[p].status.effect == "Committed" for p in (1, 2, 3)):
             saga.status.pivot_committed = True
-        move = phases.decide(saga, list(entries.values()), NOW)
+        move = phases.decide(saga, list(entries.values()), NOW, FRESH)
         if isinstance(move, moves.RegisterStep):
             entries[move.position] = entry(move.position, "Pending")
         elif isinstance(move, moves.ExecuteStep):
@@ -174,7 +177,7 @@ def test_forward_runs_in_order_until_the_first_failure(outcomes: list[str]) -> N
     if first_failure is None:
         assert move.phase == "Completed"
     elif first_failure <= 3:
-        assert (move.phase, move.reason) == ("Failed", "StepFailed")
+        assert (move.phase, move.reason) == ("Compensating", "StepFailed")
         assert sent[-1] == first_failure
     else:
         assert (move.phase, move.reason) == ("Halted", "ForwardRecoveryExhausted")

@@ -15,7 +15,8 @@ import pytest
 from tests.support.fakes import FakeKube, FakeTransport, FixedFence
 from tests.support.objects import entry_body
 from undolog import errors
-from undolog.api import OmittedOutput, OutputOmission, Saga, UndoEntry
+from undolog.api import EventReason, OmittedOutput, OutputOmission, Saga, SagaPhase, UndoEntry
+from undolog.api.events import CALL_SUCCESSES
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner
 from undolog.calls.transport import PreparedCall
@@ -463,3 +464,14 @@ async def test_a_rewind_past_the_committed_pivot_is_refused(operator: Operator) 
     assert done.status.rewind.state == "Refused"
     assert "would undo the committed Pivot step 'pay' (position 1)" in (done.status.rewind.message or "")
     assert "/undo" not in operator.transport.paths()
+
+
+async def test_successful_calls_are_not_events_unless_asked_for(operator: Operator) -> None:
+    quiet = Timeline(operator.kube, quiet=CALL_SUCCESSES)
+    quiet.start()
+    saga = Saga.model_validate(operator.saga("q"))
+    quiet.record(saga, EventReason.ENTRY_COMPENSATED, "q-1: HTTP 200")
+    quiet.record(saga, EventReason.COMPENSATION_FAILED, "q-2: HTTP 400", warning=True)
+    quiet.record(saga, SagaPhase.COMPENSATED, "Compensated: 2 entries")
+    await quiet.stop(drain_seconds=1)
+    assert [reason for _, reason, _ in operator.kube.events] == ["CompensationFailed", "Compensated"]

@@ -76,8 +76,10 @@ def test_first_sight_holds_the_finalizer_then_initializes_then_labels() -> None:
 
 
 def test_active_saga_moves() -> None:
-    assert phases.decide(make_saga(outcome="Abort"), [], NOW) == moves.Transition(
-        SagaPhase.FAILED, SagaReason.ABORTED, "spec.outcome is Abort"
+    # A failure is written with the start of its compensation, once a LIST has shown every entry.
+    assert phases.decide(make_saga(outcome="Abort"), [], NOW) == moves.ProveEntries()
+    assert phases.decide(make_saga(outcome="Abort"), [make_entry(1)], NOW, FRESH) == moves.Transition(
+        SagaPhase.COMPENSATING, SagaReason.ABORTED, "spec.outcome is Abort; undoing 1 entry"
     )
     # A commit is recorded on a proven stack: an entry above its top came later.
     assert phases.decide(make_saga(outcome="Commit"), [], NOW) == moves.ProveEntries()
@@ -87,17 +89,17 @@ def test_active_saga_moves() -> None:
     assert phases.decide(make_saga(), [make_entry(1)], NOW) == moves.UpdateDepth(1)
     late = make_saga(activeDeadlineSeconds=5)
     assert phases.decide(late, [], NOW + timedelta(seconds=4)) == moves.Wait(until=NOW + timedelta(seconds=5))
-    expired = phases.decide(late, [], NOW + timedelta(seconds=5))
+    expired = phases.decide(late, [], NOW + timedelta(seconds=5), FRESH)
     assert isinstance(expired, moves.Transition)
-    assert (expired.phase, expired.reason) == ("Failed", "DeadlineExceeded")
+    assert (expired.phase, expired.reason) == ("Compensating", "DeadlineExceeded")
 
 
 def test_deleting_an_active_saga_fails_it_first() -> None:
     saga = make_saga()
     saga.metadata.deletion_timestamp = NOW
-    move = phases.decide(saga, [], NOW)
+    move = phases.decide(saga, [], NOW, FRESH)
     assert isinstance(move, moves.Transition)
-    assert (move.phase, move.reason) == ("Failed", "Deleted")
+    assert (move.phase, move.reason) == ("Compensating", "Deleted")
 
 
 entry_sets = st.lists(

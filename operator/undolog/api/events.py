@@ -36,3 +36,8 @@ class EventReason(StrEnum):
     REWIND_REFUSED = "RewindRefused"
     ANNOTATION_IGNORED = "AnnotationIgnored"
     OPERATOR_ERROR = "OperatorError"
+
+
+# A call that succeeded is recorded in its entry's (or saga's) status either way; an Event for it
+# is one more API write per call, so the operator posts these only with --call-events.
+CALL_SUCCESSES = frozenset({EventReason.STEP_COMMITTED, EventReason.ENTRY_COMPENSATED, EventReason.EFFECT_DELIVERED})

@@ -78,6 +78,13 @@ def operator(
     allow_cross_namespace_services: Annotated[
         bool, typer.Option(help="Let a Webhook's service target name a Service of another namespace.")
     ] = False,
+    call_events: Annotated[
+        bool,
+        typer.Option(
+            help="Also post a Normal Event for each successful call (it is in the entry's status.attempts "
+            "either way; every failure and phase change is always an Event)."
+        ),
+    ] = False,
 ) -> None:
     """Run the UndoLog operator: drive sagas through their phases and compensate them LIFO.
 
@@ -104,5 +111,6 @@ def operator(
             egress_deny=tuple(egress_deny or ()),
             egress_allow_loopback=egress_allow_loopback,
             cross_namespace_services=allow_cross_namespace_services,
+            call_events=call_events,
         )
     )

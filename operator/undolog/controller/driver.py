@@ -398,8 +398,11 @@ class SagaDriver:
         written = await self.write_status(saga, status)
         metrics.saga_transitions.labels(self.namespace, phase, reason).inc()
         self.context.phase_changed(written)
-        warning = phase in (SagaPhase.FAILED, SagaPhase.HALTED)
-        self.context.timeline.record(written, phase, f"{reason}: {message}", warning=warning)
+        failed = reason in phases.FAILURE_REASONS  # the failure shares this write: say it as such
+        warning = failed or phase in (SagaPhase.FAILED, SagaPhase.HALTED)
+        self.context.timeline.record(
+            written, SagaPhase.FAILED if failed else phase, f"{reason}: {message}", warning=warning
+        )
         return written
 
     async def counted(self, saga: Saga, entries: Entries) -> Saga:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import start_http_server
 
+from undolog.api.events import CALL_SUCCESSES
 from undolog.calls.http import HttpTransport
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner
@@ -43,6 +44,7 @@ class OperatorOptions:
     egress_deny: tuple[str, ...] = ()
     egress_allow_loopback: bool = False
     cross_namespace_services: bool = False
+    call_events: bool = False  # a Normal Event per successful call too (else only in status)
 
     def egress(self) -> EgressPolicy:
         return EgressPolicy.build(
@@ -67,7 +69,7 @@ async def run(options: OperatorOptions) -> None:
     logging.getLogger("kubernetes_asyncio").setLevel(logging.WARNING)
     kube = await Kube.connect(options.kubeconfig)
     ledger = Ledger(kube)
-    timeline = Timeline(kube)
+    timeline = Timeline(kube, quiet=frozenset() if options.call_events else CALL_SUCCESSES)
     timeline.start()
     leadership = Leadership(kube, options.lease, options.identity)
     transport = HttpTransport(options.egress(), guard=leadership.check)

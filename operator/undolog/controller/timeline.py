@@ -44,8 +44,10 @@ class Event:
 
 
 class Timeline:
-    def __init__(self, sink: EventSink, capacity: int = 10_000) -> None:
+    def __init__(self, sink: EventSink, capacity: int = 10_000, *, quiet: frozenset[Reason] = frozenset()) -> None:
+        """`quiet`: reasons only logged, not posted (Normal successes the status already holds)."""
         self._sink = sink
+        self._quiet = quiet
         self._queue: asyncio.Queue[Event] = asyncio.Queue(capacity)
         self._workers: list[asyncio.Task[None]] = []
         self._last_sequence = 0
@@ -68,6 +70,8 @@ class Timeline:
         }
         level = logging.WARNING if warning else logging.INFO
         log.log(level, "%s %s: %s: %s", regarding.kind, regarding.reference, reason, message)
+        if reason in self._quiet and not warning:
+            return
         self._last_sequence = max(time.time_ns(), self._last_sequence + 1)
         try:
             self._queue.put_nowait(Event(reference, reason, message, warning, now(), self._last_sequence))

@@ -66,7 +66,6 @@ from undolog.decisions.moves import (
 
 TERMINAL: frozenset[SagaPhase] = frozenset({SagaPhase.COMPLETED, SagaPhase.COMPENSATED})
 FINAL: frozenset[SagaPhase] = TERMINAL | {SagaPhase.HALTED}  # nothing moves without a person
-QUICK = (Transition, UpdateDepth, Initialize)  # status writes that happen in milliseconds
 
 
 def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof = EntryProof.NONE) -> Move:
@@ -82,11 +81,42 @@ def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: Entry
     if annotation is not None:
         return annotation
     move = phase_move(saga, entries, now, proof)
-    # Labels and finalizer follow the phase, but not through phases passed in a few
-    # milliseconds: they are written before anything slow (a call, waiting).
-    if isinstance(move, (*QUICK, ProveEntries)):
+    if isinstance(move, Transition) and move.phase == SagaPhase.FAILED and saga.status.phase != SagaPhase.FAILED:
+        move = failing(move, entries, proof)
+    # Labels and the finalizer follow the phase when the saga waits (Active, Halted, final),
+    # not through the phases it passes on its way: one write per saga instead of one per phase,
+    # and none between an abort and its first compensation call.
+    if not isinstance(move, Wait):
         return move
     return metadata_move(saga) or move
+
+
+# Why a saga fails: it then goes straight to Compensating, with the failure kept on its
+# Succeeded condition (reason, message, time) and in a Warning Event named Failed.
+FAILURE_REASONS = frozenset(
+    {
+        SagaReason.ABORTED,
+        SagaReason.DELETED,
+        SagaReason.DEADLINE_EXCEEDED,
+        SagaReason.STEP_FAILED,
+        SagaReason.STEP_NOT_REGISTERED,
+        SagaReason.INVALID_REFERENCE,
+    }
+)
+
+
+def failing(failure: Transition, entries: Sequence[UndoEntry], proof: EntryProof) -> Move:
+    """A failure and the start of its compensation in one write, once a LIST taken now has shown
+    every entry (the compensation starts from the real top of the stack)."""
+    if proof == EntryProof.NONE:
+        return ProveEntries()
+    owed = len(compensation_plan.owed(entries))
+    return Transition(
+        SagaPhase.COMPENSATING,
+        failure.reason,
+        f"{failure.message}; undoing {owed} {'entry' if owed == 1 else 'entries'}",
+        failed_step=failure.failed_step,
+    )
 
 
 def phase_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof) -> Move:
