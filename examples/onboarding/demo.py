@@ -63,10 +63,12 @@ def state(url: str) -> dict[str, Any]:
 
 
 async def wait_phase(kube: Kube, namespace: str, name: str, phase: str, within: float = 60.0) -> dict[str, Any]:
+    """Until the saga is in `phase` and its label says so (written right after, when it waits)."""
     deadline = time.monotonic() + within
     while True:
         body = await kube.get("sagas", namespace, name)
-        if body.get("status", {}).get("phase") == phase:
+        labelled = (body["metadata"].get("labels") or {}).get("undolog.io/phase") == phase.lower()
+        if body.get("status", {}).get("phase") == phase and labelled:
             return body
         if time.monotonic() > deadline:
             raise SystemExit(f"saga {name} is {body.get('status', {}).get('phase')}, expected {phase}")
