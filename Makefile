@@ -79,7 +79,11 @@ clean: cluster-reset
 demo: venv tools
 	$(PY) -m examples.onboarding.demo
 
-bench: venv tools
+# The raw API ceiling: a small Go client (no dependencies), so the client is not the bottleneck.
+bin/undolog-bench-ceiling: bench/ceiling/main.go bench/ceiling/go.mod
+	cd bench/ceiling && go build -trimpath -o $(CURDIR)/bin/undolog-bench-ceiling .
+
+bench: venv tools bin/undolog-bench-ceiling
 	$(PY) -m pip install -q --require-hashes -r requirements/bench.txt
 	$(PY) -m bench.compensation --sizes 1 10 100 1000
 	$(PY) -m bench.forward --concurrency 1 100

@@ -24,7 +24,16 @@ from typing import Any
 
 from tests.support.manifests import call, saga, undo_entry, webhook
 
-from bench.harness import Bench, RemoteParticipant, bench_cluster, cpu_seconds, delta, print_table, save
+from bench.harness import (
+    Bench,
+    RemoteParticipant,
+    bench_cluster,
+    cpu_seconds,
+    delta,
+    go_ceiling,
+    print_table,
+    save,
+)
 from undolog.kube import Kube
 
 
@@ -123,6 +132,9 @@ async def measure(bench: Bench, n: int) -> dict[str, Any]:
         writes = delta(after, before)
         total_writes = sum(writes.values())
         ceiling = await raw_ceiling(kube, namespace, total_writes, min(n, 100))
+        entries = [e["metadata"]["name"] for e in await kube.list("undoentries", namespace)]
+        go_wps = await go_ceiling(bench, namespace, entries, max(total_writes, 200), min(n, 100))
+        operator_wps = (total_writes - n) / span  # the abort patches are the benchmark's own
         return {
             "sagas": n,
             "compensations": len(received),
@@ -135,6 +147,9 @@ async def measure(bench: Bench, n: int) -> dict[str, Any]:
             "raw_ceiling_seconds": round(ceiling, 2),
             "raw_writes_per_second": round(total_writes / ceiling, 1),
             "operator_vs_ceiling": round(span / ceiling, 2),
+            "operator_writes_per_second": round(operator_wps, 1),
+            "go_ceiling_writes_per_second": round(go_wps, 1),
+            "fraction_of_go_ceiling": round(operator_wps / go_wps, 2),
             "mean_latency_ms": round(statistics.fmean(latencies) * 1000, 1),
             "operator_cpu_seconds": round(cpu[0], 2),
             "control_plane_cpu_seconds": round(cpu[1], 2),
@@ -210,6 +225,9 @@ async def main(sizes: list[int], idle_samples: int) -> None:
             "writes/saga",
             "raw writes/s",
             "operator / ceiling",
+            "operator writes/s",
+            "Go ceiling writes/s",
+            "fraction",
         ],
         (
             (
@@ -221,6 +239,9 @@ async def main(sizes: list[int], idle_samples: int) -> None:
                 r["api_writes_per_saga"],
                 r["raw_writes_per_second"],
                 f"{r['operator_vs_ceiling']}x",
+                r["operator_writes_per_second"],
+                r["go_ceiling_writes_per_second"],
+                r["fraction_of_go_ceiling"],
             )
             for r in rows
         ),

@@ -91,6 +91,29 @@ class Bench:
         return counts
 
 
+async def go_ceiling(bench: Bench, namespace: str, entries: Sequence[str], writes: int, concurrency: int) -> float:
+    """Writes per second a plain Go client (bench/ceiling, built by `make bench`) gets from the
+    apiserver: the same status patches at the same concurrency, in the same run."""
+    local = bench.local
+    if local is None:
+        raise RuntimeError("the Go ceiling needs the local control plane's client certificate (unset KUBECONFIG)")
+    pki = local.pki
+    server = str(bench.kube.api.configuration.host).rstrip("/")
+    command = [
+        str(BIN / "undolog-bench-ceiling"),
+        f"--server={server}",
+        f"--ca={pki / 'serving-ca.crt'}",
+        f"--cert={pki / 'admin.crt'}",
+        f"--key={pki / 'admin.key'}",
+        f"--namespace={namespace}",
+        f"--names={','.join(entries)}",
+        f"--writes={writes}",
+        f"--concurrency={concurrency}",
+    ]
+    done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, check=True)
+    return float(json.loads(done.stdout)["writes_per_second"])
+
+
 def install_crds(kubeconfig: Path) -> None:
     kubectl = [str(BIN / "kubectl"), f"--kubeconfig={kubeconfig}"]
     crds = str(ROOT / "crds")

@@ -1,0 +1,3 @@
+module undolog.io/bench/ceiling
+
+go 1.26
