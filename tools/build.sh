@@ -59,12 +59,21 @@ build_etcd() {
 
 build_helm() {
   local v=$HELM_VERSION
-  if fresh helm "$v" helm; then step "helm $v: up to date"; return; fi
-  step "helm $v: building"
-  GOBIN="$BIN" go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v" \
-    "helm.sh/helm/v3/cmd/helm@$v"
-  echo "$v" > "$BIN/.stamp-helm"
-  step "helm $v: done"
+  # The Kubernetes version `helm template` assumes without a cluster comes from its client-go,
+  # as helm's own Makefile sets it (without these flags it is 1.20 and kubeVersion checks fail).
+  local gomod minor
+  gomod=$(go mod download -json "helm.sh/helm/v3@$v" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
+  minor=$(sed -n 's/^[[:space:]]*k8s.io\/client-go v0\.\([0-9]*\)\..*/\1/p' "$gomod")
+  local stamp="$v+kube1.$minor"
+  if fresh helm "$stamp" helm; then step "helm $stamp: up to date"; return; fi
+  step "helm $stamp: building"
+  local flags="-s -w -X helm.sh/helm/v3/internal/version.version=$v"
+  for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    flags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
+  done
+  GOBIN="$BIN" go install -ldflags "$flags" "helm.sh/helm/v3/cmd/helm@$v"
+  echo "$stamp" > "$BIN/.stamp-helm"
+  step "helm $stamp: done"
 }
 
 start=$SECONDS

@@ -349,3 +349,24 @@ async def test_two_operators_one_leads_and_the_other_takes_over(
     finally:
         first.stop()
         second.stop()
+
+
+def test_values_are_checked_strictly_and_helm_knows_the_kubernetes_it_was_built_for() -> None:
+    def template(*sets: str) -> subprocess.CompletedProcess[str]:
+        args = [str(BIN / "helm"), "template", "undolog", str(CHART)]
+        for value in sets:
+            args += ["--set", value]
+        return subprocess.run(args, capture_output=True, text=True, check=False)
+
+    # No --kube-version: helm assumes the Kubernetes of its client-go (1.37), not 1.20.
+    plain = template()
+    assert plain.returncode == 0, plain.stderr
+    for typo, where in (
+        ("metrics.serviceMonitor.intervall=30s", "'/metrics/serviceMonitor': additional properties 'intervall'"),
+        ("resources.limit.cpu=1", "'/resources': additional properties 'limit'"),
+        ("metrics.service.typ=NodePort", "'/metrics/service': additional properties 'typ'"),
+    ):
+        refused = template(typo)
+        assert refused.returncode != 0, typo
+        assert where in refused.stderr, refused.stderr
+    assert template("metrics.serviceMonitor.interval=1m30s", "resources.limits.memory=256Mi").returncode == 0
