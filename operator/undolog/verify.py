@@ -18,6 +18,7 @@ from typing import Any
 
 from undolog import errors
 from undolog.api import Saga, SagaPhase, SagaSpec, UndoEntry, Webhook
+from undolog.conventions import RETRY_ANNOTATION
 from undolog.decisions import verification
 from undolog.decisions.phases import FINAL
 from undolog.decisions.verification import FailurePoint
@@ -97,7 +98,7 @@ class Verifier:
         while True:
             saga = await self.inspector.saga(self.namespace, name)
             moved = after is None or saga.metadata.resource_version != after.metadata.resource_version
-            if saga.status.phase in FINAL and moved and not saga.metadata.annotations.get("undolog.io/retry"):
+            if saga.status.phase in FINAL and moved and not saga.metadata.annotations.get(RETRY_ANNOTATION):
                 return saga
             if time.monotonic() > deadline:
                 return saga
