@@ -386,8 +386,8 @@ class SagaStatus(Model):
     phase: SagaPhase | None = Field(
         default=None,
         description=(
-            "Active -> Completed, or Active -> Failed -> Compensating -> Compensated | Halted. "
-            "Halted waits for a person."
+            "Active -> Completed, or Active -> Compensating -> Compensated | Halted (a failure is kept on "
+            "the Succeeded condition), or Active -> Rewinding -> Active. Halted waits for a person."
         ),
     )
     conditions: list[Condition] = Field(
