@@ -157,7 +157,7 @@ class Inspector:
         except errors.NotFound:
             raise CommandError(f"no Webhook {name!r} in namespace {namespace!r}") from None
 
-    async def now(self, namespace: str | None) -> str:
+    async def current_version(self, namespace: str | None) -> str:
         """The sagas' resourceVersion now: `changes(since=...)` misses nothing after it."""
         _, version = await self.kube.list_versioned("sagas", namespace)
         return version
@@ -166,9 +166,9 @@ class Inspector:
         self, namespace: str | None, name: str | None = None, since: str | None = None
     ) -> AsyncIterator[Saga | None]:
         """Each change of the sagas in scope (or of one), as it happens, from now on (or since a
-        resourceVersion from `now`): the saga, or None when it was deleted. For live pages and
+        resourceVersion from `current_version`): the saga, or None when it was deleted. For live pages and
         `--watch`."""
-        version = since or await self.now(namespace)
+        version = since or await self.current_version(namespace)
         while True:
             async for kind, body in self.kube.watch("sagas", namespace, version):
                 version = body["metadata"]["resourceVersion"]

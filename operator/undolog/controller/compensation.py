@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from undolog.api import Attempt, AttemptKind, EntryReason, EntryState, EventReason, Saga, SagaPhase, UndoEntry
+from undolog.api import Attempt, AttemptKind, Call, EntryReason, EntryState, EventReason, Saga, SagaPhase, UndoEntry
 from undolog.calls.runner import AttemptRecord
 from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
 from undolog.conventions import clip, compensation_key, now
@@ -33,10 +33,9 @@ class Compensator:
         self, saga: Saga, entry: UndoEntry, outputs: Mapping[str, Mapping[str, Any] | None]
     ) -> UndoEntry:
         ledger, timeline = self.recorder.ledger, self.recorder.timeline
-        name, call = entry.metadata.name, entry.spec.compensation
-        settled = compensation_plan.settled_without_call(entry)
-        if settled is not None or call is None:  # (the rule covers a missing compensation; mypy cannot see it)
-            reason, why = settled or (EntryReason.NO_COMPENSATION, "")
+        name, call = entry.metadata.name, compensation_plan.call_or_skip(entry)
+        if not isinstance(call, Call):
+            reason, why = call
             timeline.record(saga, EventReason.ENTRY_SKIPPED, f"{name} (step {entry.spec.step}): {why}")
             skipped = {"state": EntryState.SKIPPED, "reason": reason, "skip_reason": why} | rewound(saga)
             return await ledger.write_entry_status(entry, entry.status.model_copy(update=skipped))

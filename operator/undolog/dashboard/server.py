@@ -256,7 +256,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await stream.prepare(request)
     inspector = Inspector(kube)
-    since = await inspector.now(namespace)
+    since = await inspector.current_version(namespace)
     # From here on no change is missed: the page may rely on what it shows (and tests wait for it).
     await stream.write(b"event: ready\ndata: {}\n\n")
     changes = inspector.changes(namespace, name, since)

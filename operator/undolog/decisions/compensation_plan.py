@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from undolog.api import EffectState, EntryReason, EntryState, UndoEntry
+from undolog.api import Call, EffectState, EntryReason, EntryState, UndoEntry
 
 PARALLEL = 10  # entries of one saga compensated at once, at most
 
@@ -28,15 +28,15 @@ UNSETTLED = frozenset({*OWED, EntryState.FAILED})  # what a compensation still h
 FAILED_EFFECTS = frozenset({EffectState.FAILED, EffectState.NOT_SENT})  # the step did not commit
 
 
-def settled_without_call(entry: UndoEntry) -> tuple[EntryReason, str] | None:
-    """Why an owed entry is Skipped instead of compensated, if it is: nothing to call, or
-    nothing was ever done."""
+def call_or_skip(entry: UndoEntry) -> Call | tuple[EntryReason, str]:
+    """The compensation to call for an owed entry, or why it is Skipped instead: nothing to
+    call, or nothing was ever done."""
     if entry.status.effect == EffectState.NOT_SENT:
         why = entry.status.last_error or "the forward call was refused before it was sent"
         return EntryReason.NOT_SENT, f"never sent, nothing to undo ({why})"[:1024]
     if entry.spec.compensation is None:
         return EntryReason.NO_COMPENSATION, "the step has no compensation (Pivot or Retriable)"
-    return None
+    return entry.spec.compensation
 
 
 def owed(entries: Iterable[UndoEntry]) -> list[UndoEntry]:
