@@ -11,13 +11,15 @@ LOCK := $(VENV)/bin/uv pip compile pyproject.toml --python-version 3.11 --python
 PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help venv tools browser crds lock lint test demo bench chaos cluster-up cluster-down cluster-reset clean
+.PHONY: help venv tools browser crds lock lint test demo bench chaos cluster-up cluster-down cluster-reset clean \
+	image image-deps node-up node-down e2e demo-helm
 
 help:
 	@echo "make demo          run the onboarding saga on a local control plane (builds what it needs)"
 	@echo "make test          lint, type-check, check the layering, and run every test against a real apiserver"
 	@echo "make browser       install Debian's chromium for the dashboard tests"
-	@echo "make tools         build etcd, kube-apiserver, kube-controller-manager, kubectl, helm into bin/"
+	@echo "make tools         build the control plane, a node (kubelet, containerd, ...), kubectl and helm into bin/"
+	@echo "make image         the operator image from the Dockerfile, without Docker: build/undolog-image.oci.tar"
 	@echo "make cluster-up    start the local control plane (.cluster/kubeconfig), or restart what died on its data"
 	@echo "make cluster-down  stop it (data kept); make cluster-reset deletes its data (every saga)"
 	@echo "make crds          regenerate crds/ from the API models"
@@ -47,6 +49,14 @@ tools:
 browser: /usr/bin/chromium
 /usr/bin/chromium:
 	$(SUDO) apt-get install -y -q chromium || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
+
+# buildah builds the Dockerfile; debootstrap makes a base when no registry is reachable.
+image-deps:
+	@command -v buildah > /dev/null && command -v debootstrap > /dev/null || $(SUDO) apt-get install -y -q buildah debootstrap \
+		|| { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q buildah debootstrap; }
+
+image: venv tools image-deps
+	$(SUDO) PY=$(PY) tools/image.sh
 
 crds: venv
 	$(PY) -m devtools.crds crds

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the local control plane from source through the Go module proxy into bin/:
-# kube-apiserver, kube-controller-manager, kubectl (k8s.io/kubernetes), etcd, helm.
+# kube-apiserver, kube-controller-manager, kubectl (k8s.io/kubernetes), etcd, helm; and a node
+# for tests that run pods: kubelet, kube-scheduler, kube-proxy, containerd, ctr, its runc shim.
 # Each group is skipped when bin/.stamp-<group> already records the pinned version.
 # Go's caches live under $HOME, so a second build on the same machine is mostly cache hits.
 set -euo pipefail
@@ -28,7 +29,8 @@ fresh() { # fresh GROUP VERSION FILE...: true when the stamp matches and every f
 
 build_kubernetes() {
   local v=$KUBERNETES_VERSION
-  if fresh kubernetes "$v" kube-apiserver kube-controller-manager kubectl; then
+  local binaries=(kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy)
+  if fresh kubernetes "$v" "${binaries[@]}"; then
     step "kubernetes $v: up to date"; return
   fi
   local minor=${v#v1.}; minor=${minor%%.*}
@@ -39,11 +41,9 @@ build_kubernetes() {
     ldflags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date -X $pkg.gitCommit=module-proxy"
   done
-  step "kubernetes $v: building kube-apiserver, kube-controller-manager, kubectl (cold: tens of minutes)"
+  step "kubernetes $v: building ${binaries[*]} (cold: tens of minutes)"
   (cd "$TOOLS/kubernetes" && go build -p 2 -ldflags "$ldflags" -o "$BIN/" \
-      k8s.io/kubernetes/cmd/kube-apiserver \
-      k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kubectl)
+      "${binaries[@]/#/k8s.io/kubernetes/cmd/}")
   echo "$v" > "$BIN/.stamp-kubernetes"
   step "kubernetes $v: done"
 }
@@ -76,8 +76,24 @@ build_helm() {
   step "helm $stamp: done"
 }
 
+build_containerd() {
+  local v=$CONTAINERD_VERSION
+  if fresh containerd "$v" containerd ctr containerd-shim-runc-v2; then
+    step "containerd $v: up to date"; return
+  fi
+  step "containerd $v: building containerd, ctr, containerd-shim-runc-v2"
+  # Static and without the snapshotters that need C libraries (btrfs, devmapper); overlayfs is enough.
+  local tags="urfave_cli_no_docs no_btrfs no_devmapper osusergo netgo static_build"
+  local m=github.com/containerd/containerd/v2/cmd
+  GOBIN="$BIN" go install -tags "$tags" "$m/containerd@$v" "$m/ctr@$v"
+  GOBIN="$BIN" go install -tags "$tags no_grpc" "$m/containerd-shim-runc-v2@$v"
+  echo "$v" > "$BIN/.stamp-containerd"
+  step "containerd $v: done"
+}
+
 start=$SECONDS
 build_etcd
 build_helm
 build_kubernetes
+build_containerd
 step "all tools ready in $((SECONDS - start)) s: $(cd "$BIN" && ls | tr '\n' ' ')"

@@ -19,7 +19,15 @@ from pathlib import Path
 
 PROXY = os.environ.get("GOPROXY", "https://proxy.golang.org").split(",")[0]
 HERE = Path(__file__).resolve().parent
-BINARIES = ("cmd/kube-apiserver", "cmd/kube-controller-manager", "cmd/kubectl")
+# The control plane, and a node for tests that run pods (kubelet, kube-scheduler, kube-proxy).
+BINARIES = (
+    "cmd/kube-apiserver",
+    "cmd/kube-controller-manager",
+    "cmd/kubectl",
+    "cmd/kubelet",
+    "cmd/kube-scheduler",
+    "cmd/kube-proxy",
+)
 
 
 def fetch(path: str) -> str:
