@@ -12,7 +12,7 @@ PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: help venv tools browser crds lock lint test demo bench chaos cluster-up cluster-down cluster-reset clean \
-	image image-deps node-up node-down e2e demo-helm
+	image image-deps node-deps node-up node-down e2e demo-helm
 
 help:
 	@echo "make demo          run the onboarding saga on a local control plane (builds what it needs)"
@@ -22,6 +22,10 @@ help:
 	@echo "make image         the operator image from the Dockerfile, without Docker: build/undolog-image.oci.tar"
 	@echo "make cluster-up    start the local control plane (.cluster/kubeconfig), or restart what died on its data"
 	@echo "make cluster-down  stop it (data kept); make cluster-reset deletes its data (every saga)"
+	@echo "make node-up       the control plane with a node that runs pods (kubelet, containerd, runc; root)"
+	@echo "make node-down     stop them, the pods, and undo the node's network and kernel settings"
+	@echo "make e2e           helm install the chart with the built image on that node, and prove it works"
+	@echo "make demo-helm     the onboarding story against the operator running as pods on the node"
 	@echo "make crds          regenerate crds/ from the API models"
 	@echo "make lock          re-resolve requirements/*.txt (exact versions, hashes) from pyproject.toml's ranges"
 	@echo "make bench         every benchmark; tables in the terminal, JSON in bench/results, docs/throughput.png"
@@ -57,6 +61,19 @@ image-deps:
 
 image: venv tools image-deps
 	$(SUDO) PY=$(PY) tools/image.sh
+
+# A node: Debian's runc, the CNI plugins and iptables (kubelet, containerd come from make tools).
+node-deps:
+	@command -v runc > /dev/null && test -x /usr/lib/cni/bridge && command -v iptables > /dev/null \
+		|| $(SUDO) apt-get install -y -q runc containernetworking-plugins iptables \
+		|| { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q runc containernetworking-plugins iptables; }
+
+NODE_CLUSTER ?= .cluster-node
+node-up: venv tools node-deps image
+	$(SUDO) $(PY) -m devtools.cluster up --node --state-dir $(NODE_CLUSTER)
+
+node-down: venv
+	$(SUDO) $(PY) -m devtools.cluster down --state-dir $(NODE_CLUSTER)
 
 crds: venv
 	$(PY) -m devtools.crds crds

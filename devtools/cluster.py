@@ -21,10 +21,19 @@ def up(
     state_dir: StateDir = Path(".cluster"),
     bin_dir: BinDir = Path("bin"),
     durable: Annotated[bool, typer.Option(help="fsync etcd writes (slower, survives a machine crash).")] = False,
+    node: Annotated[
+        bool, typer.Option(help="Also a node (kubelet, containerd, kube-scheduler, kube-proxy) that runs pods; root.")
+    ] = False,
+    image: Annotated[
+        list[Path] | None, typer.Option(help="OCI archives the node imports (default: the pause and operator images).")
+    ] = None,
 ) -> None:
     """Start the control plane, or reuse the one already running from STATE_DIR."""
+    images = image if image is not None else [Path("build/pause-image.oci.tar"), Path("build/undolog-image.oci.tar")]
     try:
-        endpoints = LocalControlPlane(state_dir, bin_dir, durable=durable).up()
+        endpoints = LocalControlPlane(
+            state_dir, bin_dir, durable=durable, node=node, images=images if node else ()
+        ).up()
     except ControlPlaneError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from error

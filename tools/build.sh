@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the local control plane from source through the Go module proxy into bin/:
 # kube-apiserver, kube-controller-manager, kubectl (k8s.io/kubernetes), etcd, helm; and a node
-# for tests that run pods: kubelet, kube-scheduler, kube-proxy, containerd, ctr, its runc shim.
+# for tests that run pods: kubelet, kube-scheduler, kube-proxy, containerd, ctr, its runc shim, crictl.
 # Each group is skipped when bin/.stamp-<group> already records the pinned version.
 # Go's caches live under $HOME, so a second build on the same machine is mostly cache hits.
 set -euo pipefail
@@ -77,16 +77,18 @@ build_helm() {
 }
 
 build_containerd() {
-  local v=$CONTAINERD_VERSION
-  if fresh containerd "$v" containerd ctr containerd-shim-runc-v2; then
+  local v="$CONTAINERD_VERSION+crictl-$CRI_TOOLS_VERSION"
+  if fresh containerd "$v" containerd ctr containerd-shim-runc-v2 crictl; then
     step "containerd $v: up to date"; return
   fi
-  step "containerd $v: building containerd, ctr, containerd-shim-runc-v2"
+  step "containerd $v: building containerd, ctr, containerd-shim-runc-v2, crictl"
   # Static and without the snapshotters that need C libraries (btrfs, devmapper); overlayfs is enough.
   local tags="urfave_cli_no_docs no_btrfs no_devmapper osusergo netgo static_build"
   local m=github.com/containerd/containerd/v2/cmd
-  GOBIN="$BIN" go install -tags "$tags" "$m/containerd@$v" "$m/ctr@$v"
-  GOBIN="$BIN" go install -tags "$tags no_grpc" "$m/containerd-shim-runc-v2@$v"
+  GOBIN="$BIN" go install -tags "$tags" "$m/containerd@$CONTAINERD_VERSION" "$m/ctr@$CONTAINERD_VERSION"
+  GOBIN="$BIN" go install -tags "$tags no_grpc" "$m/containerd-shim-runc-v2@$CONTAINERD_VERSION"
+  # crictl: node-down stops pods through the CRI, so their networks are torn down too.
+  GOBIN="$BIN" go install "sigs.k8s.io/cri-tools/cmd/crictl@$CRI_TOOLS_VERSION"
   echo "$v" > "$BIN/.stamp-containerd"
   step "containerd $v: done"
 }

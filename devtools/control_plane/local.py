@@ -1,4 +1,5 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager.
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager;
+with `node=True` also a node that runs pods (devtools/control_plane/node.py).
 
 What controller-runtime's envtest does, in Python so `make demo`, `make cluster-up` and the
 test fixtures share it. Binaries come from `make tools` (bin/); state lives in one directory
@@ -18,18 +19,30 @@ import socket
 import ssl
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
 import yaml
 
+from devtools.control_plane.node import NODE_NAME, NODE_PROCESSES, NodeHost, NodePorts
 from devtools.control_plane.pki import write_pki
 
 START_TIMEOUT = 60.0  # envtest allows 20 s per process; 2 cores need more headroom
 STOP_TIMEOUT = 10.0
 PROCESSES = ("etcd", "kube-apiserver", "kube-controller-manager")
+# What running pods needs besides: Deployments, their pods' ServiceAccounts and CA, the not-ready
+# taint lifted, Service endpoints for kube-proxy, and the aggregated view/edit roles filled.
+NODE_CONTROLLERS = [
+    "deployment-controller",
+    "replicaset-controller",
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+    "node-lifecycle-controller",
+    "endpointslice-controller",
+    "clusterrole-aggregation-controller",
+]
 
 
 class ControlPlaneError(RuntimeError):
@@ -77,15 +90,30 @@ def _command_of(pid: int) -> str:
 
 
 class LocalControlPlane:
-    def __init__(self, state_dir: Path, bin_dir: Path, *, durable: bool = False) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        bin_dir: Path,
+        *,
+        durable: bool = False,
+        node: bool = False,
+        images: Sequence[Path] = (),
+    ) -> None:
         self.state_dir = state_dir.resolve()
         self.bin_dir = bin_dir.resolve()
         self.durable = durable  # etcd fsyncs only when the run must survive a crash of the machine
+        self.with_node = node  # a kubelet and what pods need; images: OCI archives it imports
+        self.images = [image.resolve() for image in images]
         self.pki = self.state_dir / "pki"
         self.logs = self.state_dir / "logs"
         self.kubeconfig = self.state_dir / "kubeconfig"
         self.state_file = self.state_dir / "state.json"
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self.node = NodeHost(self.state_dir, self.bin_dir, self.pki)
+
+    @property
+    def processes(self) -> tuple[str, ...]:
+        return PROCESSES + NODE_PROCESSES if self.with_node else PROCESSES
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -97,7 +125,7 @@ class LocalControlPlane:
         state = self._read_state()
         if state and self._healthy(state):
             return Endpoints(state.server, self.kubeconfig, time.monotonic() - begin, reused=True)
-        if state and set(state.commands) == set(PROCESSES) and (self.state_dir / "etcd").is_dir():
+        if state and set(state.commands) == set(self.processes) and (self.state_dir / "etcd").is_dir():
             restarted = self._restart_dead(state)
             return Endpoints(state.server, self.kubeconfig, time.monotonic() - begin, reused=True, restarted=restarted)
         self.down()  # a half-started one (no data yet) is replaced cleanly
@@ -117,6 +145,8 @@ class LocalControlPlane:
             self._write_kubeconfig(state.server, self.state_dir / "controller-manager.kubeconfig", "controller-manager")
             self._start("kube-controller-manager", self._controller_manager_args(kcm_port), state)
             self._wait("default namespace", lambda: self._get(state.server, "/api/v1/namespaces/default"))
+            if self.with_node:
+                self._node_up(state, apiserver_port)
         except BaseException:
             self.down()
             raise
@@ -126,7 +156,7 @@ class LocalControlPlane:
         """Start again, with their own arguments and data, the processes that are not running."""
         self._check_binaries()
         self.logs.mkdir(parents=True, exist_ok=True)
-        dead = [name for name in PROCESSES if not self._owned(name, state.pids.get(name, 0))]
+        dead = [name for name in state.commands if not self._owned(name, state.pids.get(name, 0))]
         for name in dead:
             self._start(name, state.commands[name], state)
             if name == "etcd":
@@ -147,9 +177,13 @@ class LocalControlPlane:
         state = self._read_state()
         pids = {name: pid for name, pid in state.pids.items() if self._owned(name, pid)} if state else {}
         # One at a time, dependents first: an apiserver whose etcd is gone hangs on shutdown.
-        for name in reversed(PROCESSES):
+        for name in reversed(PROCESSES + NODE_PROCESSES):
+            if name == "containerd" and state and "containerd" in state.commands:
+                self.node.stop_pods()  # through the CRI while containerd still runs
             if name in pids:
                 self._stop(pids[name])
+            if name == "containerd" and state and "containerd" in state.commands:
+                self.node.clean()
         self._reap(block=True)
         self.state_file.unlink(missing_ok=True)
         still = [pid for pid in pids.values() if _alive(pid)]
@@ -190,7 +224,8 @@ class LocalControlPlane:
     # -- processes ---------------------------------------------------------------------------
 
     def _check_binaries(self) -> None:
-        missing = [name for name in PROCESSES if not (self.bin_dir / name).is_file()]
+        wanted = [*self.processes, "ctr", "crictl", "containerd-shim-runc-v2"] if self.with_node else PROCESSES
+        missing = [name for name in wanted if not (self.bin_dir / name).is_file()]
         if missing:
             raise ControlPlaneError(f"{', '.join(missing)} not found in {self.bin_dir}: run `make tools` first")
 
@@ -201,6 +236,7 @@ class LocalControlPlane:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env={**os.environ, "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '')}"},  # containerd finds its shim
             start_new_session=True,  # its own process group: down() stops it and anything it forks
         )
         log.close()
@@ -255,9 +291,58 @@ class LocalControlPlane:
             args.append("--unsafe-no-fsync=true")
         return args
 
+    def _node_up(self, state: RunState, apiserver_port: int) -> None:
+        ports = NodePorts(apiserver_port, *(free_port() for _ in range(5)))
+        self.node.prepare(ports)
+        for user, name in (("node", "kubelet"), ("scheduler", "kube-scheduler"), ("proxy", "kube-proxy")):
+            self._write_kubeconfig(state.server, self.node.dir / f"{name}.kubeconfig", user)
+        self._start("containerd", self.node.containerd_args(), state)
+        self._wait("containerd", self.node.containerd_ready)
+        for image in self.images:
+            self.node.import_image(image)
+        # RBAC only (no Node authorizer): the kubelet acts with the bootstrap role system:node.
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "undolog-local:nodes"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}],
+        }
+        with self._client() as client:
+            path = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
+            response = client.post(state.server + path, json=binding)
+            if response.status_code not in (201, 409):
+                raise ControlPlaneError(f"ClusterRoleBinding for nodes: {response.status_code} {response.text}")
+        self._start("kubelet", self.node.kubelet_args(), state)
+        self._start("kube-scheduler", self.node.scheduler_args(ports.scheduler), state)
+        self._start("kube-proxy", self.node.proxy_args(), state)
+        self._wait(f"node {NODE_NAME} Ready", lambda: self._node_ready(state.server))
+
+    def _node_ready(self, server: str) -> bool:
+        try:
+            with self._client() as client:
+                response = client.get(f"{server}/api/v1/nodes/{NODE_NAME}")
+        except httpx.HTTPError:
+            return False
+        if response.status_code != 200:
+            return False
+        node = response.json()
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
+        return ready and not any(t["key"] == "node.kubernetes.io/not-ready" for t in node["spec"].get("taints", []))
+
     def _apiserver_args(self, etcd_port: int, port: int) -> list[str]:
         pki = self.pki
+        if self.with_node:
+            node = [
+                # Pods get ServiceAccount tokens; the apiserver reaches the kubelet for logs and exec.
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
+        else:
+            node = ["--disable-admission-plugins=ServiceAccount"]
         return [
+            *node,
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
@@ -271,17 +356,20 @@ class LocalControlPlane:
             "--service-cluster-ip-range=10.0.0.0/24",
             "--endpoint-reconciler-type=none",  # the reconciler refuses a loopback advertise address
             "--authorization-mode=RBAC",
-            "--disable-admission-plugins=ServiceAccount",
             "--profiling=false",
         ]
 
     def _controller_manager_args(self, port: int) -> list[str]:
+        # Garbage collection removes a deleted saga's UndoEntries (ownerReferences);
+        # the namespace controller empties namespaces that tests delete.
+        controllers = ["garbage-collector-controller", "namespace-controller"]
+        if self.with_node:
+            controllers += NODE_CONTROLLERS
         return [
             f"--kubeconfig={self.state_dir / 'controller-manager.kubeconfig'}",
             f"--service-account-private-key-file={self.pki / 'service-account.key'}",
-            # Garbage collection removes a deleted saga's UndoEntries (ownerReferences);
-            # the namespace controller empties namespaces that tests delete.
-            "--controllers=garbage-collector-controller,namespace-controller",
+            f"--root-ca-file={self.pki / 'serving-ca.crt'}",  # kube-root-ca.crt, in pods' tokens
+            f"--controllers={','.join(controllers)}",
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             f"--secure-port={port}",
@@ -310,7 +398,7 @@ class LocalControlPlane:
         return response.status_code == 200 and response.json().get("health") == "true"
 
     def _healthy(self, state: RunState) -> bool:
-        if set(state.pids) != set(PROCESSES):
+        if set(state.pids) != set(self.processes):
             return False
         return all(self._owned(n, p) for n, p in state.pids.items()) and self._get(state.server, "/readyz")
 

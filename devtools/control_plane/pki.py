@@ -17,6 +17,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from devtools.control_plane.node import NODE_NAME
+
 VALIDITY = timedelta(days=30)
 SERVING_NAMES = (
     "localhost",
@@ -134,6 +136,12 @@ def write_pki(directory: Path) -> dict[str, Issued]:
         # Without service-account credentials (no token controller here) the controller manager
         # acts as itself; its garbage collector must delete any owned object, custom ones included.
         "controller-manager": client_certificate(client_ca, "system:kube-controller-manager", "system:masters"),
+        # A node's parts (used when the control plane runs with one): the apiserver calling
+        # kubelets (logs, exec), the kubelet, and the users RBAC's bootstrap roles are bound to.
+        "apiserver-kubelet-client": client_certificate(client_ca, "kube-apiserver-kubelet-client", "system:masters"),
+        "node": client_certificate(client_ca, f"system:node:{NODE_NAME}", "system:nodes"),
+        "scheduler": client_certificate(client_ca, "system:kube-scheduler"),
+        "proxy": client_certificate(client_ca, "system:kube-proxy"),
     }
     for name, item in issued.items():
         _write(directory / f"{name}.crt", item.certificate_pem)
