@@ -75,6 +75,9 @@ node-up: venv tools node-deps image
 node-down: venv
 	$(SUDO) $(PY) -m devtools.cluster down --state-dir $(NODE_CLUSTER)
 
+e2e: venv tools node-deps image
+	$(SUDO) UNDOLOG_E2E=1 $(VENV)/bin/pytest tests/e2e -s
+
 crds: venv
 	$(PY) -m devtools.crds crds
 

@@ -53,7 +53,7 @@ class Service:
                 self.replies.setdefault(key, (status, reply))
             return self.replies.get(key, (status, reply))
 
-    def serve(self, port: int) -> ThreadingHTTPServer:
+    def serve(self, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
         service = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -83,7 +83,7 @@ class Service:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        server = ThreadingHTTPServer((host, port), Handler)
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
@@ -179,10 +179,11 @@ def main() -> None:
     parser.add_argument("--authorization-port", type=int, required=True)
     parser.add_argument("--email-port", type=int, required=True)
     parser.add_argument("--slow-send", type=float, default=0.0, help="seconds the email provider takes to answer")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a pod)")
     options = parser.parse_args()
-    Authorization().serve(options.authorization_port)
-    Identity(f"http://127.0.0.1:{options.authorization_port}").serve(options.identity_port)
-    Email(options.slow_send).serve(options.email_port)
+    Authorization().serve(options.authorization_port, options.host)
+    Identity(f"http://127.0.0.1:{options.authorization_port}").serve(options.identity_port, options.host)
+    Email(options.slow_send).serve(options.email_port, options.host)
     print("services ready", flush=True)
     threading.Event().wait()
 
