@@ -75,6 +75,9 @@ node-up: venv tools node-deps image
 node-down: venv
 	$(SUDO) $(PY) -m devtools.cluster down --state-dir $(NODE_CLUSTER)
 
+demo-helm: node-up
+	$(SUDO) $(PY) -m examples.onboarding.demo_helm $(NODE_CLUSTER)/kubeconfig
+
 e2e: venv tools node-deps image
 	$(SUDO) UNDOLOG_E2E=1 $(VENV)/bin/pytest tests/e2e -s
 

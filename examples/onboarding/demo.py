@@ -152,7 +152,12 @@ async def run_agent(namespace: str, urls: dict[str, str], email: str) -> str:
 
 
 def report(urls: dict[str, str]) -> dict[str, Any]:
-    identity, authorization, email = (state(urls[s]) for s in ("identity", "authorization", "email"))
+    return report_states({name: state(url) for name, url in urls.items()})
+
+
+def report_states(states: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Print what each service holds; returns what was left behind (empty: nothing)."""
+    identity, authorization, email = (states[s] for s in ("identity", "authorization", "email"))
     print(f"identity users:        {identity['users']}")
     print(f"authorization grants:  {authorization['permissions']}")
     print(f"email delivered:       {email['delivered']}  recalled: {email['recalled']}")

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from devtools.control_plane.node import NODE_NAME
+from examples.onboarding import in_cluster
 from kubernetes_asyncio import client
 
 from tests.conftest import BIN, REPO, Cluster
@@ -32,7 +33,6 @@ TIMINGS: dict[str, float] = {}
 @dataclass
 class Release:
     cluster: Cluster
-    services_ip: str = ""
     sagas: list[str] = field(default_factory=list)
 
     def kubectl(self, *args: str, check: bool = True) -> str:
@@ -65,24 +65,8 @@ class Release:
         assert done.returncode == 0, done.stderr
         self.sagas.append(name)
 
-    def routed(self) -> bool:
-        try:
-            self.services_state(through=self.services_ip)
-        except AssertionError:
-            return False
-        return True
-
-    def services_state(self, through: str = "127.0.0.1") -> dict[str, Any]:
-        """GET /state of the three services, from inside their pod (`through` the Service's
-        address: as the operator's pods reach them, through kube-proxy's rules)."""
-        script = (
-            "import json,urllib.request as u;print(json.dumps({n: json.load(u.urlopen("
-            f"f'http://{through}:{{p}}/state', timeout=2)) for n, p in "
-            "(('identity',8101),('authorization',8102),('email',8103))}))"
-        )
-        return dict(
-            json.loads(self.kubectl("exec", "-n", SHOP, "deploy/onboarding-services", "--", "python3", "-c", script))
-        )
+    def services_state(self) -> dict[str, Any]:
+        return in_cluster.services_state(self.kubectl, SHOP)
 
 
 def ready(pod: dict[str, Any]) -> bool:
@@ -163,19 +147,8 @@ async def test_helm_install_on_crds_applied_with_kubectl_runs_two_ready_pods_and
 
 async def test_a_saga_applied_with_kubectl_is_compensated_by_the_pods(release: Release, node_kube: Kube) -> None:
     release.kubectl("create", "namespace", SHOP)
-    release.kubectl(
-        "create", "configmap", "onboarding-services", "-n", SHOP, f"--from-file={ONBOARDING / 'services.py'}"
-    )
-    release.kubectl("apply", "-n", SHOP, "-f", str(ONBOARDING / "in-cluster.yaml"))
-    release.kubectl("rollout", "status", "-n", SHOP, "deploy/onboarding-services", "--timeout=120s")
-    release.services_ip = release.kubectl(
-        "get", "service", "onboarding-services", "-n", SHOP, "-o", "jsonpath={.spec.clusterIP}"
-    )
-    # kube-proxy programs the Service a moment after the pod is Ready: wait until it routes.
-    await eventually(lambda: asyncio.to_thread(release.routed), bool, 60, "the Service routing to the services")
-    # The Webhooks of the demo, pointed at the Service (no cluster DNS here: its address).
-    hooks = (ONBOARDING / "webhooks.yaml").read_text().replace("127.0.0.1", release.services_ip)
-    done = release.cluster.kubectl("apply", "-n", SHOP, "-f", "-", stdin=hooks, check=False)
+    address = await asyncio.to_thread(in_cluster.deploy_services, release.kubectl, SHOP)
+    done = release.cluster.kubectl("apply", "-n", SHOP, "-f", "-", stdin=in_cluster.webhooks(address), check=False)
     assert done.returncode == 0, done.stderr
 
     begin = time.monotonic()
