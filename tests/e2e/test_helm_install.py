@@ -124,6 +124,7 @@ async def test_helm_install_on_crds_applied_with_kubectl_runs_two_ready_pods_and
         "--take-ownership", "--wait", "--timeout=3m",
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr
+    assert "make image" in installed.stdout  # NOTES: where the image comes from
     TIMINGS["install to 2 Ready"] = time.monotonic() - begin
     pods = release.operator_pods()
     assert len(pods) == 2, pods

@@ -47,3 +47,19 @@ def test_a_documented_command_is_accepted(where: str, line: str) -> None:
     command = root.get_command(context, name)
     assert command is not None, f"{where}: no command {name!r} in {line!r}"
     command.make_context(name, args, parent=context)  # raises on a stale option or a missing argument
+
+
+def test_the_chart_and_the_examples_name_the_image_make_image_tags() -> None:
+    """`make image` tags the image with the package's version (tools/image.sh); the chart's
+    default tag is its appVersion, so a default install finds the imported image."""
+    import yaml
+
+    import undolog
+
+    chart = yaml.safe_load((REPO / "charts" / "undolog" / "Chart.yaml").read_text())
+    assert chart["appVersion"] == undolog.__version__
+    values = yaml.safe_load((REPO / "charts" / "undolog" / "values.yaml").read_text())
+    image = f"{values['image']['repository']}:{undolog.__version__}"
+    pods = [d for d in yaml.safe_load_all((REPO / "examples" / "onboarding" / "in-cluster.yaml").read_text()) if d]
+    used = {c["image"] for d in pods if d["kind"] == "Deployment" for c in d["spec"]["template"]["spec"]["containers"]}
+    assert used == {image}
