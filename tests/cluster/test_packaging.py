@@ -365,8 +365,26 @@ def test_values_are_checked_strictly_and_helm_knows_the_kubernetes_it_was_built_
         ("metrics.serviceMonitor.intervall=30s", "'/metrics/serviceMonitor': additional properties 'intervall'"),
         ("resources.limit.cpu=1", "'/resources': additional properties 'limit'"),
         ("metrics.service.typ=NodePort", "'/metrics/service': additional properties 'typ'"),
+        ("tolerations[0].effekt=NoSchedule", "'/tolerations/0': additional properties 'effekt'"),
+        ("readinessProbe.periodSecond=5", "'/readinessProbe': additional properties 'periodSecond'"),
+        ("extraVolumeMounts[0].name=ca", "'/extraVolumeMounts/0': missing property 'mountPath'"),
     ):
         refused = template(typo)
         assert refused.returncode != 0, typo
         assert where in refused.stderr, refused.stderr
     assert template("metrics.serviceMonitor.interval=1m30s", "resources.limits.memory=256Mi").returncode == 0
+    extra = template(
+        "extraEnv[0].name=SSL_CERT_FILE", "extraEnv[0].value=/ca/bundle.pem", "extraVolumes[0].name=ca",
+        "extraVolumes[0].configMap.name=corporate-ca", "extraVolumeMounts[0].name=ca",
+        "extraVolumeMounts[0].mountPath=/ca",
+        "serviceAccount.automount=false",
+    )  # fmt: skip
+    assert extra.returncode == 0, extra.stderr
+    deployment = next(d for d in yaml.safe_load_all(extra.stdout) if d and d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert {"name": "SSL_CERT_FILE", "value": "/ca/bundle.pem"} in container["env"]
+    assert {"name": "ca", "mountPath": "/ca"} in container["volumeMounts"]
+    assert {"name": "ca", "configMap": {"name": "corporate-ca"}} in pod["volumes"]
+    assert pod["automountServiceAccountToken"] is False
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
