@@ -123,6 +123,8 @@ class LocalControlPlane:
         deletes a ledger."""
         begin = time.monotonic()
         state = self._read_state()
+        if state and "kubelet" in state.commands:
+            self.with_node = True  # one started with a node keeps it (never replaced, data lost)
         if state and self._healthy(state):
             return Endpoints(state.server, self.kubeconfig, time.monotonic() - begin, reused=True)
         if state and set(state.commands) == set(self.processes) and (self.state_dir / "etcd").is_dir():
