@@ -123,6 +123,7 @@ bench: venv tools bin/undolog-bench-ceiling
 	$(PY) -m bench.sqlite_ledger
 	$(PY) -m bench.scale --sizes 1000 10000
 	$(PY) -m bench.plot
+	$(PY) -m bench.summary
 
 chaos: venv tools
 	UNDOLOG_CHAOS=full $(VENV)/bin/pytest tests/chaos -s

@@ -22,7 +22,7 @@ from kubernetes_asyncio import client, watch
 from tests.support.manifests import saga, webhook
 
 from bench.compensation import bounded
-from bench.harness import Bench, RemoteParticipant, bench_cluster, delta, print_table, save
+from bench.harness import Bench, RemoteParticipant, bench_cluster, delta, go_ceiling, print_table, save
 from undolog.api.common import GROUP, VERSION
 
 STEPS = ("one", "two", "three")
@@ -102,6 +102,10 @@ async def measure(bench: Bench, n: int) -> dict[str, Any]:
         walls = [seen[name] - created[name] for name in created]
         floor = await direct(participant, n)
         ledger_writes = writes.get("sagas", 0) + writes.get("undoentries", 0)
+        operator_writes = ledger_writes + writes.get("events", 0)
+        entries = [e["metadata"]["name"] for e in await kube.list("undoentries", namespace)]
+        go_wps = await go_ceiling(bench, namespace, entries, max(operator_writes, 200), min(n, 100))
+        operator_wps = operator_writes / elapsed
         return {
             "concurrent_sagas": n,
             "saga_wall_median_ms": round(statistics.median(walls) * 1000, 1),
@@ -111,6 +115,9 @@ async def measure(bench: Bench, n: int) -> dict[str, Any]:
             "entry_writes_per_step": round(writes.get("undoentries", 0) / (3 * n), 2),
             "saga_writes_per_saga": round(writes.get("sagas", 0) / n, 2),
             "ledger_writes_per_step": round(ledger_writes / (3 * n), 2),
+            "operator_writes_per_second": round(operator_wps, 1),
+            "go_ceiling_writes_per_second": round(go_wps, 1),
+            "fraction_of_go_ceiling": round(operator_wps / go_wps, 2),
         }
     finally:
         operator.stop()
@@ -126,7 +133,17 @@ async def main(levels: list[int]) -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
     print_table(
-        ["concurrent sagas", "saga wall p50", "3 direct calls p50", "sagas/s", "entry writes/step", "saga writes/saga"],
+        [
+            "concurrent sagas",
+            "saga wall p50",
+            "3 direct calls p50",
+            "sagas/s",
+            "entry writes/step",
+            "saga writes/saga",
+            "operator writes/s",
+            "Go client writes/s",
+            "fraction",
+        ],
         (
             (
                 r["concurrent_sagas"],
@@ -135,6 +152,9 @@ async def main(levels: list[int]) -> None:
                 r["sagas_per_second"],
                 r["entry_writes_per_step"],
                 r["saga_writes_per_saga"],
+                r["operator_writes_per_second"],
+                r["go_ceiling_writes_per_second"],
+                r["fraction_of_go_ceiling"],
             )
             for r in rows
         ),

@@ -86,10 +86,30 @@ async def measure(bench: Bench, n: int, progress: Progress) -> dict[str, Any]:
         participant.close()
 
 
+async def idle(bench: Bench) -> float:
+    """Resident memory of an operator with nothing to do: started, leading, watching an empty
+    namespace, sampled for 3 s once it is up (the largest sample)."""
+    namespace = await bench.namespace("idle")
+    operator = bench.operator(namespace)
+    assert operator.process is not None
+    try:
+        await asyncio.sleep(2.0)  # the Lease taken, the watches listed
+        samples = []
+        for _ in range(6):
+            samples.append(rss_mib(operator.process.pid))
+            await asyncio.sleep(0.5)
+        return max(samples)
+    finally:
+        operator.stop()
+
+
 async def main(sizes: list[int]) -> None:
     rows = []
     with Progress() as progress:
         async with bench_cluster() as bench:
+            idle_rss = await idle(bench)
+            progress.console.print(f"idle operator: {idle_rss:.1f} MiB")
+            save("idle", {"operator_rss_mib": round(idle_rss, 1)})
             for n in sizes:
                 row = await measure(bench, n, progress)
                 progress.console.print(json.dumps(row))

@@ -1,0 +1,94 @@
+"""bench/results/summary.json: the figures issue 14 asks for, from the JSON the last `make bench`
+wrote (compensation, compensation_idle, forward, scale, idle). A figure that was not measured is
+null and `not_measured` says why; nothing is estimated. Committed with the change that moves a
+figure, so figures can be checked without re-running."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bench.harness import RESULTS
+
+# Every key the summary has, in order; None until measured.
+KEYS = (
+    "etcd_fsync",
+    "abort_first_call_p50_ms",
+    "abort_first_call_p99_ms",
+    "abort_first_call_p99_ms_10",
+    "writes_per_compensated_saga",
+    "writes_per_forward_step",
+    "compensation_fraction_of_ceiling",
+    "forward_fraction_of_ceiling",
+    "rss_mib_10k",
+    "idle_rss_mib",
+    "resume_ratio_10k_to_1k",
+    "throughput_by_replicas",
+)
+
+
+def load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"
+    return dict(json.loads(path.read_text())) if path.exists() else None
+
+
+def row(results: list[dict[str, Any]], key: str, value: int) -> dict[str, Any] | None:
+    return next((r for r in results if r.get(key) == value), None)
+
+
+def summarize() -> dict[str, Any]:
+    figures: dict[str, Any] = dict.fromkeys(KEYS)
+    missing: dict[str, str] = {}
+    sources = {name: load(name) for name in ("compensation", "compensation_idle", "forward", "scale", "idle")}
+    fsync = {name: data.get("etcd_fsync") for name, data in sources.items() if data is not None}
+    figures["etcd_fsync"] = all(fsync.values()) if fsync else None
+
+    if idle := sources["compensation_idle"]:
+        figures["abort_first_call_p50_ms"] = idle["results"]["abort_to_first_call_p50_ms"]
+        figures["abort_first_call_p99_ms"] = idle["results"]["abort_to_first_call_p99_ms"]
+    if compensation := sources["compensation"]:
+        if ten := row(compensation["results"], "sagas", 10):
+            figures["abort_first_call_p99_ms_10"] = ten["abort_to_first_call_p99_ms"]
+            # The operator's writes for one 3-entry compensation: the benchmark's abort patch and
+            # the Lease renewals (time-based, not per saga) left out.
+            writes = ten["api_writes"]
+            own = writes.get("sagas", 0) + writes.get("undoentries", 0) + writes.get("events", 0) - ten["sagas"]
+            figures["writes_per_compensated_saga"] = round(own / ten["sagas"], 1)
+        if hundred := row(compensation["results"], "sagas", 100):
+            figures["compensation_fraction_of_ceiling"] = hundred["fraction_of_go_ceiling"]
+    if forward := sources["forward"]:
+        if one := row(forward["results"], "concurrent_sagas", 1):
+            writes = one["api_writes"]
+            own = writes.get("sagas", 0) + writes.get("undoentries", 0) + writes.get("events", 0)
+            figures["writes_per_forward_step"] = round(own / 3, 2)  # all of one 3-step saga's writes
+        if hundred := row(forward["results"], "concurrent_sagas", 100):
+            figures["forward_fraction_of_ceiling"] = hundred.get("fraction_of_go_ceiling")
+    if scale := sources["scale"]:
+        small, large = row(scale["results"], "sagas", 1000), row(scale["results"], "sagas", 10000)
+        if large:
+            figures["rss_mib_10k"] = large["operator_peak_rss_mib"]
+        if small and large:
+            figures["resume_ratio_10k_to_1k"] = round(
+                large["resume_and_finish_seconds"] / small["resume_and_finish_seconds"], 1
+            )
+    if operator_idle := sources["idle"]:
+        figures["idle_rss_mib"] = operator_idle["results"]["operator_rss_mib"]
+    if compensation and (hundred := row(compensation["results"], "sagas", 100)):
+        sagas_per_second = round(hundred["compensations_per_second"] / 3, 1)
+        figures["throughput_by_replicas"] = {"1": sagas_per_second}
+        missing["throughput_by_replicas"] = "one replica only: sharding across replicas is not built yet"
+
+    for key, value in figures.items():
+        if value is None:
+            missing.setdefault(key, "not in bench/results: run `make bench`")
+    return {**figures, "not_measured": missing}
+
+
+def main() -> None:
+    summary = summarize()
+    (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
