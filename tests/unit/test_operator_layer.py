@@ -15,11 +15,12 @@ import pytest
 from tests.support.fakes import FakeKube, FakeTransport, FixedFence
 from tests.support.objects import entry_body
 from undolog import errors
-from undolog.api import EventReason, OmittedOutput, OutputOmission, Saga, SagaPhase, UndoEntry
+from undolog.api import EventReason, OmittedOutput, OutputOmission, Saga, SagaPhase, UndoEntry, Webhook
 from undolog.api.events import CALL_SUCCESSES
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner
 from undolog.calls.transport import PreparedCall
+from undolog.calls.webhook_cache import WebhookCache
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import DriverContext, Slot, wait_without_slot
 from undolog.controller.driver import SagaDriver
@@ -475,3 +476,52 @@ async def test_successful_calls_are_not_events_unless_asked_for(operator: Operat
     quiet.record(saga, SagaPhase.COMPENSATED, "Compensated: 2 entries")
     await quiet.stop(drain_seconds=1)
     assert [reason for _, reason, _ in operator.kube.events] == ["CompensationFailed", "Compensated"]
+
+
+def cached(operator: Operator, url: str) -> WebhookCache:
+    """A Webhook cache holding `undo` at `url`, whatever the API holds (a watch lagging or not)."""
+    cache = WebhookCache(operator.kube, [NS])  # type: ignore[arg-type]
+    body = operator.kube.body("webhooks", NS, "undo")
+    stale = {**body, "spec": {**body["spec"], "versions": [{"name": "v1", "url": url}]}}
+    cache.webhooks[(NS, "undo")] = Webhook.model_validate(stale)
+    operator.context.compensator.recorder.registry.cache = cache
+    return cache
+
+
+async def test_compensation_targets_come_from_the_webhook_cache_without_a_read(operator: Operator) -> None:
+    cached(operator, "http://participant.test/undo")
+    saga = operator.saga("s", outcome="Abort")
+    for position in (1, 2, 3):
+        operator.entry(saga, position)
+    done = await operator.drive("s")
+    assert done.status.phase == "Compensated"
+    assert operator.undone() == [3, 2, 1]
+    assert ("get", "webhooks") not in operator.kube.requests
+
+
+async def test_a_call_failed_on_a_stale_cached_webhook_is_made_again_at_the_apis_target(operator: Operator) -> None:
+    """A person fixed the Webhook; the cache has not heard yet. The failure is checked against
+    the API before it is recorded, and the call goes to the fixed target: no halt."""
+    cached(operator, "http://participant.test/old")
+    operator.transport.script("/old", CallOutcome(status_code=404, error="HTTP 404: no such route"))
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1)
+    done = await operator.drive("s")
+    assert done.status.phase == "Compensated"
+    assert operator.transport.paths() == ["/old", "/undo"]
+    assert [c.headers["Undolog-Attempt"] for c in operator.transport.sent] == ["1", "2"]
+    keys = {c.headers["Idempotency-Key"] for c in operator.transport.sent}
+    assert len(keys) == 1
+    entry = operator.kube.body("undoentries", NS, "s-1")["status"]
+    assert [a.get("statusCode") for a in entry["attempts"]] == [404, 200]
+    assert any("its Webhook changed" in message for _, _, message in operator.kube.events)
+
+
+async def test_a_failure_on_a_cached_webhook_that_is_still_current_is_recorded_as_it_was(operator: Operator) -> None:
+    cached(operator, "http://participant.test/undo")
+    operator.transport.script("/undo", CallOutcome(status_code=400, error="HTTP 400: unknown grant"))
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1)
+    halted = await operator.drive("s")
+    assert halted.status.phase == "Halted"
+    assert operator.transport.paths() == ["/undo"]  # the API agreed with the cache: not sent again

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from undolog import errors
 from undolog.api import Call, Webhook, WebhookVersion
 from undolog.calls.transport import Target
+from undolog.calls.webhook_cache import WebhookCache
 from undolog.conventions import HEADERS_SECRET_LABEL
 from undolog.errors import CallNotPossible, CallRefusal
 from undolog.ledger import Ledger
@@ -51,17 +52,35 @@ def version_url(webhook: Webhook, version: WebhookVersion, *, cross_namespace: b
 class Registry:
     ledger: Ledger
     cross_namespace_services: bool = False
+    cache: WebhookCache | None = None  # Webhooks from a watch: no read per call
 
-    async def target(self, namespace: str, call: Call, *, with_headers: bool = True) -> Target:
+    async def target(self, namespace: str, call: Call, *, with_headers: bool = True, fresh: bool = False) -> Target:
         """The target of `call` from a saga in `namespace`; CallNotPossible when there is none.
-        Without `with_headers` no Secret is read (to show where a call would go)."""
+        Without `with_headers` no Secret is read (to show where a call would go). The cache is
+        used unless `fresh`; what it lacks is read from the API before anything is refused."""
+        webhook = None if fresh or self.cache is None else self.cache.get(namespace, call.function)
+        if webhook is None:
+            try:
+                webhook = await self.ledger.webhook(namespace, call.function)
+            except errors.NotFound:
+                raise CallNotPossible(
+                    CallRefusal.FUNCTION_NOT_FOUND,
+                    f"no Webhook {call.function!r} in namespace {namespace}; register the function as a Webhook there",
+                ) from None
+        return await self._target(webhook, call, with_headers=with_headers)
+
+    async def changed(self, namespace: str, call: Call, used: Target) -> Target | None:
+        """After a call failed: the target the API's Webhook gives now, when it differs from the
+        one used (a Webhook fixed while the cache had not heard yet); None otherwise."""
+        if self.cache is None:
+            return None
         try:
-            webhook = await self.ledger.webhook(namespace, call.function)
-        except errors.NotFound:
-            raise CallNotPossible(
-                CallRefusal.FUNCTION_NOT_FOUND,
-                f"no Webhook {call.function!r} in namespace {namespace}; register the function as a Webhook there",
-            ) from None
+            now = await self.target(namespace, call, fresh=True)
+        except CallNotPossible:
+            return None
+        return now if now != used else None
+
+    async def _target(self, webhook: Webhook, call: Call, *, with_headers: bool) -> Target:
         version = choose_version(webhook, call)
         url = version_url(webhook, version, cross_namespace=self.cross_namespace_services)
         return Target(

@@ -16,6 +16,7 @@ from undolog.api.events import CALL_SUCCESSES
 from undolog.calls.http import HttpTransport
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner
+from undolog.calls.webhook_cache import WebhookCache
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import wait_without_slot
 from undolog.controller.engine import Engine
@@ -74,7 +75,9 @@ async def run(options: OperatorOptions) -> None:
     leadership = Leadership(kube, options.lease, options.identity)
     transport = HttpTransport(options.egress(), guard=leadership.check)
     runner = Runner(transport, leadership, sleep=wait_without_slot)
-    recorder = CallRecorder(ledger, Registry(ledger, options.cross_namespace_services), runner, timeline)
+    webhooks = WebhookCache(kube, options.namespaces)
+    await webhooks.start()
+    recorder = CallRecorder(ledger, Registry(ledger, options.cross_namespace_services, webhooks), runner, timeline)
     engine = Engine(
         kube,
         ledger,
@@ -96,6 +99,7 @@ async def run(options: OperatorOptions) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await elections
         await engine.stop()
+        await webhooks.stop()
         await leadership.release()
         await timeline.stop()
         await runner.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from undolog import metrics
@@ -99,7 +99,22 @@ class CallRecorder:
             return refused
 
     async def run(self, saga: Saga, entry: UndoEntry, spec: EntryCall) -> tuple[CallResult, UndoEntry]:
-        """Make the call; returns its result and the entry as last written."""
+        """Make the call; returns its result and the entry as last written. A call that failed
+        on a target from the Webhook cache is made once more, continuing its attempt numbers,
+        when the API's Webhook now gives another target (fixed before the cache heard of it)."""
+        result, entry = await self._attempts(saga, entry, spec)
+        if result.verdict == Verdict.SUCCEEDED:
+            return result, entry
+        changed = await self.registry.changed(saga.metadata.namespace, spec.call, spec.target)
+        if changed is None:
+            return result, entry
+        why = "its Webhook changed while the call was made; calling the new target"
+        self.timeline.record(saga, spec.retry_reason, f"{spec.label}: {why}")
+        again = replace(spec, target=changed, first_attempt=result.last.number + 1, already_in_flight=True)
+        retried, entry = await self._attempts(saga, entry, again)
+        return CallResult(retried.verdict, [*result.attempts, *retried.attempts]), entry
+
+    async def _attempts(self, saga: Saga, entry: UndoEntry, spec: EntryCall) -> tuple[CallResult, UndoEntry]:
         writing = asyncio.Lock()  # the in-flight mark and the attempt records share one copy
         latest = entry
 
