@@ -20,6 +20,7 @@ import json
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from tests.support.manifests import call, saga, undo_entry, webhook
@@ -32,8 +33,10 @@ from bench.harness import (
     delta,
     go_ceiling,
     print_table,
+    profiled,
     save,
 )
+from bench.profile import report
 from undolog.kube import Kube
 
 
@@ -94,7 +97,7 @@ async def raw_ceiling(kube: Kube, namespace: str, writes: int, concurrency: int)
     return time.monotonic() - began
 
 
-async def measure(bench: Bench, n: int) -> dict[str, Any]:
+async def measure(bench: Bench, n: int, profile: Path | None = None) -> dict[str, Any]:
     kube = bench.kube
     namespace = await bench.namespace(f"comp{n}")
     participant = RemoteParticipant()
@@ -115,11 +118,15 @@ async def measure(bench: Bench, n: int) -> dict[str, Any]:
             await kube.patch("sagas", namespace, name, {"spec": {"outcome": "Abort"}})
             aborted_at[name] = time.monotonic()
 
-        first_abort = time.monotonic()
-        await bounded(lambda name=name: abort(name) for name in names)  # type: ignore[misc]
-        # Wait on the participant first: polling the API would take the apiserver's CPU.
-        await participant.until(lambda received: len(received) >= 3 * n, 900)
-        await until(lambda: _all(kube, namespace, "Compensated", n), 900, f"{n} sagas Compensated")
+        sampled = None if profile is None else profile / f"compensation-{n}.txt"
+        async with profiled(operator.process.pid, sampled):
+            first_abort = time.monotonic()
+            await bounded(lambda name=name: abort(name) for name in names)  # type: ignore[misc]
+            # Wait on the participant first: polling the API would take the apiserver's CPU.
+            await participant.until(lambda received: len(received) >= 3 * n, 900)
+            await until(lambda: _all(kube, namespace, "Compensated", n), 900, f"{n} sagas Compensated")
+        if sampled is not None:
+            print(report(sampled, per=3 * n, rate=250), flush=True)
         after = await bench.writes()
         cpu = (cpu_seconds(operator.process.pid) - cpu_before[0], bench.control_plane_cpu() - cpu_before[1])
         received = participant.received()
@@ -194,7 +201,7 @@ async def idle_latency(bench: Bench, samples: int) -> dict[str, Any]:
         participant.close()
 
 
-async def main(sizes: list[int], idle_samples: int) -> None:
+async def main(sizes: list[int], idle_samples: int, profile: Path | None) -> None:
     rows = []
     async with bench_cluster() as bench:
         if idle_samples:
@@ -212,7 +219,7 @@ async def main(sizes: list[int], idle_samples: int) -> None:
             save("compensation_idle", idle)
         for n in sizes:
             print(f"N={n} ...", flush=True)
-            row = await measure(bench, n)
+            row = await measure(bench, n, profile)
             print(json.dumps(row), flush=True)
             rows.append(row)
     print_table(
@@ -253,5 +260,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 10, 100, 1000])
     parser.add_argument("--idle-samples", type=int, default=30, help="one-saga-at-a-time aborts for p50/p99")
+    parser.add_argument("--profile", type=Path, help="py-spy the operator during each run; stacks in this folder")
     options = parser.parse_args()
-    asyncio.run(main(options.sizes, options.idle_samples))
+    asyncio.run(main(options.sizes, options.idle_samples, options.profile))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -190,3 +191,23 @@ def cpu_seconds(pid: int) -> float:
 
 def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+
+
+@asynccontextmanager
+async def profiled(pid: int, path: Path | None, rate: int = 250) -> AsyncIterator[None]:
+    """py-spy samples `pid` while the block runs (nothing when `path` is None): collapsed stacks
+    in `path`, one line per distinct stack with its sample count, for `bench.profile`."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    spy = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "py-spy"), "record", f"--pid={pid}", f"--rate={rate}", "--format=raw",
+        f"--output={path}", "--nonblocking", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    await asyncio.sleep(1.0)  # attached before the work starts
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled and exits
+        await asyncio.wait_for(spy.wait(), 30)
