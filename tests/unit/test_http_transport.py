@@ -4,13 +4,14 @@ nothing, and an answer that is not a JSON object says so."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
 from tests.support.participants import Participant, Reply
-from undolog.calls.http import MAX_POOLS, HttpTransport
+from undolog.calls.http import CALLS_PER_PARTICIPANT, MAX_POOLS, HttpTransport
 from undolog.calls.transport import PreparedCall, Target
 from undolog.conventions import MAX_ANSWER_BYTES
 from undolog.decisions.egress import EgressPolicy
@@ -93,3 +94,28 @@ async def test_connection_pools_per_ca_bundle_are_bounded(transport: HttpTranspo
         bundle = base64.b64encode(certificate_authority(f"ca-{n}").certificate_pem).decode()
         transport._pool(bundle)
     assert len(transport._pools) == MAX_POOLS
+
+
+async def test_one_participant_has_at_most_its_share_of_calls_in_flight_and_others_are_not_held(
+    transport: HttpTransport,
+) -> None:
+    """A slow participant holds CALLS_PER_PARTICIPANT calls at a time, the rest wait for a slot
+    (their attempt's clock not started); a call to another participant goes at once."""
+    slow, other = Participant(), Participant()
+    try:
+        slow.script("/slow", *[Reply(200, delay=0.6)] * (CALLS_PER_PARTICIPANT + 8))
+        began = time.monotonic()
+        calls = [asyncio.create_task(transport.send(call(slow, "/slow", timeout=1.0)))
+                 for _ in range(CALLS_PER_PARTICIPANT + 8)]  # fmt: skip
+        await asyncio.sleep(0.2)
+        assert len(slow.received("/slow")) == CALLS_PER_PARTICIPANT
+        quick = await transport.send(call(other, "/fast"))
+        assert quick.status_code == 200
+        assert time.monotonic() - began < 0.6  # not behind the slow participant's queue
+        outcomes = await asyncio.gather(*calls)
+        # The 8 that waited for a slot had their whole second: none timed out.
+        assert [o.status_code for o in outcomes] == [200] * (CALLS_PER_PARTICIPANT + 8)
+        assert len(transport.slots) == 0  # nothing kept for participants with no call in flight
+    finally:
+        slow.close()
+        other.close()
