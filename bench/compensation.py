@@ -19,6 +19,7 @@ import functools
 import json
 import statistics
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,10 @@ async def measure(bench: Bench, n: int, profile: Path | None = None) -> dict[str
             name = request.headers["undolog-saga"].split("/", 1)[1]
             first_call.setdefault(name, request.at)
         latencies = [first_call[name] - aborted_at[name] for name in names]
+        # More calls than entries are allowed only as repeats of a key (retries, replays after a
+        # lost answer): counted, with the attempt number each repeat carried.
+        keys = Counter(request.key for request in received)
+        repeats = Counter(r.headers.get("undolog-attempt", "?") for r in received if keys[r.key] > 1)
         span = max(r.at for r in received) - first_abort
         writes = delta(after, before)
         total_writes = sum(writes.values())
@@ -145,6 +150,8 @@ async def measure(bench: Bench, n: int, profile: Path | None = None) -> dict[str
         return {
             "sagas": n,
             "compensations": len(received),
+            "distinct_keys": len(keys),
+            "calls_by_attempt_of_repeated_keys": dict(repeats),
             "abort_to_first_call_p50_ms": round(percentile(latencies, 0.5) * 1000, 1),
             "abort_to_first_call_p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
             "compensations_per_second": round(len(received) / span, 1),

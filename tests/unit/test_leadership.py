@@ -5,6 +5,8 @@ send, whatever answer arrives late."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 from dataclasses import dataclass, field
 
@@ -113,3 +115,64 @@ async def test_a_released_lease_is_taken_at_once() -> None:
     await holder.release()
     assert await standby._acquire_or_renew()  # no need to wait out the Lease
     assert standby.token() == 1
+
+
+async def test_the_lease_is_renewed_while_the_new_holder_takes_charge() -> None:
+    """Taking charge of many sagas can take longer than the Lease; the renewals go on meanwhile,
+    so the holder may still send when it is ready (at 10,000 sagas it lost the Lease at once)."""
+    leases = FakeLeases()
+    settings = LeaseSettings("ns", lease_seconds=3)  # renew deadline 2 s, retry every 1 s
+    holder = Leadership(leases, settings, "a")
+    ready = asyncio.Event()
+    could_send: list[bool] = []
+    followed: list[bool] = []
+
+    async def lead() -> None:
+        await asyncio.sleep(3.2)  # longer than the renew deadline
+        try:
+            holder.check()
+            could_send.append(True)
+        except errors.NotLeading:
+            could_send.append(False)
+        ready.set()
+
+    async def follow() -> None:
+        followed.append(True)
+
+    election = asyncio.create_task(holder.run(lead, follow))
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+    finally:
+        election.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await election
+    assert could_send == [True]
+    assert followed == []
+    assert leases.version >= 3  # created, then renewed while lead() ran
+
+
+async def test_a_holder_that_could_not_take_charge_tries_again() -> None:
+    leases = FakeLeases()
+    holder = Leadership(leases, LeaseSettings("ns", lease_seconds=3), "a")
+    attempts: list[int] = []
+    followed: list[bool] = []
+    again = asyncio.Event()
+
+    async def lead() -> None:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise errors.KubeError("listing the entries timed out", status=504)
+        again.set()
+
+    async def follow() -> None:
+        followed.append(True)
+
+    election = asyncio.create_task(holder.run(lead, follow))
+    try:
+        await asyncio.wait_for(again.wait(), 10)
+    finally:
+        election.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await election
+    assert len(attempts) == 2
+    assert followed == [True]  # what the failed attempt left is cleaned up first

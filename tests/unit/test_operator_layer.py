@@ -23,7 +23,7 @@ from undolog.calls.transport import PreparedCall
 from undolog.calls.webhook_cache import WebhookCache
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import DriverContext, Slot, wait_without_slot
-from undolog.controller.driver import SagaDriver
+from undolog.controller.driver import SagaDriver, woken
 from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
 from undolog.controller.recorded_call import CallRecorder
@@ -525,3 +525,17 @@ async def test_a_failure_on_a_cached_webhook_that_is_still_current_is_recorded_a
     halted = await operator.drive("s")
     assert halted.status.phase == "Halted"
     assert operator.transport.paths() == ["/undo"]  # the API agreed with the cache: not sent again
+
+
+async def test_a_driver_woken_and_cancelled_at_once_stops() -> None:
+    """Stopping the engine cancels every driver while events still wake them; a cancellation
+    that arrives with a wake-up must end the driver's wait (asyncio.wait_for on 3.11 returned
+    normally instead, the driver looped on, and the engine never stopped)."""
+    wake = asyncio.Event()
+    waiting = asyncio.create_task(woken(wake, 30))
+    await asyncio.sleep(0)  # the task is waiting
+    wake.set()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert waiting.cancelled()

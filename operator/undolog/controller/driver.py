@@ -58,6 +58,15 @@ def lost_entry(entry: UndoEntry, why: str) -> LostEntry:
     )
 
 
+async def woken(wake: asyncio.Event, seconds: float | None) -> None:
+    """Until `wake` is set or `seconds` pass (None: no limit). Never `asyncio.wait_for`: on Python 3.11 it
+    returns normally when cancelled just as the event is set, and a driver that swallowed its
+    cancellation kept looping, so stopping the engine never ended (seen at 10,000 sagas)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await wake.wait()
+
+
 class SagaDriver:
     def __init__(self, context: DriverContext, namespace: str, name: str) -> None:
         self.context = context
@@ -112,8 +121,7 @@ class SagaDriver:
             if wait.finished and not self.wake.is_set():
                 return
             timeout = None if wait.until is None else max((wait.until - now()).total_seconds(), 0.0)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout)
+            await woken(self.wake, timeout)
 
     def _backoff(self, failures: int, error: errors.UndoLogError) -> moves.Wait:
         delay = operator_retry_seconds(failures)

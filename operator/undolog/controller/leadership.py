@@ -17,14 +17,15 @@ can serve as a fencing token:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from undolog import errors
 from undolog.conventions import timestamp
@@ -105,28 +106,42 @@ class Leadership:
 
     # -- the election ----------------------------------------------------------------------------
 
-    async def run(self, lead: Callable[[], Awaitable[None]], follow: Callable[[], Awaitable[None]]) -> None:
-        """Stand for the Lease forever: `lead` when it is ours, `follow` when it is lost."""
-        while True:
-            # A renewal counts from when it was asked for: one whose answer is read late (after a
-            # pause) must not stretch this holder's time past what the standbys measure.
-            asked_at = self.clock()
-            try:
-                held = await self._acquire_or_renew()
-            except errors.KubeError as error:
-                log.warning("the Lease %s could not be read or written: %s", self.reference, error.message)
-                held = False
-            if held:
-                self._renewed_at = asked_at
-            if held and not self.leading:
-                self.leading = True
-                log.info("%s leads (Lease %s, fence %s)", self.me, self.reference, self._fence)
-                await lead()
-            elif self.leading and self.clock() - self._renewed_at > self.settings.renew_deadline:
-                self.leading = False
-                log.warning("%s lost the Lease %s; it stops driving sagas", self.me, self.reference)
-                await follow()
-            await asyncio.sleep(self.settings.retry_period)
+    async def run(self, lead: Callable[[], Coroutine[Any, Any, None]], follow: Callable[[], Awaitable[None]]) -> None:
+        """Stand for the Lease forever: `lead` when it is ours, `follow` when it is lost.
+
+        `lead` runs beside the renewals, never before them: taking charge of ten thousand sagas
+        (listing their entries, starting their drivers) takes longer than a Lease, and a holder
+        that stopped renewing meanwhile would lose it the moment it was ready. One that fails
+        (the API too slow to list) is started again after `follow` has cleaned up."""
+        leading: asyncio.Task[None] | None = None
+        try:
+            while True:
+                # A renewal counts from when it was asked for: one whose answer is read late (after
+                # a pause) must not stretch this holder's time past what the standbys measure.
+                asked_at = self.clock()
+                try:
+                    held = await self._acquire_or_renew()
+                except errors.KubeError as error:
+                    log.warning("the Lease %s could not be read or written: %s", self.reference, error.message)
+                    held = False
+                if held:
+                    self._renewed_at = asked_at
+                if held and not self.leading:
+                    self.leading = True
+                    log.info("%s leads (Lease %s, fence %s)", self.me, self.reference, self._fence)
+                    leading = asyncio.create_task(lead(), name="taking charge")
+                elif self.leading and self.clock() - self._renewed_at > self.settings.renew_deadline:
+                    self.leading = False
+                    log.warning("%s lost the Lease %s; it stops driving sagas", self.me, self.reference)
+                    await _cancelled(leading)
+                    await follow()
+                elif self.leading and leading is not None and failed(leading):
+                    log.error("%s could not take charge (%s); starting again", self.me, leading.exception())
+                    await follow()
+                    leading = asyncio.create_task(lead(), name="taking charge")
+                await asyncio.sleep(self.settings.retry_period)
+        finally:
+            await _cancelled(leading)
 
     async def release(self) -> None:
         """On a clean shutdown: hand the Lease back, so a standby takes over at once."""
@@ -194,3 +209,15 @@ class Leadership:
             return False
         self._fence = 0
         return True
+
+
+def failed(task: asyncio.Task[None]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is not None
+
+
+async def _cancelled(task: asyncio.Task[None] | None) -> None:
+    if task is None or task.done():
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
