@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import copy
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -176,3 +177,69 @@ async def test_a_holder_that_could_not_take_charge_tries_again() -> None:
             await election
     assert len(attempts) == 2
     assert followed == [True]  # what the failed attempt left is cleaned up first
+
+
+@dataclass
+class FlakyLeases(FakeLeases):
+    """A Lease store that cannot be reached while `down` (an apiserver too busy to answer)."""
+
+    down: bool = False
+
+    async def get_lease(self, namespace: str, name: str) -> Body:
+        if self.down:
+            raise errors.KubeError("the request timed out", status=504)
+        return await super().get_lease(namespace, name)
+
+
+async def elect(holder: Leadership, leases: FlakyLeases, *, starve: float, then: Any = None) -> list[str]:
+    """Run the election; once leading, the store is unreachable for `starve` seconds (longer than
+    the renew deadline), then `then(leases)` runs; returns what happened, in order."""
+    seen: list[str] = []
+    started = asyncio.Event()
+
+    async def lead() -> None:
+        seen.append("lead")
+        started.set()
+
+    async def follow() -> None:
+        seen.append("follow")
+
+    election = asyncio.create_task(holder.run(lead, follow))
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        leases.down = True
+        await asyncio.sleep(starve)
+        with contextlib.suppress(errors.NotLeading):
+            holder.check()
+            seen.append("could send while starved")
+        if then is not None:
+            then(leases)
+        leases.down = False
+        await asyncio.sleep(2.5)  # two more rounds of the election
+        try:
+            holder.check()
+            seen.append("sends")
+        except errors.NotLeading:
+            seen.append("fenced")
+    finally:
+        election.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await election
+    return seen
+
+
+async def test_a_holder_that_renews_late_is_fenced_meanwhile_and_carries_on_without_starting_over() -> None:
+    leases = FlakyLeases()
+    holder = Leadership(leases, LeaseSettings("ns", lease_seconds=3), "a")  # deadline 2 s
+    assert await elect(holder, leases, starve=2.6) == ["lead", "sends"]
+
+
+async def test_a_holder_that_finds_another_holder_after_a_late_renewal_stops_driving() -> None:
+    def taken_by_b(leases: FlakyLeases) -> None:
+        lease = leases.stored["undolog-operator"]
+        lease["spec"].update(holderIdentity="b", leaseTransitions=1)
+        leases._store("undolog-operator", lease)
+
+    leases = FlakyLeases()
+    holder = Leadership(leases, LeaseSettings("ns", lease_seconds=3), "a")
+    assert await elect(holder, leases, starve=2.6, then=taken_by_b) == ["lead", "follow", "fenced"]

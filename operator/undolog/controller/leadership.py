@@ -107,13 +107,18 @@ class Leadership:
     # -- the election ----------------------------------------------------------------------------
 
     async def run(self, lead: Callable[[], Coroutine[Any, Any, None]], follow: Callable[[], Awaitable[None]]) -> None:
-        """Stand for the Lease forever: `lead` when it is ours, `follow` when it is lost.
+        """Stand for the Lease forever: `lead` when it is ours, `follow` when another has it.
 
         `lead` runs beside the renewals, never before them: taking charge of ten thousand sagas
-        (listing their entries, starting their drivers) takes longer than a Lease, and a holder
-        that stopped renewing meanwhile would lose it the moment it was ready. One that fails
-        (the API too slow to list) is started again after `follow` has cleaned up."""
+        (listing their entries, starting their drivers) takes longer than a Lease. A renewal
+        that comes too late only fences this holder (`check` refuses until the next one); it
+        stops driving only when the Lease is seen with another holder, or comes back with
+        another fence (someone held it meanwhile, so what this one knows is stale). Stopping and
+        starting again on every late renewal made a busy operator thrash: at 10,000 sagas it
+        lost the Lease 18 times in 9 minutes. A `lead` that fails is started again after
+        `follow` has cleaned up."""
         leading: asyncio.Task[None] | None = None
+        led_with: int | None = None  # the fence this holder took charge with
         try:
             while True:
                 # A renewal counts from when it was asked for: one whose answer is read late (after
@@ -124,17 +129,20 @@ class Leadership:
                 except errors.KubeError as error:
                     log.warning("the Lease %s could not be read or written: %s", self.reference, error.message)
                     held = False
+                late = self.clock() - self._renewed_at > self.settings.renew_deadline
                 if held:
                     self._renewed_at = asked_at
-                if held and not self.leading:
-                    self.leading = True
-                    log.info("%s leads (Lease %s, fence %s)", self.me, self.reference, self._fence)
-                    leading = asyncio.create_task(lead(), name="taking charge")
-                elif self.leading and self.clock() - self._renewed_at > self.settings.renew_deadline:
+                if self.leading and ((held and self._fence != led_with) or (not held and self._another_holds())):
                     self.leading = False
                     log.warning("%s lost the Lease %s; it stops driving sagas", self.me, self.reference)
                     await _cancelled(leading)
                     await follow()
+                if held and not self.leading:
+                    self.leading, led_with = True, self._fence
+                    log.info("%s leads (Lease %s, fence %s)", self.me, self.reference, self._fence)
+                    leading = asyncio.create_task(lead(), name="taking charge")
+                elif held and late:
+                    log.info("%s renewed the Lease %s late; it sends again", self.me, self.reference)
                 elif self.leading and leading is not None and failed(leading):
                     log.error("%s could not take charge (%s); starting again", self.me, leading.exception())
                     await follow()
@@ -142,6 +150,10 @@ class Leadership:
                 await asyncio.sleep(self.settings.retry_period)
         finally:
             await _cancelled(leading)
+
+    def _another_holds(self) -> bool:
+        holder = self._observed[0] if self._observed else ""
+        return holder not in ("", self.me)
 
     async def release(self) -> None:
         """On a clean shutdown: hand the Lease back, so a standby takes over at once."""
