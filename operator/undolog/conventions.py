@@ -5,7 +5,9 @@ register steps with it). Pure: no I/O.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import secrets
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +35,34 @@ SKIP_ANNOTATION = "undolog.io/skip"  # on an UndoEntry: a person's skip (the val
 ABORT_REASON_ANNOTATION = "undolog.io/abort-reason"  # why the agent or person aborted (SDK, CLI)
 FAILED_STEP_ANNOTATION = "undolog.io/failed-step"  # the step whose failure made the agent abort
 HEADERS_SECRET_LABEL = "undolog.io/webhook-headers"  # =true: a Secret may be sent as a Webhook's headers
+REPLICA_OF_LABEL = "undolog.io/replica-of"  # on a replica's own Lease: the Lease name of its operator
+SHARDS_ANNOTATION = "undolog.io/shards"  # on a replica's own Lease: how many shards it drives
+BUCKET_LABEL = "undolog.io/bucket"  # on a Saga and its entries: which shard drives them (decisions.sharding)
+
+# -- buckets (sharding) ----------------------------------------------------------------------------------
+
+BUCKETS = 64  # the most shards there can be
+
+
+def bucket_of(namespace: str, saga: str) -> int:
+    """The saga's bucket, and that of every entry of it: from its namespace and name only, so the
+    SDK stamps it before the operator sees the object, whatever the number of shards."""
+    digest = hashlib.sha256(f"{namespace}/{saga}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % BUCKETS
+
+
+def bucket_labels(namespace: str, saga: str) -> dict[str, str]:
+    return {BUCKET_LABEL: str(bucket_of(namespace, saga))}
+
+
+_NAME_SUFFIX = "bcdfghjklmnpqrstvwxz2456789"  # as the apiserver's generateName (no vowels, no look-alikes)
+
+
+def generated_name(prefix: str) -> str:
+    """A name from `prefix` as `metadata.generateName` would make it, chosen here so that the
+    saga's bucket is known when it is created."""
+    return prefix[: MAX_NAME - 5] + "".join(secrets.choice(_NAME_SUFFIX) for _ in range(5))
+
 
 # -- sizes -------------------------------------------------------------------------------------------
 
@@ -117,6 +147,7 @@ def new_undo_entry(
         metadata=ObjectMeta(
             name=entry_name(meta.name, position),
             namespace=meta.namespace,
+            labels=bucket_labels(meta.namespace, meta.name),
             owner_references=[owner_reference(meta.name, meta.uid)],
         ),
         spec=UndoEntrySpec(

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from undolog import errors
 from undolog.api import LostEntry, Resource, Saga, SagaStatus, UndoEntry, UndoEntryStatus, Webhook
-from undolog.conventions import creation_body, owned_by
+from undolog.conventions import bucket_labels, creation_body, owned_by
 from undolog.kube import Body, Plural
 
 R = TypeVar("R", bound=Resource)
@@ -167,6 +167,11 @@ class Ledger:
             metadata["finalizers"] = finalizers
         written = await self.kube.patch("sagas", *saga.key, conditional(saga, {"metadata": metadata}))
         return Saga.model_validate(written)
+
+    async def file_in_bucket(self, plural: Plural, namespace: str, name: str, saga: str) -> None:
+        """Label a saga (or an entry of `saga`) with its bucket: unconditional, the same value
+        whoever writes it."""
+        await self.kube.patch(plural, namespace, name, {"metadata": {"labels": bucket_labels(namespace, saga)}})
 
     async def write_entry_status(self, entry: UndoEntry, status: UndoEntryStatus) -> UndoEntry:
         """Write what changed between entry.status and `status`, conditionally. When someone else

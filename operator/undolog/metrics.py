@@ -1,8 +1,9 @@
 """Prometheus metrics of the operator (served on --metrics-port at /metrics).
 
 Every series carries `namespace` (and `function` where a call is counted), so alerts and
-dashboards can say where a person is needed. Saga gauges are exported by the leader only; a
-standby reports `undolog_leader 0` and nothing else about sagas. No `*_created` series.
+dashboards can say where a person is needed. Saga gauges count the sagas of the shards this
+replica holds (the replicas' sum is every saga, none twice); a standby reports
+`undolog_leader 0` and nothing else about sagas. No `*_created` series.
 """
 
 from __future__ import annotations
@@ -16,7 +17,19 @@ prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
-leader = Gauge("undolog_leader", "1 while this operator holds the Lease and drives sagas, else 0.")
+leader = Gauge("undolog_leader", "1 while this operator holds a Lease (of one shard or more) and drives sagas, else 0.")
+shards_held = Gauge("undolog_shards_held", "How many shards' Leases this operator holds (their sagas it drives).")
+_held = 0
+
+
+def holding(change: int) -> None:
+    """A shard's Lease taken (+1) or given up (-1)."""
+    global _held
+    _held += change
+    shards_held.set(_held)
+    leader.set(1 if _held else 0)
+
+
 saga_transitions = Counter(
     "undolog_saga_transitions_total", "Sagas entering a phase.", ["namespace", "phase", "reason"]
 )

@@ -206,3 +206,6 @@ class FixedFence:
 
     def token(self) -> int | None:
         return self.fence
+
+    def shard(self) -> str | None:
+        return "0/1"

@@ -6,6 +6,7 @@ from undolog.version import __version__
 
 USER_AGENT = f"undolog/{__version__}"
 FENCE_HEADER = "Undolog-Fence"  # the sender's fencing token: higher for each new holder of the Lease
+SHARD_HEADER = "Undolog-Shard"  # the shard (`<index>/<count>`) whose Lease the fence belongs to
 
 
 def headers(
@@ -18,7 +19,7 @@ def headers(
     forward: str | None = None,
 ) -> dict[str, str]:
     """Headers of one attempt. `saga` is <namespace>/<name>; `forward` is set on compensations.
-    The runner adds FENCE_HEADER."""
+    The runner adds FENCE_HEADER and SHARD_HEADER."""
     sent = {
         "Idempotency-Key": idempotency_key,
         "Undolog-Saga": saga,

@@ -10,6 +10,7 @@ attempt it asks the fence whether this operator still leads, and stamps its toke
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from undolog import errors
 from undolog.api import Backoff
-from undolog.calls.protocol import FENCE_HEADER
+from undolog.calls.protocol import FENCE_HEADER, SHARD_HEADER
 from undolog.calls.transport import PreparedCall, Target, Transport
 from undolog.conventions import now
 from undolog.decisions.retry import CallOutcome, Verdict, classify, next_delay
@@ -62,6 +64,10 @@ class Fence(Protocol):
         """The fencing token sent with every call (None: no Lease, nothing to send)."""
         ...
 
+    def shard(self) -> str | None:
+        """The shard the token belongs to (`<index>/<count>`), sent beside it."""
+        ...
+
 
 class Unfenced:
     """No Lease: a single process that always may send (the SDK's tests, tools)."""
@@ -71,6 +77,48 @@ class Unfenced:
 
     def token(self) -> int | None:
         return None
+
+    def shard(self) -> str | None:
+        return None
+
+
+class NoShard:
+    """What a task outside any shard's driver may send: nothing."""
+
+    def check(self) -> None:
+        raise errors.NotLeading("this call belongs to no shard this operator drives")
+
+    def token(self) -> int | None:
+        return None
+
+    def shard(self) -> str | None:
+        return None
+
+
+_task_fence: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("undolog_fence", default=None)
+
+
+def fence_this_task(fence: Fence) -> None:
+    """The fence of everything the current task (a saga's driver) does from now on: its shard's
+    Lease. Tasks it starts inherit it."""
+    _task_fence.set(fence)
+
+
+class TaskFence:
+    """The fence of the task at hand (one runner and one transport serve every shard)."""
+
+    def check(self) -> None:
+        self._fence().check()
+
+    def token(self) -> int | None:
+        return self._fence().token()
+
+    def shard(self) -> str | None:
+        return self._fence().shard()
+
+    @staticmethod
+    def _fence() -> Fence:
+        return _task_fence.get() or NoShard()
 
 
 OnAttempt = Callable[[AttemptRecord, float | None], Awaitable[None]]
@@ -114,9 +162,11 @@ class Runner:
         while True:
             self.fence.check()
             sent = headers(number)
-            token = self.fence.token()
+            token, shard = self.fence.token(), self.fence.shard()
             if token is not None:
                 sent[FENCE_HEADER] = str(token)
+            if shard is not None:
+                sent[SHARD_HEADER] = shard
             started_at, began = now(), time.monotonic()
             outcome = await self.transport.send(PreparedCall(target, body, sent))
             record = AttemptRecord(number, started_at, outcome, int((time.monotonic() - began) * 1000))

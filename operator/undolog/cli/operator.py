@@ -55,6 +55,16 @@ def operator(
     lease_seconds: Annotated[
         int, typer.Option(min=3, help="Lease duration: how long a standby waits for a dead leader.")
     ] = 15,
+    shards: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=64,
+            envvar="UNDOLOG_SHARDS",
+            help="Shards the sagas are spread over, each driven by one replica at a time (a Lease per shard); "
+            "at least the number of replicas to share the work. Every replica of one installation uses the same.",
+        ),
+    ] = 1,
     max_concurrent_sagas: Annotated[
         int, typer.Option(min=1, help="Sagas worked on at once (memory and fairness); the rest queue.")
     ] = 200,
@@ -88,12 +98,12 @@ def operator(
 ) -> None:
     """Run the UndoLog operator: drive sagas through their phases and compensate them LIFO.
 
-    Every operator stands for a Lease (--lease-name in the Lease namespace); only its holder
-    drives sagas, so a second operator started by mistake waits instead of sending everything
-    twice."""
+    Every operator stands for a Lease (--lease-name in the Lease namespace), one per shard with
+    --shards; only its holder drives that shard's sagas, so a second operator started by mistake
+    waits (or shares the shards) instead of sending everything twice."""
     from undolog.controller.leadership import LeaseSettings
     from undolog.controller.main import OperatorOptions, main
-    from undolog.kube.saga_events import configure_logging
+    from undolog.kube.kopf_runtime import configure_logging
 
     configure_logging(log_format.value, verbose)
     main(
@@ -102,6 +112,7 @@ def operator(
                 leader_election_namespace or default_namespace(kubeconfig), name=lease_name, lease_seconds=lease_seconds
             ),
             identity=identity,
+            shards=shards,
             namespaces=namespace or [],
             liveness_port=liveness_port or None,
             metrics_port=metrics_port or None,

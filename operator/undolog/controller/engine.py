@@ -1,18 +1,20 @@
-"""The drivers of every saga that needs work, fed by the watches: kopf's of Sagas, the
-operator's own ordered one of UndoEntries. Objects are parsed once, here."""
+"""The drivers of every saga of one shard that needs work, fed by the shard's ordered watches of
+Sagas and UndoEntries (label-selected on the server when there are several shards). Objects
+are parsed once, here."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
 from undolog import metrics
 from undolog.api import EntryReason, EventReason, ObjectMeta, Resource, Saga, SagaPhase, UndoEntry
-from undolog.calls.runner import Fence
+from undolog.calls.runner import Fence, fence_this_task
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import DriverContext
 from undolog.controller.driver import SagaDriver, lost_entry
@@ -20,10 +22,13 @@ from undolog.controller.entry_index import EntryIndex, SagaKey
 from undolog.controller.entry_watch import EntryEvent, EntryWatch
 from undolog.controller.forward import Forwarder
 from undolog.controller.gauges import SagaGauges
+from undolog.controller.shard_labels import ShardLabels
 from undolog.controller.timeline import Timeline
 from undolog.decisions import compensation_plan, phases, resolutions
+from undolog.decisions.sharding import Shard
 from undolog.errors import KubeError
 from undolog.kube import Body, Kube
+from undolog.kube.watch import OrderedWatch
 from undolog.ledger import Ledger, Unreadable
 
 log = logging.getLogger("undolog.engine")
@@ -47,7 +52,9 @@ class Engine:
     timeline: Timeline
     fence: Fence
     namespaces: list[str] = field(default_factory=list)  # watched; empty: all
-    max_concurrent: int = 200  # sagas reconciled at once; the others wait their turn
+    shard: Shard = field(default_factory=lambda: Shard(0, 1))  # the sagas this engine drives
+    slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(200))  # shared by the shards
+    labels: ShardLabels | None = None  # puts a wrong bucket label right (several shards)
     drivers: dict[SagaKey, SagaDriver] = field(default_factory=dict)
     sagas: dict[SagaKey, Seen] = field(default_factory=dict)
     gauges: SagaGauges = field(default_factory=SagaGauges)
@@ -63,46 +70,55 @@ class Engine:
             index=self.index,
             compensator=self.compensator,
             forwarder=self.forwarder,
-            slots=asyncio.Semaphore(self.max_concurrent),
+            slots=self.slots,
             phase_changed=self.phase_seen,
             fence=self.fence,
         )
 
     async def lead(self) -> None:
-        """Start driving sagas (at start, or on taking the Lease): index every entry with one
-        consistent listing and follow the entries' watch from there, then pick up every saga
-        that needs work (and every saga an entry says is owed something)."""
+        """Start driving the shard's sagas (at start, or on taking its Lease): index its entries
+        with one consistent listing and follow their watch from there, then list its sagas and
+        pick up every one that needs work (and every saga an entry says is owed something)."""
         targets: list[str | None] = [*self.namespaces] or [None]
-        watches = [EntryWatch(self.kube, self.index, self.entry_event, namespace) for namespace in targets]
-        listed = [entry for watch in watches for entry in await watch.sync()]
+        selector = self.shard.selector()
+        entries = [EntryWatch(self.kube, self.index, self.entry_event, ns, selector, self._owned) for ns in targets]
+        sagas = [
+            OrderedWatch(self.kube, "sagas", ns, self.saga_event, self._sagas_relisted(ns), label_selector=selector)
+            for ns in targets
+        ]
+        listed = [entry for watch in entries for entry in await watch.sync()]
         self.leading = True
-        metrics.leader.set(1)
-        self.watches = [asyncio.create_task(w.run(), name=f"undo entries of {w.namespace or 'all'}") for w in watches]
-        for namespace in targets:
-            for saga in await self.ledger.sagas(namespace):
-                self.saga_seen(saga)
+        metrics.holding(+1)
+        for watch in sagas:
+            await watch.sync()
+        self.watches = [
+            *(asyncio.create_task(w.run(), name=f"undo entries of {w.namespace or 'all'}") for w in entries),
+            *(asyncio.create_task(w.run(), name=f"sagas of {w.namespace or 'all'}") for w in sagas),
+        ]
         for entry in listed:
             self.entry_event((entry, False))
 
     async def follow(self) -> None:
-        """Another operator leads: stop driving (it picks up where this one stopped)."""
+        """Another replica drives the shard now (it picks up where this one stopped)."""
+        if self.leading:
+            metrics.holding(-1)
+            for key in list(self.sagas):
+                self._forget(key)
         self.leading = False
-        metrics.leader.set(0)
         await self.stop()
-        self.gauges.clear()
         self.sagas.clear()
 
     # -- events --------------------------------------------------------------------------------
 
     def saga_event(self, event_type: str | None, body: Body) -> None:
-        """A Saga event from kopf: parsed once, then handed to its driver."""
+        """A Saga event of the shard's watch: parsed once, then handed to its driver."""
         key: SagaKey = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if not self.shard.owns(*key):  # labelled into this shard by hand: filed where it belongs
+            if self.labels is not None:
+                self.labels.file("sagas", *key, key[1])
+            return
         if event_type == "DELETED":
-            self._forget(key)
-            self.index.forget(key)
-            driver = self.drivers.get(key)
-            if driver is not None:
-                driver.notify(None)
+            self._gone(key)
             return
         try:
             saga = Saga.model_validate(body)
@@ -125,6 +141,34 @@ class Engine:
             return
         if self.leading:
             self.saga_seen(saga)
+
+    def _gone(self, key: SagaKey) -> None:
+        self._forget(key)
+        self.index.forget(key)
+        driver = self.drivers.get(key)
+        if driver is not None:
+            driver.notify(None)
+
+    def _sagas_relisted(self, namespace: str | None) -> Callable[[list[Body]], None]:
+        """A fresh listing of the shard's sagas: those held and no longer listed were deleted
+        while no stream was open; every listed one is handled as a change."""
+
+        def relisted(items: list[Body]) -> None:
+            listed = {(item["metadata"]["namespace"], item["metadata"]["name"]) for item in items}
+            for key in [k for k in self.sagas if namespace in (None, k[0]) and k not in listed]:
+                self._gone(key)
+            for item in items:
+                self.saga_event("MODIFIED", item)
+
+        return relisted
+
+    def _owned(self, entry: UndoEntry) -> bool:
+        meta = entry.metadata
+        if self.shard.owns(meta.namespace, entry.spec.saga):
+            return True
+        if self.labels is not None:
+            self.labels.file("undoentries", meta.namespace, meta.name, entry.spec.saga)
+        return False
 
     def saga_seen(self, saga: Saga) -> None:
         key = saga.key
@@ -204,6 +248,7 @@ class Engine:
         return driver
 
     async def _run(self, key: SagaKey, driver: SagaDriver) -> None:
+        fence_this_task(self.fence)  # the calls the driver makes carry its shard's Lease
         try:
             await driver.run()
             if driver.latest is None and key not in self.sagas:

@@ -1,5 +1,7 @@
-"""UndoEntries as the operator sees them: one ordered watch per watched namespace (or one for
-all), each event parsed once and applied to the index before the engine hears of it."""
+"""UndoEntries as a shard's engine sees them: one ordered watch per watched namespace (or one
+for all), of the shard's buckets, each event parsed once and applied to the index before the
+engine hears of it. An entry labelled into the shard by hand that belongs to another is left
+out (`owned`)."""
 
 from __future__ import annotations
 
@@ -22,15 +24,19 @@ class EntryWatch:
     index: EntryIndex
     deliver: Callable[[EntryEvent], None]
     namespace: str | None  # None: all namespaces
+    label_selector: str | None = None  # the shard's buckets (None: one shard, everything)
+    owned: Callable[[UndoEntry], bool] = lambda _: True
     stream: OrderedWatch = field(init=False)
 
     def __post_init__(self) -> None:
-        self.stream = OrderedWatch(self.kube, "undoentries", self.namespace, self._event, self._relisted)
+        self.stream = OrderedWatch(
+            self.kube, "undoentries", self.namespace, self._event, self._relisted, label_selector=self.label_selector
+        )
 
     async def sync(self) -> list[UndoEntry]:
         """List consistently and load the index; returns the readable entries listed."""
         listed = [parse_entry(body) for body in await self.stream.sync()]
-        return [e for e in listed if isinstance(e, UndoEntry)]
+        return [e for e in listed if isinstance(e, UndoEntry) and self.owned(e)]
 
     async def run(self) -> None:
         await self.stream.run()
@@ -39,6 +45,8 @@ class EntryWatch:
         parsed = parse_entry(body)
         if isinstance(parsed, Unreadable):
             self.deliver(parsed)
+            return
+        if not self.owned(parsed):
             return
         deleted = kind == "DELETED"
         if deleted:
@@ -51,7 +59,7 @@ class EntryWatch:
         """Entries held that the listing lacks were deleted while no stream was open: delivered
         as deletions (so a pending one is reported on its saga); the rest as changes, which
         wakes the sagas whose entries changed unseen."""
-        listed = [parse_entry(body) for body in items]
+        listed = [p for p in map(parse_entry, items) if isinstance(p, Unreadable) or self.owned(p)]
         names = {e.key for e in listed if isinstance(e, UndoEntry)}
         for entry in self.index.held(self.namespace):
             if entry.key not in names:

@@ -1,6 +1,7 @@
-"""The saga gauges: how many sagas the leading operator drives, by namespace and phase, and how
-many are halted, by namespace and the function they wait on. Only the leader exports them (a
-standby's would count the same sagas twice); a standby shows `undolog_leader 0`."""
+"""The saga gauges: how many sagas this replica drives, by namespace and phase, and how many are
+halted, by namespace and the function they wait on. One for all the shards a replica holds;
+a shard's engine takes its sagas out when it stops driving them (a standby's would count the
+same sagas twice); a standby shows `undolog_leader 0`."""
 
 from __future__ import annotations
 
@@ -29,11 +30,3 @@ class SagaGauges:
                 key = (namespace, function or "")
                 self.halted[key] += change
                 metrics.halted_sagas.labels(*key).set(self.halted[key])
-
-    def clear(self) -> None:
-        for namespace, phase in self.by_phase:
-            metrics.sagas_by_phase.remove(namespace, phase)
-        for namespace, function in self.halted:
-            metrics.halted_sagas.remove(namespace, function)
-        self.by_phase.clear()
-        self.halted.clear()

@@ -24,11 +24,12 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from undolog import errors
 from undolog.conventions import timestamp
+from undolog.decisions.sharding import Shard
 from undolog.kube import Body
 
 log = logging.getLogger("undolog.leadership")
@@ -47,10 +48,16 @@ class LeaseSettings:
     namespace: str
     name: str = "undolog-operator"
     lease_seconds: int = 15  # controller-runtime's defaults: 15 s lease, 10 s renew, 2 s retry
+    shard: Shard = field(default_factory=lambda: Shard(0, 1))  # the sagas the Lease is for
 
     def __post_init__(self) -> None:
         if self.lease_seconds < 3:
             raise ValueError(f"lease_seconds={self.lease_seconds}: a Lease shorter than 3 s cannot be renewed safely")
+
+    def of_shard(self, shard: Shard) -> LeaseSettings:
+        """One shard's Lease: the Lease itself when there is one shard, `<name>-shard-<i>` else."""
+        name = self.name if shard.count == 1 else f"{self.name}-shard-{shard.index}"
+        return LeaseSettings(self.namespace, name, self.lease_seconds, shard)
 
     @property
     def retry_period(self) -> float:
@@ -100,14 +107,29 @@ class Leadership:
     def token(self) -> int | None:
         return self._fence
 
+    def shard(self) -> str | None:
+        return str(self.settings.shard)
+
     @property
     def reference(self) -> str:
         return f"{self.settings.namespace}/{self.settings.name}"
 
     # -- the election ----------------------------------------------------------------------------
 
-    async def run(self, lead: Callable[[], Coroutine[Any, Any, None]], follow: Callable[[], Awaitable[None]]) -> None:
+    async def run(
+        self,
+        lead: Callable[[], Coroutine[Any, Any, None]],
+        follow: Callable[[], Awaitable[None]],
+        *,
+        may_take: Callable[[], bool] = lambda: True,
+        hand_back: Callable[[], bool] = lambda: False,
+    ) -> None:
         """Stand for the Lease forever: `lead` when it is ours, `follow` when another has it.
+
+        With shards, `may_take` says whether this replica stands for the Lease when it is free
+        (it holds less than its fair share), and `hand_back` whether to give it up now (it holds
+        more): drivers stopped first, then the Lease released, so the next holder takes over at
+        once. The Lease is read every period either way, so a free one is taken on time.
 
         `lead` runs beside the renewals, never before them: taking charge of ten thousand sagas
         (listing their entries, starting their drivers) takes longer than a Lease. A renewal
@@ -124,8 +146,16 @@ class Leadership:
                 # A renewal counts from when it was asked for: one whose answer is read late (after
                 # a pause) must not stretch this holder's time past what the standbys measure.
                 asked_at = self.clock()
+                if self.leading and hand_back():
+                    log.info("%s hands the Lease %s back (a fair share for each replica)", self.me, self.reference)
+                    self.leading = False
+                    await _cancelled(leading)
+                    await follow()
+                    await self._give_back()
+                    await asyncio.sleep(self.settings.retry_period)
+                    continue
                 try:
-                    held = await self._acquire_or_renew()
+                    held = await self._acquire_or_renew(take=self.leading or may_take())
                 except errors.KubeError as error:
                     log.warning("the Lease %s could not be read or written: %s", self.reference, error.message)
                     held = False
@@ -160,6 +190,9 @@ class Leadership:
         if not self.leading:
             return
         self.leading = False
+        await self._give_back()
+
+    async def _give_back(self) -> None:
         try:
             lease = await self.kube.get_lease(self.settings.namespace, self.settings.name)
             if lease["spec"].get("holderIdentity") == self.me:
@@ -168,7 +201,7 @@ class Leadership:
         except errors.KubeError as error:
             log.warning("the Lease %s was not released: %s", self.reference, error.message)
 
-    async def _acquire_or_renew(self) -> bool:
+    async def _acquire_or_renew(self, take: bool = True) -> bool:
         settings = self.settings
         try:
             lease = await self.kube.get_lease(settings.namespace, settings.name)
@@ -182,6 +215,8 @@ class Leadership:
         duration = spec.get("leaseDurationSeconds") or settings.lease_seconds
         if holder and holder != self.me and self.clock() - self._observed_at < duration:
             return False  # another holder renewed within its Lease duration, as far as this clock saw
+        if holder != self.me and not take:
+            return False
         transitions = int(spec.get("leaseTransitions") or 0)
         now = timestamp()
         if holder != self.me or self._fence is None:  # a new holder, or this identity's new process

@@ -1,32 +1,40 @@
-"""The `undolog operator` process: wires the ledger, the calls, the engine and the Lease, and
-runs until told to stop (kopf watches Sagas; UndoEntries are watched by the engine itself)."""
+"""The `undolog operator` process: wires the ledger, the calls, an engine and a Lease per shard,
+and runs until told to stop (each shard's engine watches its own Sagas and UndoEntries; kopf
+runs the process's frame and files objects that arrive without a bucket label)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import start_http_server
 
 from undolog.api.events import CALL_SUCCESSES
 from undolog.calls.http import HttpTransport
 from undolog.calls.registry import Registry
-from undolog.calls.runner import Runner
+from undolog.calls.runner import Runner, TaskFence
 from undolog.calls.webhook_cache import WebhookCache
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import wait_without_slot
 from undolog.controller.engine import Engine
 from undolog.controller.forward import Forwarder
-from undolog.controller.leadership import Leadership, LeaseSettings
+from undolog.controller.gauges import SagaGauges
+from undolog.controller.leadership import Leadership, LeaseSettings, identity
 from undolog.controller.recorded_call import CallRecorder
+from undolog.controller.replicas import Replicas
+from undolog.controller.shard_labels import ShardLabels
 from undolog.controller.timeline import Timeline
 from undolog.decisions.egress import EgressPolicy
-from undolog.kube import Kube
-from undolog.kube.saga_events import watch_sagas
+from undolog.decisions.sharding import all_shards
+from undolog.kube import Body, Kube, Plural
+from undolog.kube.kopf_runtime import run_kopf
 from undolog.ledger import Ledger
 
 log = logging.getLogger("undolog.operator")
@@ -36,6 +44,7 @@ log = logging.getLogger("undolog.operator")
 class OperatorOptions:
     lease: LeaseSettings
     identity: str | None = None  # on the Lease; unique among live operators (default: see leadership)
+    shards: int = 1  # a Lease per shard; each replica holds its fair share
     namespaces: list[str] = field(default_factory=list)  # empty: all namespaces
     liveness_port: int | None = 8080
     metrics_port: int | None = 9090
@@ -72,38 +81,89 @@ async def run(options: OperatorOptions) -> None:
     ledger = Ledger(kube)
     timeline = Timeline(kube, quiet=frozenset() if options.call_events else CALL_SUCCESSES)
     timeline.start()
-    leadership = Leadership(kube, options.lease, options.identity)
-    transport = HttpTransport(options.egress(), guard=leadership.check)
-    runner = Runner(transport, leadership, sleep=wait_without_slot)
+    me = options.identity or identity()
+    fence = TaskFence()  # each driver's task carries its shard's Lease
+    transport = HttpTransport(options.egress(), guard=fence.check)
+    runner = Runner(transport, fence, sleep=wait_without_slot)
     webhooks = WebhookCache(kube, options.namespaces)
     await webhooks.start()
     recorder = CallRecorder(ledger, Registry(ledger, options.cross_namespace_services, webhooks), runner, timeline)
-    engine = Engine(
-        kube,
-        ledger,
-        Compensator(recorder),
-        Forwarder(recorder),
-        timeline,
-        leadership,
-        namespaces=options.namespaces,
-        max_concurrent=options.max_concurrent_sagas,
-    )
-    elections = asyncio.create_task(leadership.run(engine.lead, engine.follow), name="leader election")
+    labels = ShardLabels(ledger)
+    slots, gauges = asyncio.Semaphore(options.max_concurrent_sagas), SagaGauges()
+    shards = all_shards(options.shards)
+    leaderships = [Leadership(kube, options.lease.of_shard(shard), me) for shard in shards]
+    replicas = Replicas(kube, options.lease, me, leaderships)
+    engines = [
+        Engine(
+            kube,
+            ledger,
+            Compensator(recorder),
+            Forwarder(recorder),
+            timeline,
+            leadership,
+            namespaces=options.namespaces,
+            shard=shard,
+            slots=slots,
+            gauges=gauges,
+            labels=labels,
+        )
+        for shard, leadership in zip(shards, leaderships, strict=True)
+    ]
+    await replicas.refresh()  # know how many replicas share the shards before standing for any
+    elections = [asyncio.create_task(replicas.run(), name="replicas")] + [
+        asyncio.create_task(
+            staggered(
+                index * options.lease.retry_period / len(shards),
+                functools.partial(
+                    leadership.run,
+                    engine.lead,
+                    engine.follow,
+                    may_take=replicas.may_take,
+                    hand_back=replicas.hand_back(index),
+                ),
+            ),
+            name=f"Lease of shard {engine.shard}",
+        )
+        for index, (engine, leadership) in enumerate(zip(engines, leaderships, strict=True))
+    ]
     if options.metrics_port:
         start_http_server(options.metrics_port)
-    log.info("watching %s; Lease %s", ", ".join(options.namespaces) or "all namespaces", leadership.reference)
+    log.info(
+        "watching %s; %s shard(s), Lease %s",
+        ", ".join(options.namespaces) or "all namespaces",
+        len(shards),
+        ", ".join(leadership.reference for leadership in leaderships),
+    )
+
+    def unfiled(plural: Plural, body: Body) -> None:
+        meta = body["metadata"]
+        saga = meta["name"] if plural == "sagas" else (body.get("spec") or {}).get("saga")
+        if isinstance(saga, str) and saga:
+            labels.file(plural, meta["namespace"], meta["name"], saga)
+
     try:
-        await watch_sagas(kube, options.namespaces, options.liveness_port, engine.saga_event)
+        await run_kopf(kube, options.namespaces, options.liveness_port, unfiled if len(shards) > 1 else None)
     finally:
-        elections.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await elections
-        await engine.stop()
+        for task in elections:
+            task.cancel()
+        await asyncio.gather(*elections, return_exceptions=True)
+        for engine in engines:
+            await engine.stop()
+        await labels.stop()
         await webhooks.stop()
-        await leadership.release()
+        for leadership in leaderships:
+            await leadership.release()
+        await replicas.leave()
         await timeline.stop()
         await runner.close()
         await kube.close()
+
+
+async def staggered(delay: float, election: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """The shards' elections a little apart, so that a replica counts the shards it took before
+    standing for the next one."""
+    await asyncio.sleep(delay)
+    await election()
 
 
 def main(options: OperatorOptions) -> None:

@@ -30,7 +30,9 @@ from undolog.conventions import (
     ABORT_REASON_ANNOTATION,
     FAILED_STEP_ANNOTATION,
     FINALIZER,
+    bucket_labels,
     forward_key,
+    generated_name,
     kept_output,
     new_undo_entry,
     now,
@@ -38,7 +40,7 @@ from undolog.conventions import (
 from undolog.decisions import rewind
 from undolog.decisions.phases import FINAL
 from undolog.errors import NoSaga, NotSent, RewindNotDone, SagaEnded
-from undolog.kube import Kube, default_namespace
+from undolog.kube import Body, Kube, default_namespace
 from undolog.ledger import Ledger
 
 CONFLICT_RETRIES = 10
@@ -338,20 +340,34 @@ async def open_saga(
     spec = SagaSpec(
         org_id=org, active_deadline_seconds=deadline_seconds, compensation_policy=policy or CompensationPolicy()
     )
-    body = {
-        "apiVersion": API_VERSION,
-        "kind": "Saga",
-        # Created with the operator's finalizer: deleting it at any moment compensates it first.
-        "metadata": {"finalizers": [FINALIZER], **({"name": name} if name else {"generateName": generate_name})},
-        "spec": spec.to_api(),
-    }
+    namespace = namespace or default_namespace(kubeconfig)
     try:
-        created = await client.create("sagas", namespace or default_namespace(kubeconfig), body)
+        created = await _create_saga(client, namespace, name, generate_name, spec)
     except BaseException:
         if owns:
             await client.close()
         raise
     return SagaRun(client, Saga.model_validate(created), owns_client=owns, kubeconfig=kubeconfig)
+
+
+async def _create_saga(kube: Kube, namespace: str, name: str | None, prefix: str | None, spec: SagaSpec) -> Body:
+    """Created with the operator's finalizer (deleting it at any moment compensates it first) and
+    its bucket label, so that the replica driving its shard sees it at once. A generated name is
+    chosen here (the bucket comes from the name), again if it is taken."""
+    for _ in range(5 if prefix is not None else 1):
+        chosen = generated_name(prefix) if prefix is not None else str(name)
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "Saga",
+            "metadata": {"name": chosen, "finalizers": [FINALIZER], "labels": bucket_labels(namespace, chosen)},
+            "spec": spec.to_api(),
+        }
+        try:
+            return await kube.create("sagas", namespace, body)
+        except errors.AlreadyExists:
+            if prefix is None:
+                raise
+    raise errors.AlreadyExists(f"no free saga name from generate_name {prefix!r} after 5 tries")
 
 
 P = ParamSpec("P")

@@ -1,4 +1,6 @@
-"""kopf watches Sagas and hands every event to one callback; it runs the liveness endpoint.
+"""kopf runs the process's frame (signals, the liveness endpoint) and, with several shards,
+watches the Sagas and UndoEntries that have no bucket label (a server-side label selector), so
+that they are filed into their bucket; each shard's engine watches its own buckets itself.
 
 Only kopf's event handlers are used: they write nothing to the objects (no progress or
 diff-base annotations, no kopf finalizer), so the CRDs' status holds UndoLog's fields alone.
@@ -13,7 +15,11 @@ from typing import Any
 import kopf
 
 from undolog.api import GROUP, VERSION
+from undolog.api.common import Plural
+from undolog.conventions import BUCKET_LABEL
 from undolog.kube.client import Body, Kube
+
+Unfiled = Callable[[Plural, Body], None]  # an object without a bucket label
 
 
 def configure_logging(log_format: str, verbose: bool) -> None:
@@ -50,7 +56,7 @@ class NoDiffBase(kopf.DiffBaseStorage):
         raise AssertionError("UndoLog registers no change handlers, so kopf never stores a diff base")
 
 
-def registry(kube: Kube, on_saga: Callable[[str | None, Body], None]) -> kopf.OperatorRegistry:
+def registry(kube: Kube, unfiled: Unfiled | None) -> kopf.OperatorRegistry:
     handlers = kopf.OperatorRegistry()
     timeouts = kube.timeouts
 
@@ -62,24 +68,33 @@ def registry(kube: Kube, on_saga: Callable[[str | None, Body], None]) -> kopf.Op
         settings.watching.connect_timeout = timeouts.connect
         settings.networking.request_timeout = timeouts.request
         settings.persistence.diffbase_storage = NoDiffBase()
+        for plural in ("sagas", "undoentries"):
+            settings.watching.label_selectors[GROUP, plural] = f"!{BUCKET_LABEL}"
 
     @kopf.on.login(registry=handlers)
     async def login(**_: Any) -> kopf.ConnectionInfo:
         return connection_info(kube)
 
-    @kopf.on.event(GROUP, VERSION, "sagas", registry=handlers)
-    async def saga_changed(event: kopf.RawEvent, **_: Any) -> None:
-        on_saga(event.get("type"), dict(event["object"]))
+    if unfiled is not None:
+        file = unfiled
+
+        @kopf.on.event(GROUP, VERSION, "sagas", registry=handlers)
+        async def saga_unfiled(event: kopf.RawEvent, **_: Any) -> None:
+            if event.get("type") != "DELETED":
+                file("sagas", dict(event["object"]))
+
+        @kopf.on.event(GROUP, VERSION, "undoentries", registry=handlers)
+        async def entry_unfiled(event: kopf.RawEvent, **_: Any) -> None:
+            if event.get("type") != "DELETED":
+                file("undoentries", dict(event["object"]))
 
     return handlers
 
 
-async def watch_sagas(
-    kube: Kube, namespaces: list[str], liveness_port: int | None, on_saga: Callable[[str | None, Body], None]
-) -> None:
+async def run_kopf(kube: Kube, namespaces: list[str], liveness_port: int | None, unfiled: Unfiled | None) -> None:
     """Run until the process is told to stop (SIGTERM, SIGINT)."""
     await kopf.operator(
-        registry=registry(kube, on_saga),
+        registry=registry(kube, unfiled),
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,

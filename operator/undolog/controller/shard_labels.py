@@ -1,0 +1,54 @@
+"""Files sagas and entries into their bucket (label `undolog.io/bucket`) when they arrive
+without it (applied with kubectl, made before there were shards) or with a wrong one (edited
+by hand): a replica lists and watches only its shards' labels, so an object without the right
+one would be driven by nobody. The SDK and the operator label what they create; this is for
+the rest. Any replica may do it (the same label whoever writes it)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from undolog import errors
+from undolog.kube import Plural
+from undolog.ledger import Ledger
+
+log = logging.getLogger("undolog.shard_labels")
+RETRY_CAP_SECONDS = 2.0
+
+Filed = tuple[Plural, str, str]  # plural, namespace, name
+
+
+@dataclass
+class ShardLabels:
+    ledger: Ledger
+    filing: dict[Filed, asyncio.Task[None]] = field(default_factory=dict)
+
+    def file(self, plural: Plural, namespace: str, name: str, saga: str) -> None:
+        """Label the object with its saga's bucket, in the background, until it is done or the
+        object is gone (once per object at a time)."""
+        key = (plural, namespace, name)
+        if key not in self.filing:
+            self.filing[key] = asyncio.create_task(self._file(key, saga), name=f"filing {plural} {namespace}/{name}")
+
+    async def _file(self, key: Filed, saga: str) -> None:
+        failures = 0
+        try:
+            while True:
+                try:
+                    await self.ledger.file_in_bucket(*key, saga)
+                    return
+                except errors.NotFound:
+                    return
+                except errors.KubeError as error:
+                    failures += 1
+                    log.warning("could not label %s %s/%s with its bucket: %s", *key, error.message)
+                await asyncio.sleep(min(RETRY_CAP_SECONDS, 0.1 * 2**failures))
+        finally:
+            del self.filing[key]
+
+    async def stop(self) -> None:
+        for task in list(self.filing.values()):
+            task.cancel()
+        await asyncio.gather(*self.filing.values(), return_exceptions=True)
