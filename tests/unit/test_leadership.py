@@ -9,12 +9,15 @@ import asyncio
 import contextlib
 import copy
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from undolog import errors
 from undolog.controller.leadership import Leadership, LeaseSettings
+from undolog.controller.replicas import Replicas
+from undolog.decisions.sharding import Shard, all_shards
 from undolog.kube import Body
 
 SETTINGS = LeaseSettings("ns", lease_seconds=6)  # renew deadline 4 s
@@ -37,9 +40,19 @@ class FakeLeases:
         return self._store(name, body)
 
     async def replace_lease(self, namespace: str, name: str, body: Body) -> Body:
-        if body["metadata"].get("resourceVersion") != self.stored[name]["metadata"]["resourceVersion"]:
+        if name not in self.stored:
+            raise errors.NotFound("no lease", status=404)
+        version = body["metadata"].get("resourceVersion")  # none: unconditional, as the API does
+        if version is not None and version != self.stored[name]["metadata"]["resourceVersion"]:
             raise errors.Conflict("changed", status=409)
         return self._store(name, body)
+
+    async def list_leases(self, namespace: str, label_selector: str) -> list[Body]:
+        key, value = label_selector.split("=")
+        return [copy.deepcopy(b) for b in self.stored.values() if b["metadata"].get("labels", {}).get(key) == value]
+
+    async def delete_lease(self, namespace: str, name: str) -> None:
+        self.stored.pop(name)
 
     def _store(self, name: str, body: Body) -> Body:
         self.version += 1
@@ -243,3 +256,115 @@ async def test_a_holder_that_finds_another_holder_after_a_late_renewal_stops_dri
     leases = FlakyLeases()
     holder = Leadership(leases, LeaseSettings("ns", lease_seconds=3), "a")
     assert await elect(holder, leases, starve=2.6, then=taken_by_b) == ["lead", "follow", "fenced"]
+
+
+# -- shards: a replica stands only for its fair share, and hands back what is over it ----------
+
+
+async def run_for(seconds: float, *elections: Any) -> None:
+    tasks = [asyncio.create_task(e) for e in elections]
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def noop() -> None:
+    return None
+
+
+async def test_a_replica_that_may_not_take_a_free_lease_leaves_it_free() -> None:
+    leases = FakeLeases()
+    replica = Leadership(leases, LeaseSettings("ns", lease_seconds=3), "a")
+    await run_for(1.5, replica.run(noop, noop, may_take=lambda: False))
+    assert not replica.leading
+    assert leases.stored == {}
+
+
+async def test_a_shard_handed_back_is_free_at_once_for_another_replica() -> None:
+    leases = FakeLeases()
+    settings = LeaseSettings("ns", lease_seconds=3)
+    a, b = Leadership(leases, settings, "a"), Leadership(leases, settings, "b")
+    assert await a._acquire_or_renew()
+    a.leading = True
+    followed: list[str] = []
+
+    async def a_follows() -> None:
+        followed.append("a")
+
+    # b has just seen a renew: without the hand-back it would wait out the whole Lease (3 s)
+    assert not await b._acquire_or_renew()
+    await run_for(1.5, a.run(noop, a_follows, hand_back=lambda: True), b.run(noop, noop))
+    assert followed == ["a"]  # a stopped driving before the Lease was given up
+    assert (a.leading, b.leading) == (False, True)
+    assert leases.stored["undolog-operator"]["spec"]["holderIdentity"] == "b"
+    assert b.token() == 1 and a.token() == 0  # a new holder: a higher fence
+
+
+def test_each_shard_has_a_lease_of_its_own_and_one_shard_keeps_the_operators_lease() -> None:
+    settings = LeaseSettings("ns", lease_seconds=6)
+    assert settings.of_shard(Shard(0, 1)).name == "undolog-operator"
+    assert [settings.of_shard(s).name for s in all_shards(3)] == [f"undolog-operator-shard-{i}" for i in range(3)]
+    assert Leadership(FakeLeases(), settings.of_shard(Shard(2, 3)), "a").shard() == "2/3"
+
+
+@dataclass
+class Wall:
+    now: datetime = datetime(2026, 12, 1, 4, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def replica(leases: FakeLeases, me: str, shards: int, wall: Wall) -> Replicas:
+    settings = LeaseSettings("ns", lease_seconds=6)
+    return Replicas(leases, settings, me, [Leadership(leases, settings.of_shard(s), me) for s in all_shards(shards)], wall)
+
+
+async def test_replicas_count_the_live_ones_and_take_a_fair_share_of_the_shards() -> None:
+    leases, wall = FakeLeases(), Wall()
+    a, b, c = (replica(leases, name, 4, wall) for name in "abc")
+    for member in (a, b, c, a, b):
+        await member.refresh()
+    assert (a.live, b.live, c.live) == (3, 3, 3)
+    for index in range(2):
+        a.shards[index].leading = True
+    assert not a.may_take() and a.hand_back(1)() is False  # holds ceil(4 / 3) = 2: its share
+    wall.now += timedelta(seconds=7)  # b and c stop renewing (killed): a alone is left
+    await a.refresh()
+    assert a.live == 1 and a.may_take()
+    await b.refresh()
+    await a.refresh()
+    assert a.live == 2
+    for index in range(4):
+        a.shards[index].leading = True
+    assert [a.hand_back(i)() for i in range(4)] == [False, False, False, True]  # the highest first
+    await b.leave()
+    await a.refresh()
+    assert a.live == 1 and a.hand_back(3)() is False
+
+
+async def test_a_replica_with_another_number_of_shards_waits_for_the_older_ones_to_go() -> None:
+    leases, wall = FakeLeases(), Wall()
+    old = replica(leases, "old", 2, wall)
+    await old.refresh()
+    wall.now += timedelta(seconds=1)
+    new = replica(leases, "new", 4, wall)
+    await new.refresh()
+    await old.refresh()
+    assert (new.waiting_for, new.may_take()) == ("old", False)  # its buckets would overlap old's shards
+    assert (old.waiting_for, old.may_take(), old.live) == (None, True, 1)
+    await old.leave()  # the rolling upgrade stopped it
+    await new.refresh()
+    assert (new.waiting_for, new.may_take()) == (None, True)
+
+
+async def test_a_replica_restarted_under_its_name_takes_its_membership_lease_over() -> None:
+    leases, wall = FakeLeases(), Wall()
+    await replica(leases, "pod-0", 4, wall).refresh()
+    again = replica(leases, "pod-0", 4, wall)  # kill -9, the container restarts
+    await again.refresh()
+    assert again.live == 1
+    assert len(leases.stored) == 1

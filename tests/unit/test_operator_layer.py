@@ -26,12 +26,15 @@ from undolog.controller.context import DriverContext, Slot, wait_without_slot
 from undolog.controller.driver import SagaDriver, woken
 from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
+from undolog.controller.engine import Engine
 from undolog.controller.recorded_call import CallRecorder
+from undolog.controller.shard_labels import ShardLabels
 from undolog.controller.timeline import Timeline
-from undolog.conventions import FINALIZER
+from undolog.conventions import BUCKET_LABEL, FINALIZER, bucket_of
 from undolog.decisions.retry import CallOutcome
+from undolog.decisions.sharding import Shard
 from undolog.errors import CallRefusal
-from undolog.kube import Body
+from undolog.kube import Body, Plural
 from undolog.ledger import Ledger
 
 NS = "ns"
@@ -539,3 +542,38 @@ async def test_a_driver_woken_and_cancelled_at_once_stops() -> None:
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert waiting.cancelled()
+
+
+async def test_a_saga_and_entry_labelled_into_the_wrong_shard_are_filed_where_they_belong_not_driven(
+    operator: Operator,
+) -> None:
+    """A bucket label edited by hand would put a saga in a shard whose replica lists it, while its
+    entries (labelled by the SDK) are in another: that replica leaves it alone and puts the
+    label right, so the replica of its real shard drives it with its entries."""
+    name = next(n for n in (f"s{i}" for i in range(100)) if Shard(1, 2).owns(NS, n))
+    saga = operator.saga(name, outcome="Abort")
+    saga["metadata"]["labels"][BUCKET_LABEL] = str(Shard(0, 2).buckets[0])
+    entry = operator.entry(saga, 1, indexed=False)
+    ledger = operator.context.ledger
+    engine = Engine(
+        operator.kube,  # type: ignore[arg-type]
+        ledger,
+        operator.context.compensator,
+        operator.context.forwarder,
+        operator.timeline,
+        operator.fence,
+        shard=Shard(0, 2),
+        labels=ShardLabels(ledger),
+    )
+    engine.leading = True
+    engine.saga_event("MODIFIED", saga)
+    assert not engine._owned(UndoEntry.model_validate(entry))
+    assert engine.drivers == {}
+    await until_filed(operator.kube, [("sagas", name), ("undoentries", f"{name}-1")], str(bucket_of(NS, name)))
+    assert operator.transport.sent == []
+
+
+async def until_filed(kube: FakeKube, objects: list[tuple[Plural, str]], bucket: str) -> None:
+    async with asyncio.timeout(5):
+        while any(kube.body(p, NS, n)["metadata"]["labels"].get(BUCKET_LABEL) != bucket for p, n in objects):
+            await asyncio.sleep(0.01)

@@ -206,7 +206,7 @@ class Leadership:
         try:
             lease = await self.kube.get_lease(settings.namespace, settings.name)
         except errors.NotFound:
-            return await self._create()
+            return take and await self._create()
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
         record = (holder, str(spec.get("renewTime")), str(lease["metadata"].get("resourceVersion")))
