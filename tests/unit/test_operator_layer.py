@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.fakes import FakeKube, FakeTransport, FixedFence
 from tests.support.objects import entry_body
+from tests.support.waiting import eventually
 from undolog import errors
 from undolog.api import EventReason, OmittedOutput, OutputOmission, Saga, SagaPhase, UndoEntry, Webhook
 from undolog.api.events import CALL_SUCCESSES
@@ -24,9 +25,9 @@ from undolog.calls.webhook_cache import WebhookCache
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import DriverContext, Slot, wait_without_slot
 from undolog.controller.driver import SagaDriver, woken
+from undolog.controller.engine import Engine
 from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
-from undolog.controller.engine import Engine
 from undolog.controller.recorded_call import CallRecorder
 from undolog.controller.shard_labels import ShardLabels
 from undolog.controller.timeline import Timeline
@@ -574,6 +575,7 @@ async def test_a_saga_and_entry_labelled_into_the_wrong_shard_are_filed_where_th
 
 
 async def until_filed(kube: FakeKube, objects: list[tuple[Plural, str]], bucket: str) -> None:
-    async with asyncio.timeout(5):
-        while any(kube.body(p, NS, n)["metadata"]["labels"].get(BUCKET_LABEL) != bucket for p, n in objects):
-            await asyncio.sleep(0.01)
+    async def filed() -> bool:
+        return all(kube.body(p, NS, n)["metadata"]["labels"].get(BUCKET_LABEL) == bucket for p, n in objects)
+
+    await eventually(filed, lambda done: done, 5, "the bucket labels put right")

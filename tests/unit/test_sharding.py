@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -37,7 +38,8 @@ def test_the_selector_of_the_shard_that_owns_a_saga_names_its_bucket_and_no_othe
         return
     for shard in all_shards(count):
         selector = shard.selector()
-        assert selector is not None and selector.startswith(f"{BUCKET_LABEL} in (")
+        assert selector is not None
+        assert selector.startswith(f"{BUCKET_LABEL} in (")
         values = selector[len(BUCKET_LABEL) + len(" in (") : -1].split(",")
         assert (bucket in values) == (shard == owning[0])
 
@@ -52,17 +54,14 @@ def test_the_bucket_of_a_saga_never_changes_between_versions() -> None:
 @given(st.text(alphabet="abc-", min_size=1, max_size=80))
 def test_a_generated_name_keeps_the_prefix_within_the_name_limit(prefix: str) -> None:
     name = generated_name(prefix)
-    assert len(name) <= 63 and name.startswith(prefix[:58])
+    assert len(name) <= 63
+    assert name.startswith(prefix[:58])
 
 
-def test_shard_numbers_out_of_range_are_refused_with_the_range() -> None:
-    for index, count in ((0, 0), (0, MAX_SHARDS + 1), (3, 3), (-1, 2)):
-        try:
-            Shard(index, count)
-        except ValueError as error:
-            assert "shard" in str(error)
-        else:
-            raise AssertionError(f"Shard({index}, {count}) was accepted")
+@pytest.mark.parametrize(("index", "count"), [(0, 0), (0, MAX_SHARDS + 1), (3, 3), (-1, 2)])
+def test_shard_numbers_out_of_range_are_refused(index: int, count: int) -> None:
+    with pytest.raises(ValueError, match="shard"):
+        Shard(index, count)
 
 
 def settle(shards: int, replicas: int, held: list[list[int]], rng: random.Random) -> list[list[int]]:

@@ -1,0 +1,129 @@
+"""Replicas share the sagas (--shards): each shard's sagas and entries are driven by the one
+replica holding its Lease; a replica that joins is handed its share, one that is killed has
+its shards taken over within the Lease, and nothing is doubled beyond the key rule. The sagas
+here are made as `kubectl apply` would (no bucket label), so kopf files them first."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client
+
+from tests.cluster.test_compensation import abort, external_saga, register
+from tests.conftest import Cluster
+from tests.support.manifests import call
+from tests.support.operator_process import OperatorProcess
+from tests.support.participants import Participant, Received, Reply
+from tests.support.waiting import eventually, saga_phase
+from undolog.decisions.sharding import all_shards
+from undolog.kube import Kube
+
+pytestmark = pytest.mark.cluster
+SHARDS = 4
+LEASE_SECONDS = 4
+ON_THE_WIRE = 0.1  # seconds a request written just before the kill may take to be read
+
+
+async def holders(kube: Kube, namespace: str) -> dict[int, str]:
+    """Shard index -> the replica holding its Lease ('' when free)."""
+    found = {}
+    for index in range(SHARDS):
+        try:
+            lease = await client.CoordinationV1Api(kube.api).read_namespaced_lease(
+                f"undolog-operator-shard-{index}", namespace
+            )
+            found[index] = str(lease.spec.holder_identity or "")
+        except client.ApiException:
+            found[index] = ""
+    return found
+
+
+def shared(expected: dict[str, int]) -> Callable[[dict[int, str]], bool]:
+    return lambda held: Counter(held.values()) == Counter(expected)
+
+
+async def test_replicas_share_the_shards_and_a_killed_replica_is_finished_by_another(
+    kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path
+) -> None:
+    participant.handle("/undo", lambda request: Reply(200, delay=0.2))
+    a, b = (
+        OperatorProcess(
+            cluster.kubeconfig, namespace, tmp_path / name, (f"--shards={SHARDS}",), lease_seconds=LEASE_SECONDS
+        )
+        for name in "ab"
+    )
+    a.start()
+    try:
+        await eventually(lambda: holders(kube, namespace), shared({a.identity: 4}), 30, "a alone holding 4 shards")
+        joined_at = time.monotonic()
+        b.start()
+        held = await eventually(
+            lambda: holders(kube, namespace), shared({a.identity: 2, b.identity: 2}), 30, "a and b 2 shards each"
+        )
+        rebalanced = time.monotonic() - joined_at
+        await register(kube, namespace, participant, "undo")
+        sagas = [f"shared-{i}" for i in range(24)]
+        for name in sagas:
+            await external_saga(kube, namespace, name, [call("undo", n=p, saga=name) for p in (1, 2, 3)])
+        for name in sagas:
+            await abort(kube, namespace, name)
+        of_a = {f"{i}/{SHARDS}" for i, holder in held.items() if holder == a.identity}
+        # Both replicas are compensating when a is killed.
+        await participant.until(
+            lambda received: (
+                {r.headers["undolog-shard"] for r in received} >= {f"{i}/{SHARDS}" for i in range(SHARDS)}
+                and len(received) >= 16
+            ),
+            within=60,
+        )
+        a.kill()
+        killed_at = time.monotonic()
+        for name in sagas:
+            await saga_phase(kube, namespace, name, "Compensated", within=60)
+        after = await holders(kube, namespace)
+    finally:
+        a.stop()
+        b.stop()
+    received = participant.received("/undo")
+    keys = Counter(r.key for r in received)
+    taken_over = [r.at - killed_at for r in received if r.headers["undolog-shard"] in of_a and r.at > killed_at]
+    print(
+        f"\n{SHARDS} shards, lease {LEASE_SECONDS} s: b joined, shares even after {rebalanced:.1f} s; "
+        f"a killed, its shards' next call {min(taken_over):.1f} s later; {len(received)} calls for {len(keys)} keys"
+    )
+    assert set(after.values()) == {b.identity}  # b took a's shards
+    assert len(keys) == 72  # every entry compensated; a repeat only under its own key
+    assert min(taken_over) < LEASE_SECONDS + 3
+    by_saga: dict[str, list[Received]] = defaultdict(list)
+    for r in received:
+        by_saga[r.body["saga"]].append(r)
+    shard_of = {name: next(str(s) for s in all_shards(SHARDS) if s.owns(namespace, name)) for name in sagas}
+    for name, calls in by_saga.items():
+        assert {r.headers["undolog-shard"] for r in calls} == {shard_of[name]}
+        firsts = list(dict.fromkeys(r.body["n"] for r in calls))
+        assert firsts == [3, 2, 1], f"{name}: compensated in the order {firsts}"
+    assert_one_holder_at_a_time(received, killed_at)
+
+
+def assert_one_holder_at_a_time(received: list[Received], killed_at: float) -> None:
+    """Per shard, a call with a lower fence never arrives after one with a higher fence (beyond
+    what was on the wire): the shard's sagas had one sender at a time. The killed replica's
+    fences are not seen after its death."""
+    by_shard: dict[str, list[Received]] = defaultdict(list)
+    for r in sorted(received, key=lambda r: r.at):
+        by_shard[r.headers["undolog-shard"]].append(r)
+    for shard, calls in by_shard.items():
+        highest, highest_at = -1, 0.0
+        for r in calls:
+            fence = int(r.headers["undolog-fence"])
+            if fence < highest:
+                assert r.at - highest_at < ON_THE_WIRE, f"shard {shard}: fence {fence} after {highest}"
+            if fence > highest:
+                highest, highest_at = fence, r.at
+        fences = sorted({int(r.headers["undolog-fence"]) for r in calls})
+        old = [r for r in calls if int(r.headers["undolog-fence"]) == fences[0] and len(fences) > 1]
+        assert all(r.at < killed_at + ON_THE_WIRE for r in old)
