@@ -38,6 +38,7 @@ from bench.harness import (
     save,
 )
 from bench.profile import report
+from undolog.conventions import bucket_labels
 from undolog.kube import Kube
 
 
@@ -73,10 +74,15 @@ async def until(probe: Callable[[], Awaitable[bool]], within: float, what: str) 
 
 
 async def make_saga(kube: Kube, namespace: str, name: str) -> None:
-    created = await kube.create("sagas", namespace, saga(name))
+    """A saga with 3 committed entries, as the SDK makes them (bucket label included)."""
+    labels = bucket_labels(namespace, name)
+    body = saga(name)
+    body["metadata"]["labels"] = labels
+    created = await kube.create("sagas", namespace, body)
     uid = created["metadata"]["uid"]
     for position in (1, 2, 3):
         body = undo_entry(name, position, owner_uid=uid, compensation=call("undo", position=position))
+        body["metadata"]["labels"] = labels
         body["spec"]["effectId"] = f"{uid}:step{position}:fwd"
         await kube.create("undoentries", namespace, body)
         await kube.patch_status("undoentries", namespace, f"{name}-{position}", {"status": {"effect": "Committed"}})
