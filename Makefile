@@ -122,6 +122,7 @@ bench: venv tools bin/undolog-bench-ceiling
 	$(PY) -m bench.forward --concurrency 1 100
 	$(PY) -m bench.sqlite_ledger
 	$(PY) -m bench.scale --sizes 1000 10000
+	$(PY) -m bench.replicas --replicas 1 2 4 --sagas 300
 	$(PY) -m bench.plot
 	$(PY) -m bench.summary
 

@@ -39,7 +39,8 @@ def row(results: list[dict[str, Any]], key: str, value: int) -> dict[str, Any] |
 def summarize() -> dict[str, Any]:
     figures: dict[str, Any] = dict.fromkeys(KEYS)
     missing: dict[str, str] = {}
-    sources = {name: load(name) for name in ("compensation", "compensation_idle", "forward", "scale", "idle")}
+    names = ("compensation", "compensation_idle", "forward", "scale", "idle", "replicas")
+    sources = {name: load(name) for name in names}
     fsync = {name: data.get("etcd_fsync") for name, data in sources.items() if data is not None}
     figures["etcd_fsync"] = all(fsync.values()) if fsync else None
 
@@ -73,10 +74,10 @@ def summarize() -> dict[str, Any]:
             )
     if operator_idle := sources["idle"]:
         figures["idle_rss_mib"] = operator_idle["results"]["operator_rss_mib"]
-    if compensation and (hundred := row(compensation["results"], "sagas", 100)):
-        sagas_per_second = round(hundred["compensations_per_second"] / 3, 1)
-        figures["throughput_by_replicas"] = {"1": sagas_per_second}
-        missing["throughput_by_replicas"] = "one replica only: sharding across replicas is not built yet"
+    if replicas := sources["replicas"]:
+        figures["throughput_by_replicas"] = {
+            str(r["replicas"]): r["sagas_per_second"] for r in replicas["results"]["throughput"]
+        }
 
     for key, value in figures.items():
         if value is None:
