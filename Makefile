@@ -116,13 +116,21 @@ demo: venv tools
 bin/undolog-bench-ceiling: bench/ceiling/main.go bench/ceiling/go.mod
 	cd bench/ceiling && go build -trimpath -o $(CURDIR)/bin/undolog-bench-ceiling .
 
-bench: venv tools bin/undolog-bench-ceiling
+# Temporal's CLI and dev server (Server 1.29.1) from the Go module proxy, for bench.temporal;
+# newer CLI releases need a module the proxy does not serve. Cached: built once per version.
+TEMPORAL_CLI := v1.5.1
+bin/.temporal-$(TEMPORAL_CLI):
+	GOBIN=$(CURDIR)/bin go install github.com/temporalio/cli/cmd/temporal@$(TEMPORAL_CLI)
+	touch $@
+
+bench: venv tools bin/undolog-bench-ceiling bin/.temporal-$(TEMPORAL_CLI)
 	$(PY) -m pip install -q --require-hashes -r requirements/bench.txt
 	$(PY) -m bench.compensation --sizes 1 10 100 1000
 	$(PY) -m bench.forward --concurrency 1 100
 	$(PY) -m bench.sqlite_ledger
 	$(PY) -m bench.scale --sizes 1000 10000
 	$(PY) -m bench.replicas --replicas 1 2 4 --sagas 300
+	$(PY) -m bench.temporal --idle-samples 30 --sizes 10 100
 	$(PY) -m bench.plot
 	$(PY) -m bench.summary
 
