@@ -39,9 +39,9 @@ ETCD_MODE = (
 )
 
 
-def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], ledger: str = ETCD_MODE) -> None:
     """A markdown table on the terminal, to paste into docs/performance.md as is."""
-    print(f"({ETCD_MODE})")
+    print(f"({ledger})")
     print("| " + " | ".join(headers) + " |")
     print("|" + "---|" * len(headers))
     for cells in rows:
