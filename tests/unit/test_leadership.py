@@ -51,9 +51,6 @@ class FakeLeases:
         key, value = label_selector.split("=")
         return [copy.deepcopy(b) for b in self.stored.values() if b["metadata"].get("labels", {}).get(key) == value]
 
-    async def delete_lease(self, namespace: str, name: str) -> None:
-        self.stored.pop(name)
-
     def _store(self, name: str, body: Body) -> Body:
         self.version += 1
         stored = copy.deepcopy(body)
@@ -373,3 +370,19 @@ async def test_a_replica_restarted_under_its_name_takes_its_membership_lease_ove
     await again.refresh()
     assert again.live == 1
     assert len(leases.stored) == 1
+
+
+async def test_replicas_that_come_and_go_reuse_the_slots_of_those_gone() -> None:
+    """Pods get new names on every rollout: their membership Leases are slots taken over once
+    emptied or expired, never one more Lease per pod that ever ran."""
+    leases, wall = FakeLeases(), Wall()
+    first = [replica(leases, f"rollout-1-{i}", 4, wall) for i in range(3)]
+    for member in first:
+        await member.refresh()
+    await first[0].leave()  # a clean stop empties its slot; the others are killed and expire
+    wall.now += timedelta(seconds=7)
+    second = [replica(leases, f"rollout-2-{i}", 4, wall) for i in range(3)]
+    for member in second + second:
+        await member.refresh()
+    assert sorted(leases.stored) == [f"undolog-operator-replica-{k}" for k in range(3)]
+    assert [m.live for m in second] == [3, 3, 3]

@@ -1,5 +1,7 @@
-"""The replicas that share the shards: each keeps a Lease of its own (its membership: renewed
-every retry period, deleted on a clean stop) and, from the live ones, knows its fair share.
+"""The replicas that share the shards: each holds a membership Lease of its own (a slot,
+`<lease-name>-replica-<k>`: renewed every retry period, emptied on a clean stop, taken by the
+next replica once it is empty or expired, so there are never more than the most replicas that
+ever ran at once) and, from the live ones, knows its fair share.
 
 The shards' Leases decide who drives what (safety); this only spreads them (balance): a
 replica stands for a free shard while it holds less than its share and hands one back while it
@@ -12,7 +14,6 @@ an older one with another number is alive: the new ones wait for the old ones to
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +35,6 @@ class MemberStore(Protocol):
     async def create_lease(self, namespace: str, body: Body) -> Body: ...
     async def replace_lease(self, namespace: str, name: str, body: Body) -> Body: ...
     async def list_leases(self, namespace: str, label_selector: str) -> list[Body]: ...
-    async def delete_lease(self, namespace: str, name: str) -> None: ...
 
 
 @dataclass
@@ -48,28 +48,24 @@ class Replicas:
     waiting_for: str | None = None  # an older replica with another number of shards
     _lease: Body | None = field(default=None, repr=False)
 
-    @property
-    def name(self) -> str:
-        return f"{self.settings.name}-replica-{hashlib.sha256(self.me.encode()).hexdigest()[:12]}"
-
     async def run(self) -> None:
         while True:
             await self.refresh()
             await asyncio.sleep(self.settings.retry_period)
 
     async def refresh(self) -> None:
-        """Renew this replica's Lease and count the live ones."""
+        """Renew this replica's slot (or take one) and count the live replicas."""
         try:
-            await self._renew()
             members = await self.kube.list_leases(self.settings.namespace, f"{REPLICA_OF_LABEL}={self.settings.name}")
+            await self._renew(members)
         except errors.KubeError as error:
             log.warning("the replicas of %s could not be counted: %s", self.settings.name, error.message)
             return
         count, mine = len(self.shards), self._acquired(self._lease or {})
-        alive = [m for m in members if self._alive(m) and m["spec"].get("holderIdentity") != self.me]
+        alive = [m for m in members if self._alive(m) and _holder(m) != self.me]
         self.live = 1 + sum(1 for m in alive if _shards(m) == count)
         older = [m for m in alive if _shards(m) != count and self._acquired(m) < mine]
-        self.waiting_for = older[0]["spec"].get("holderIdentity") if older else None
+        self.waiting_for = _holder(older[0]) if older else None
         if self.waiting_for:
             log.warning(
                 "%s waits: %s drives %s shards, this one was started with %s; it takes none until that one is gone",
@@ -89,47 +85,61 @@ class Replicas:
         return lambda: sharding.to_hand_back(self.held(), len(self.shards), self.live) == index
 
     async def leave(self) -> None:
-        """On a clean stop: the others count one fewer at once (and take its shards)."""
-        try:
-            await self.kube.delete_lease(self.settings.namespace, self.name)
-        except errors.KubeError as error:
-            log.warning("the Lease %s/%s was not deleted: %s", self.settings.namespace, self.name, error.message)
-
-    async def _renew(self) -> None:
-        stamp = timestamp(self.wall())
+        """On a clean stop: the slot is emptied, so the others count one fewer at once."""
         if self._lease is None:
-            body: Body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {
-                    "name": self.name,
-                    "namespace": self.settings.namespace,
-                    "labels": {REPLICA_OF_LABEL: self.settings.name},
-                    "annotations": {SHARDS_ANNOTATION: str(len(self.shards))},
-                },
-                "spec": {
-                    "holderIdentity": self.me,
-                    "leaseDurationSeconds": self.settings.lease_seconds,
-                    "acquireTime": stamp,
-                    "renewTime": stamp,
-                },
-            }
-            try:
-                self._lease = await self.kube.create_lease(self.settings.namespace, body)
-                return
-            except errors.AlreadyExists:  # this identity's previous process: take it over
-                body["metadata"].pop("resourceVersion", None)
-                self._lease = await self.kube.replace_lease(self.settings.namespace, self.name, body)
-                return
-        self._lease["spec"]["renewTime"] = stamp
+            return
+        self._lease["spec"]["holderIdentity"] = ""
         try:
-            self._lease = await self.kube.replace_lease(self.settings.namespace, self.name, self._lease)
-        except (errors.Conflict, errors.NotFound):
-            self._lease = None  # deleted or changed by someone else: made again next time
-            raise
+            await self.kube.replace_lease(self.settings.namespace, self._lease["metadata"]["name"], self._lease)
+        except errors.KubeError as error:
+            log.warning("the replica Lease %s was not emptied: %s", self._lease["metadata"]["name"], error.message)
+
+    async def _renew(self, members: list[Body]) -> None:
+        stamp = timestamp(self.wall())
+        if self._lease is not None:
+            self._lease["spec"]["renewTime"] = stamp
+            try:
+                self._lease = await self.kube.replace_lease(
+                    self.settings.namespace, self._lease["metadata"]["name"], self._lease
+                )
+                return
+            except errors.Conflict:  # another replica found it expired and took it: take a slot again
+                self._lease = None
+        spec = {
+            "holderIdentity": self.me,
+            "leaseDurationSeconds": self.settings.lease_seconds,
+            "acquireTime": stamp,
+            "renewTime": stamp,
+        }
+        free = [m for m in members if _holder(m) == self.me] + [
+            m for m in members if _holder(m) in ("", self.me) or not self._alive(m)
+        ]
+        if free:  # this identity's own slot first (a restarted pod), else an empty or expired one
+            slot = free[0]
+            slot["spec"] = spec
+            slot["metadata"].setdefault("annotations", {})[SHARDS_ANNOTATION] = str(len(self.shards))
+            self._lease = await self.kube.replace_lease(self.settings.namespace, slot["metadata"]["name"], slot)
+            return
+        names = {m["metadata"]["name"] for m in members}
+        name = next(f"{self.settings.name}-replica-{k}" for k in range(len(members) + 1) if
+                    f"{self.settings.name}-replica-{k}" not in names)  # fmt: skip
+        body: Body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": name,
+                "namespace": self.settings.namespace,
+                "labels": {REPLICA_OF_LABEL: self.settings.name},
+                "annotations": {SHARDS_ANNOTATION: str(len(self.shards))},
+            },
+            "spec": spec,
+        }
+        self._lease = await self.kube.create_lease(self.settings.namespace, body)
 
     def _alive(self, member: Body) -> bool:
         spec = member.get("spec") or {}
+        if not spec.get("holderIdentity"):
+            return False  # emptied by a replica that stopped
         renewed = _parsed(spec.get("renewTime"))
         duration = spec.get("leaseDurationSeconds") or self.settings.lease_seconds
         return renewed is not None and (self.wall() - renewed).total_seconds() <= duration
@@ -137,6 +147,10 @@ class Replicas:
     @staticmethod
     def _acquired(member: Body) -> datetime:
         return _parsed((member.get("spec") or {}).get("acquireTime")) or datetime.max.replace(tzinfo=UTC)
+
+
+def _holder(member: Body) -> str:
+    return str((member.get("spec") or {}).get("holderIdentity") or "")
 
 
 def _shards(member: Body) -> int:

@@ -452,9 +452,3 @@ class Kube:
                 namespace, label_selector=label_selector, _request_timeout=self.timeouts.request
             )
         return [dict(self.api.sanitize_for_serialization(lease)) for lease in leases.items]
-
-    async def delete_lease(self, namespace: str, name: str) -> None:
-        with mapped():
-            await client.CoordinationV1Api(self.api).delete_namespaced_lease(
-                name, namespace, _request_timeout=self.timeouts.request
-            )
