@@ -28,7 +28,7 @@ from undolog.controller.driver import SagaDriver, woken
 from undolog.controller.engine import Engine
 from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
-from undolog.controller.recorded_call import CallRecorder
+from undolog.controller.recorded_call import IN_FLIGHT_MARK_AFTER, CallRecorder
 from undolog.controller.shard_labels import ShardLabels
 from undolog.controller.timeline import Timeline
 from undolog.conventions import BUCKET_LABEL, FINALIZER, bucket_of
@@ -579,3 +579,24 @@ async def until_filed(kube: FakeKube, objects: list[tuple[Plural, str]], bucket:
         return all(kube.body(p, NS, n)["metadata"]["labels"].get(BUCKET_LABEL) == bucket for p, n in objects)
 
     await eventually(filed, lambda done: done, 5, "the bucket labels put right")
+
+
+async def test_a_call_whose_in_flight_mark_cannot_be_written_is_not_cut_off_and_sent_again(
+    operator: Operator,
+) -> None:
+    """The in-flight mark is written once a call takes longer than IN_FLIGHT_MARK_AFTER; under
+    load that write can time out. The call the participant already has must not be cut off for
+    it (the next reconcile would send it again as the same attempt)."""
+    saga = operator.saga("slow", outcome="Abort")
+    operator.entry(saga, 1)
+
+    async def slow_while_the_api_times_out(call: PreparedCall) -> None:
+        operator.kube.refuse[("patch-status", "undoentries")] = errors.KubeError("the request timed out", status=504)
+        await asyncio.sleep(IN_FLIGHT_MARK_AFTER + 0.3)
+        operator.kube.refuse.clear()
+
+    operator.transport.on_send = slow_while_the_api_times_out
+    done = await operator.drive("slow")
+    assert len(operator.transport.sent) == 1
+    assert done.status.phase == "Compensated"
+    assert operator.state("slow-1")[1] == "Compensated"

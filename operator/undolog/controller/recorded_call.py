@@ -9,6 +9,7 @@ entries alike are sent again under the same Idempotency-Key.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,9 +25,10 @@ from undolog.controller.timeline import Timeline
 from undolog.conventions import clip
 from undolog.decisions.arguments import resolve
 from undolog.decisions.retry import Verdict
-from undolog.errors import CallNotPossible
+from undolog.errors import CallNotPossible, KubeError
 from undolog.ledger import Ledger
 
+log = logging.getLogger("undolog.calls")
 IN_FLIGHT_MARK_AFTER = 0.5  # seconds a call may take before its entry is marked in flight
 Changes = dict[str, Any]  # UndoEntryStatus fields to update, by Python name
 
@@ -153,7 +155,10 @@ class CallRecorder:
         try:
             finished, _ = await asyncio.wait({calling}, timeout=IN_FLIGHT_MARK_AFTER)
             if not finished and not spec.already_in_flight:
-                await write(spec.in_flight)
+                try:
+                    await write(spec.in_flight)
+                except KubeError as error:  # only a mark for people: never cut off a call sent for it
+                    log.warning("%s is in flight; that could not be marked: %s", latest.reference, error.message)
             result = await calling
         finally:
             calling.cancel()
