@@ -58,7 +58,9 @@ rm -rf "$OUT/wheels"
 
 base="${BASE:-$(make_base)}"
 step "image $IMAGE on $base"
-buildah bud --quiet --layers --network none --build-arg "BASE=$base" -t "$IMAGE" \
+# runc (Debian's, as the node uses), not buildah's default crun: crun refuses a machine whose
+# cgroups are in hybrid mode ("cgroups in hybrid mode not supported"), which runc handles.
+buildah bud --quiet --layers --network none --runtime "$(command -v runc)" --build-arg "BASE=$base" -t "$IMAGE" \
   -f "$ROOT/Dockerfile" "$ROOT" > /dev/null
 rm -f "$OUT/undolog-image.oci.tar"
 buildah push --quiet "$IMAGE" "oci-archive:$OUT/undolog-image.oci.tar:$IMAGE"
