@@ -82,17 +82,11 @@ class Unfenced:
         return None
 
 
-class NoShard:
+class NoShard(Unfenced):
     """What a task outside any shard's driver may send: nothing."""
 
     def check(self) -> None:
         raise errors.NotLeading("this call belongs to no shard this operator drives")
-
-    def token(self) -> int | None:
-        return None
-
-    def shard(self) -> str | None:
-        return None
 
 
 _task_fence: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("undolog_fence", default=None)

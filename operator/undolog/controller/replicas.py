@@ -111,10 +111,9 @@ class Replicas:
             "acquireTime": stamp,
             "renewTime": stamp,
         }
-        free = [m for m in members if _holder(m) == self.me] + [
-            m for m in members if _holder(m) in ("", self.me) or not self._alive(m)
-        ]
-        if free:  # this identity's own slot first (a restarted pod), else an empty or expired one
+        free = [m for m in members if _holder(m) in ("", self.me) or not self._alive(m)]
+        free.sort(key=lambda m: _holder(m) != self.me)  # stable: this identity's own slot first
+        if free:  # this identity's own slot (a restarted pod), else an empty or expired one
             slot = free[0]
             slot["spec"] = spec
             slot["metadata"].setdefault("annotations", {})[SHARDS_ANNOTATION] = str(len(self.shards))

@@ -76,19 +76,17 @@ def registry(kube: Kube, unfiled: Unfiled | None) -> kopf.OperatorRegistry:
         return connection_info(kube)
 
     if unfiled is not None:
-        file = unfiled
-
-        @kopf.on.event(GROUP, VERSION, "sagas", registry=handlers)
-        async def saga_unfiled(event: kopf.RawEvent, **_: Any) -> None:
-            if event.get("type") != "DELETED":
-                file("sagas", dict(event["object"]))
-
-        @kopf.on.event(GROUP, VERSION, "undoentries", registry=handlers)
-        async def entry_unfiled(event: kopf.RawEvent, **_: Any) -> None:
-            if event.get("type") != "DELETED":
-                file("undoentries", dict(event["object"]))
+        register_unfiled(handlers, "sagas", unfiled)
+        register_unfiled(handlers, "undoentries", unfiled)
 
     return handlers
+
+
+def register_unfiled(handlers: kopf.OperatorRegistry, plural: Plural, unfiled: Unfiled) -> None:
+    @kopf.on.event(GROUP, VERSION, plural, registry=handlers)
+    async def changed(event: kopf.RawEvent, **_: Any) -> None:
+        if event.get("type") != "DELETED":
+            unfiled(plural, dict(event["object"]))
 
 
 async def run_kopf(kube: Kube, namespaces: list[str], liveness_port: int | None, unfiled: Unfiled | None) -> None:
