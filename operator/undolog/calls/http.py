@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
+import anyio.streams.tls
+import anyio.to_thread
 import httpcore
 
 from undolog.api import OmittedOutput, OutputOmission
@@ -162,6 +165,16 @@ class HttpTransport:
         self._closing: set[asyncio.Task[None]] = set()
         self.slots = ParticipantSlots()
         self._pool(None)  # the system roots are loaded now, not on the first call
+
+    @staticmethod
+    async def warm_up() -> None:
+        """What httpcore loads on its first call, loaded now: anyio's asyncio backend (imported
+        when the first of its locks, events or cancel scopes is made) and the resolver's thread.
+        That was ~25 ms on the event loop inside the first compensation after a start, and every
+        saga aborted with it waited behind it."""
+        anyio.Event(), anyio.Lock(), anyio.Semaphore(1)
+        with anyio.CancelScope(shield=True):
+            await asyncio.get_running_loop().getaddrinfo("127.0.0.1", 0, type=socket.SOCK_STREAM)
 
     def _pool(self, ca_bundle: str | None) -> httpcore.AsyncConnectionPool:
         pool = self._pools.get(ca_bundle)
