@@ -600,3 +600,55 @@ async def test_a_call_whose_in_flight_mark_cannot_be_written_is_not_cut_off_and_
     assert len(operator.transport.sent) == 1
     assert done.status.phase == "Compensated"
     assert operator.state("slow-1")[1] == "Compensated"
+
+
+async def test_the_first_compensation_leaves_while_the_failure_is_being_written(operator: Operator) -> None:
+    """Abort to first call: the write of Compensating (an fsync) and the first call go together.
+    The saga's status write is held until the call has left; written one after the other, the
+    call would never leave and the write would give up."""
+    saga = operator.saga("s", outcome="Abort")
+    for position in (1, 2):
+        operator.entry(saga, position)
+    sent = asyncio.Event()
+    operator.transport.on_send = lambda call: sent.set()
+    plain = operator.kube.patch_status
+
+    async def held_until_the_call_left(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+        if plural == "sagas" and patch.get("status", {}).get("phase") == "Compensating":
+            async with asyncio.timeout(2):
+                await sent.wait()
+        return await plain(plural, namespace, name, patch)
+
+    operator.kube.patch_status = held_until_the_call_left  # type: ignore[method-assign]
+    done = await operator.drive("s")
+    assert done.status.phase == "Compensated"
+    assert operator.undone() == [2, 1]  # still newest first: only the first call overlaps the write
+
+
+async def test_a_failure_write_that_conflicts_does_not_send_the_first_compensation_twice(operator: Operator) -> None:
+    """The write of Compensating loses to another writer while the first call is made: the
+    driver decides again on what it reads, and the entry already compensated is not sent again."""
+    saga = operator.saga("s", outcome="Abort")
+    for position in (1, 2):
+        operator.entry(saga, position)
+    plain = operator.kube.patch_status
+    conflicts: list[str] = []
+
+    async def lost_once(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+        if plural == "sagas" and not conflicts:
+            conflicts.append(name)
+            raise errors.Conflict("the object has been modified", status=409)
+        return await plain(plural, namespace, name, patch)
+
+    operator.kube.patch_status = lost_once  # type: ignore[method-assign]
+    driver = SagaDriver(operator.context, NS, "s")
+    driver.task = asyncio.create_task(driver.run())
+
+    async def phase() -> str:
+        return str(operator.kube.body("sagas", NS, "s")["status"]["phase"])
+
+    await eventually(phase, lambda seen: seen == "Compensated", 5, "the saga Compensated")
+    driver.notify(None)
+    await driver.task
+    assert conflicts == ["s"]
+    assert operator.undone() == [2, 1]
