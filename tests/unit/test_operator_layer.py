@@ -17,7 +17,7 @@ from tests.support.objects import entry_body
 from tests.support.waiting import eventually
 from undolog import errors
 from undolog.api import EventReason, OmittedOutput, OutputOmission, Saga, SagaPhase, UndoEntry, Webhook
-from undolog.api.events import CALL_SUCCESSES
+from undolog.api.events import SUCCESSES
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner
 from undolog.calls.transport import PreparedCall
@@ -471,15 +471,21 @@ async def test_a_rewind_past_the_committed_pivot_is_refused(operator: Operator) 
     assert "/undo" not in operator.transport.paths()
 
 
-async def test_successful_calls_are_not_events_unless_asked_for(operator: Operator) -> None:
-    quiet = Timeline(operator.kube, quiet=CALL_SUCCESSES)
+async def test_successes_the_status_records_are_not_events_unless_asked_for(operator: Operator) -> None:
+    """A compensation of 3 entries posts one Event by default, its Failed Warning: the calls and
+    the end are in the status with their times. Every Warning and other phase change stays."""
+    quiet = Timeline(operator.kube, quiet=SUCCESSES)
     quiet.start()
     saga = Saga.model_validate(operator.saga("q"))
+    quiet.record(saga, SagaPhase.FAILED, "Aborted: spec.outcome is Abort; undoing 3 entries", warning=True)
     quiet.record(saga, EventReason.ENTRY_COMPENSATED, "q-1: HTTP 200")
     quiet.record(saga, EventReason.COMPENSATION_FAILED, "q-2: HTTP 400", warning=True)
+    quiet.record(saga, SagaPhase.HALTED, "CompensationFailed: q-2", warning=True)
+    quiet.record(saga, SagaPhase.ACTIVE, "Rewound: back to position 1")
     quiet.record(saga, SagaPhase.COMPENSATED, "Compensated: 2 entries")
+    quiet.record(saga, SagaPhase.COMPLETED, "Committed")
     await quiet.stop(drain_seconds=1)
-    assert [reason for _, reason, _ in operator.kube.events] == ["CompensationFailed", "Compensated"]
+    assert [reason for _, reason, _ in operator.kube.events] == ["Failed", "CompensationFailed", "Halted", "Active"]
 
 
 def cached(operator: Operator, url: str) -> WebhookCache:

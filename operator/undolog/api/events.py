@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from undolog.api.saga import SagaPhase
+
 
 class EventReason(StrEnum):
     # Calls, one Event per attempt that failed and per call that ended.
@@ -38,6 +40,16 @@ class EventReason(StrEnum):
     OPERATOR_ERROR = "OperatorError"
 
 
-# A call that succeeded is recorded in its entry's (or saga's) status either way; an Event for it
-# is one more API write per call, so the operator posts these only with --call-events.
-CALL_SUCCESSES = frozenset({EventReason.STEP_COMMITTED, EventReason.ENTRY_COMPENSATED, EventReason.EFFECT_DELIVERED})
+# Successes the status records with their time either way: a call that succeeded (its entry's or
+# saga's attempts) and a saga's successful end (its phase, Succeeded condition and completionTime).
+# An Event for each is one more API write, so the operator posts these only with --success-events;
+# every Warning, and every other phase change, is always an Event.
+SUCCESSES: frozenset[EventReason | SagaPhase] = frozenset(
+    {
+        EventReason.STEP_COMMITTED,
+        EventReason.ENTRY_COMPENSATED,
+        EventReason.EFFECT_DELIVERED,
+        SagaPhase.COMPLETED,
+        SagaPhase.COMPENSATED,
+    }
+)

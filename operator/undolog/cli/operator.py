@@ -88,11 +88,14 @@ def operator(
     allow_cross_namespace_services: Annotated[
         bool, typer.Option(help="Let a Webhook's service target name a Service of another namespace.")
     ] = False,
-    call_events: Annotated[
+    success_events: Annotated[
         bool,
         typer.Option(
-            help="Also post a Normal Event for each successful call (it is in the entry's status.attempts "
-            "either way; every failure and phase change is always an Event)."
+            "--success-events/--no-success-events",
+            "--call-events/--no-call-events",  # its name before it covered a saga's successful end
+            help="Also post Normal Events for each successful call and for a saga Completed or Compensated "
+            "(the status records them with their time either way; every Warning and every other phase "
+            "change is always an Event).",
         ),
     ] = False,
 ) -> None:
@@ -122,6 +125,6 @@ def operator(
             egress_deny=tuple(egress_deny or ()),
             egress_allow_loopback=egress_allow_loopback,
             cross_namespace_services=allow_cross_namespace_services,
-            call_events=call_events,
+            success_events=success_events,
         )
     )

@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from undolog.api.events import CALL_SUCCESSES
+from undolog.api.events import SUCCESSES
 from undolog.calls.http import HttpTransport
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner, TaskFence
@@ -54,7 +54,7 @@ class OperatorOptions:
     egress_deny: tuple[str, ...] = ()
     egress_allow_loopback: bool = False
     cross_namespace_services: bool = False
-    call_events: bool = False  # a Normal Event per successful call too (else only in status)
+    success_events: bool = False  # Normal Events for successful calls and endings too (else only in status)
 
     def egress(self) -> EgressPolicy:
         return EgressPolicy.build(
@@ -79,7 +79,7 @@ async def run(options: OperatorOptions) -> None:
     logging.getLogger("kubernetes_asyncio").setLevel(logging.WARNING)
     kube = await Kube.connect(options.kubeconfig)
     ledger = Ledger(kube)
-    timeline = Timeline(kube, quiet=frozenset() if options.call_events else CALL_SUCCESSES)
+    timeline = Timeline(kube, quiet=frozenset() if options.success_events else SUCCESSES)
     timeline.start()
     me = options.identity or identity()
     fence = TaskFence()  # each driver's task carries its shard's Lease
