@@ -4,6 +4,7 @@ patches, selectors as the apiserver applies them) and a scripted participant tra
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import copy
 import itertools
@@ -172,11 +173,14 @@ class FakeTransport:
     default: CallOutcome = field(default_factory=lambda: CallOutcome(status_code=200))
     sent: list[PreparedCall] = field(default_factory=list)
     on_send: Callable[[PreparedCall], Any] | None = None  # runs as the call arrives (a racing writer)
+    queued: float = 0.0  # seconds each call waits for a participant slot before it leaves
 
     def script(self, path: str, *outcomes: CallOutcome) -> None:
         self.scripts.setdefault(path, []).extend(outcomes)
 
     async def send(self, call: PreparedCall) -> CallOutcome:
+        await asyncio.sleep(self.queued)
+        call.leaving()
         self.sent.append(call)
         if self.on_send is not None:
             result = self.on_send(call)

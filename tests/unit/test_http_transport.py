@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -107,10 +108,12 @@ async def test_one_participant_has_at_most_its_share_of_calls_in_flight_and_othe
     slow, other = Participant(), Participant()
     try:
         slow.script("/slow", *[Reply(200, delay=1.5)] * (CALLS_PER_PARTICIPANT + 8))
-        calls = [asyncio.create_task(transport.send(call(slow, "/slow", timeout=2.0)))
-                 for _ in range(CALLS_PER_PARTICIPANT + 8)]  # fmt: skip
+        left: list[int] = []
+        queued = replace(call(slow, "/slow", timeout=2.0), leaving=lambda: left.append(1))
+        calls = [asyncio.create_task(transport.send(queued)) for _ in range(CALLS_PER_PARTICIPANT + 8)]
         await slow.until(lambda received: len(received) >= CALLS_PER_PARTICIPANT, within=5)
         assert len(slow.received("/slow")) == CALLS_PER_PARTICIPANT  # none answered yet: the rest wait
+        assert len(left) == CALLS_PER_PARTICIPANT  # and are not said to have left (no in-flight clock)
         quick = await transport.send(call(other, "/fast"))
         assert quick.status_code == 200
         assert not any(c.done() for c in calls)  # not behind the slow participant's queue

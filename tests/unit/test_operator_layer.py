@@ -658,3 +658,33 @@ async def test_a_failure_write_that_conflicts_does_not_send_the_first_compensati
     await driver.task
     assert conflicts == ["s"]
     assert operator.undone() == [2, 1]
+
+
+@pytest.mark.parametrize(
+    ("queued", "at_participant", "marked"),
+    [(IN_FLIGHT_MARK_AFTER + 0.3, 0.0, False), (0.0, IN_FLIGHT_MARK_AFTER + 0.3, True)],
+)
+async def test_only_a_call_slow_at_the_participant_is_marked_running(
+    operator: Operator, queued: float, at_participant: float, marked: bool
+) -> None:
+    """The in-flight mark counts from when the call leaves: a call queued behind the operator's
+    own (its participant's slots all taken, as at 100 sagas at once) costs no Running write."""
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1)
+    operator.transport.queued = queued
+    states: list[str] = []
+    plain = operator.kube.patch_status
+
+    async def recorded(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+        if plural == "undoentries":
+            states.append(patch["status"].get("state", ""))
+        return await plain(plural, namespace, name, patch)
+
+    async def slow(call: PreparedCall) -> None:
+        await asyncio.sleep(at_participant)
+
+    operator.kube.patch_status = recorded  # type: ignore[method-assign]
+    operator.transport.on_send = slow
+    done = await operator.drive("s")
+    assert done.status.phase == "Compensated"
+    assert states == (["Running", "Compensated"] if marked else ["Compensated"])

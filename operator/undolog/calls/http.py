@@ -217,6 +217,7 @@ class HttpTransport:
         }
         try:
             async with self.slots.hold(target.url), asyncio.timeout(target.timeout_seconds):
+                call.leaving()
                 return await self._exchange(call, payload, headers)
         except TimeoutError:
             return CallOutcome(error=f"timed out after {target.timeout_seconds:g} s")

@@ -145,11 +145,13 @@ class Runner:
         max_retries: int | None,
         on_attempt: OnAttempt,
         first_attempt: int = 1,
+        leaving: Callable[[], None] = lambda: None,
     ) -> CallResult:
         """Attempts until success, a permanent failure, or the retries are used up.
 
         `headers(n)` gives attempt n's headers (Undolog-Attempt changes, the keys do not).
         Attempt numbers continue from `first_attempt`, so a resumed call keeps counting.
+        `leaving` is told each time an attempt leaves (see PreparedCall).
         """
         attempts: list[AttemptRecord] = []
         number = first_attempt
@@ -162,7 +164,7 @@ class Runner:
             if shard is not None:
                 sent[SHARD_HEADER] = shard
             started_at, began = now(), time.monotonic()
-            outcome = await self.transport.send(PreparedCall(target, body, sent))
+            outcome = await self.transport.send(PreparedCall(target, body, sent, leaving))
             record = AttemptRecord(number, started_at, outcome, int((time.monotonic() - began) * 1000))
             attempts.append(record)
             delay = next_delay(

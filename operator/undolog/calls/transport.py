@@ -7,6 +7,7 @@ the operator layer use a fake one. Retries, recording and timing live above it (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,6 +32,9 @@ class PreparedCall:
     target: Target
     body: dict[str, Any]
     headers: dict[str, str]
+    # Told when the attempt leaves, its participant slot taken: time spent queued behind the
+    # operator's own calls is not the participant's.
+    leaving: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
 
 
 class Transport(Protocol):

@@ -2,7 +2,8 @@
 an Event) before the next starts. Shared by forward calls and compensations.
 
 The entry is marked in flight (Executing / Running) only when the call is not over within
-IN_FLIGHT_MARK_AFTER: the mark is for people watching. After a crash, Pending and in-flight
+IN_FLIGHT_MARK_AFTER of leaving: the mark is for people watching, and a call queued behind the
+operator's own (a participant's slots all taken) is not yet at the participant. After a crash, Pending and in-flight
 entries alike are sent again under the same Idempotency-Key.
 """
 
@@ -141,6 +142,7 @@ class CallRecorder:
                 warning=True,
             )
 
+        left = asyncio.Event()
         calling = asyncio.create_task(
             self.runner.call(
                 spec.target,
@@ -150,9 +152,12 @@ class CallRecorder:
                 max_retries=spec.max_retries,
                 on_attempt=on_attempt,
                 first_attempt=spec.first_attempt,
+                leaving=left.set,
             )
         )
+        leaving = asyncio.create_task(left.wait())
         try:
+            await asyncio.wait({calling, leaving}, return_when=asyncio.FIRST_COMPLETED)
             finished, _ = await asyncio.wait({calling}, timeout=IN_FLIGHT_MARK_AFTER)
             if not finished and not spec.already_in_flight:
                 try:
@@ -162,6 +167,7 @@ class CallRecorder:
             result = await calling
         finally:
             calling.cancel()
+            leaving.cancel()
         return result, latest
 
 
