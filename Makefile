@@ -96,7 +96,7 @@ lint: venv tools
 		--set metrics.serviceMonitor.enabled=true > /dev/null
 
 test: venv tools browser lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --durations=15
 
 cluster-up: venv tools
 	$(PY) -m devtools.cluster up
