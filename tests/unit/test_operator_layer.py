@@ -688,3 +688,38 @@ async def test_only_a_call_slow_at_the_participant_is_marked_running(
     done = await operator.drive("s")
     assert done.status.phase == "Compensated"
     assert states == (["Running", "Compensated"] if marked else ["Compensated"])
+
+
+async def test_a_conflict_after_a_compensation_does_not_send_it_again(
+    operator: Operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen at 1,000 sagas: an entry compensated, then the saga's progress write lost to the
+    benchmark's own abort patch (409); the driver decided again from an index that lacked what
+    the compensation had written (the watch lagging), and called the entry again as attempt 1."""
+    monkeypatch.setattr("undolog.controller.driver.COUNTER_INTERVAL", 0.0)  # progress after every entry
+    saga = operator.saga("s", outcome="Abort")
+    for position in (1, 2):
+        operator.entry(saga, position)
+    plain = operator.kube.patch_status
+    conflicts: list[str] = []
+
+    async def progress_lost_once(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+        status = patch.get("status", {})
+        progress = status.get("phase") == "Compensating" and status.get("compensatedCount", 0) > 0
+        if plural == "sagas" and progress and not conflicts:
+            conflicts.append(name)
+            raise errors.Conflict("the object has been modified", status=409)
+        return await plain(plural, namespace, name, patch)
+
+    operator.kube.patch_status = progress_lost_once  # type: ignore[method-assign]
+    driver = SagaDriver(operator.context, NS, "s")
+    driver.task = asyncio.create_task(driver.run())
+
+    async def phase() -> str:
+        return str(operator.kube.body("sagas", NS, "s")["status"]["phase"])
+
+    await eventually(phase, lambda seen: seen == "Compensated", 5, "the saga Compensated")
+    driver.notify(None)
+    await driver.task
+    assert conflicts == ["s"]
+    assert operator.undone() == [2, 1]

@@ -107,7 +107,8 @@ class SagaDriver:
                 failures, self.last_error = 0, None
             except errors.NotFound:
                 return  # the saga was deleted: nothing of ours is left to hold
-            except errors.Conflict:  # someone wrote first: read again and decide again
+            except errors.Conflict as conflict:  # someone wrote first: read again and decide again
+                log.info("saga %s/%s: %s; deciding again", self.namespace, self.name, conflict.message)
                 self.latest = None
                 continue
             except errors.NotLeading:
@@ -171,10 +172,14 @@ class SagaDriver:
                 if entry is not None:
                     self.context.index.keep(await ledger.entry(*entry.key))
                 raise
+            finally:
+                # What the move wrote is the newest copy, kept even when a later write of the move
+                # failed: decided again on the watch's older copy, an entry compensated a moment
+                # before was called again as attempt 1 (seen at 1,000 sagas, a saga write's 409).
+                for entry in entries.values():
+                    index.keep(entry)
             if isinstance(move, CALLS) and self.proof == EntryProof.FRESH:
                 self.proof = EntryProof.STALE
-            for entry in entries.values():  # what the move wrote is the newest copy
-                index.keep(entry)
             # An event may have brought a newer copy while the write was in flight.
             saga = newest(written, self.latest) or await ledger.saga(self.namespace, self.name)
             self.latest = saga
@@ -459,8 +464,6 @@ class SagaDriver:
         )
         if self.proof == EntryProof.FRESH:
             self.proof = EntryProof.STALE  # a call was made since the listing
-        for entry in entries.values():  # what the calls wrote is kept, whatever the saga's write did
-            self.context.index.keep(entry)
         written, compensated = results
         for result in (written, compensated):
             if isinstance(result, BaseException):
