@@ -188,8 +188,16 @@ class Ledger:
             except errors.Conflict:
                 fresh = await self.entry(*base.key)
                 theirs = changed_fields(entry.status, fresh.status)
-                if fresh.spec != entry.spec or theirs.keys() & ours.keys():
-                    raise
+                both = sorted(theirs.keys() & ours.keys())
+                if fresh.spec != entry.spec or both:
+                    what = "its spec" if fresh.spec != entry.spec else f"status {', '.join(both)}"
+                    raise errors.Conflict(
+                        f"UndoEntry {entry.reference}: {what} changed by another writer since resourceVersion "
+                        f"{entry.metadata.resource_version} (now {fresh.metadata.resource_version}, "
+                        f"{', '.join(f'{k}={theirs[k]}' for k in both)}): not overwritten",
+                        status=409,
+                        reason="Conflict",
+                    ) from None
                 base = fresh
         raise errors.Conflict(f"UndoEntry {entry.reference} kept changing: its status was not written")
 

@@ -16,7 +16,7 @@ from tests.support.fakes import FakeKube, FakeTransport, FixedFence
 from tests.support.objects import entry_body
 from tests.support.waiting import eventually
 from undolog import errors
-from undolog.api import EventReason, OmittedOutput, OutputOmission, Saga, SagaPhase, UndoEntry, Webhook
+from undolog.api import EntryState, EventReason, OmittedOutput, OutputOmission, Saga, SagaPhase, UndoEntry, Webhook
 from undolog.api.events import SUCCESSES
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner
@@ -723,3 +723,20 @@ async def test_a_conflict_after_a_compensation_does_not_send_it_again(
     await driver.task
     assert conflicts == ["s"]
     assert operator.undone() == [2, 1]
+
+
+async def test_an_entry_write_that_would_overwrite_another_writers_state_says_what_changed(operator: Operator) -> None:
+    """The write is refused (never overwrites), and the conflict names the field, its value and
+    both resourceVersions: the log line of a driver that decides again says who moved what."""
+    saga = operator.saga("s", outcome="Abort")
+    stale = UndoEntry.model_validate(operator.entry(saga, 1))
+    fresh = await operator.kube.patch_status("undoentries", NS, "s-1", {"status": {"state": "Running"}})
+    ours = stale.status.model_copy(update={"state": EntryState.COMPENSATED})
+    with pytest.raises(errors.Conflict) as refused:
+        await operator.context.ledger.write_entry_status(stale, ours)
+    assert refused.value.message == (
+        f"UndoEntry {NS}/s-1: status state changed by another writer since resourceVersion "
+        f"{stale.metadata.resource_version} (now {fresh['metadata']['resourceVersion']}, state=Running): "
+        "not overwritten"
+    )
+    assert operator.state("s-1")[1] == "Running"
