@@ -19,7 +19,7 @@ from undolog.calls.http import CALLS_PER_PARTICIPANT, MAX_POOLS, HttpTransport
 from undolog.calls.transport import PreparedCall, Target
 from undolog.conventions import MAX_ANSWER_BYTES
 from undolog.decisions.egress import EgressPolicy
-from undolog.errors import CallRefusal
+from undolog.errors import CallRefusal, NotLeading
 
 
 @pytest.fixture
@@ -173,3 +173,22 @@ async def test_a_call_after_warm_up_imports_nothing(participant: Participant, wa
         assert first["looked_up"] == []  # httpcore looks sniffio up on every call: it must be installed
     else:  # what warm_up is for: the test would prove nothing if a cold start imported nothing
         assert any(name.startswith("anyio._backends") for name in first["imported"])
+
+
+async def test_a_lease_lost_once_the_request_has_left_does_not_cut_the_call_off(participant: Participant) -> None:
+    """The guard is asked before every write that sends bytes (headers, then the body), and not
+    after the request has left: a call the participant already has is answered, not cut off."""
+    asked: list[int] = []
+
+    def guard() -> None:
+        asked.append(1)
+        if len(asked) > 2:  # headers and body sent: the Lease falls in doubt from here on
+            raise NotLeading("the Lease is in doubt")
+
+    transport = HttpTransport(EgressPolicy.build(allow_loopback=True), guard=guard)
+    try:
+        outcome = await transport.send(call(participant, "/undo"))
+    finally:
+        await transport.close()
+    assert outcome.status_code == 200
+    assert len(participant.received("/undo")) == 1

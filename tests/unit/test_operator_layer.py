@@ -740,3 +740,30 @@ async def test_an_entry_write_that_would_overwrite_another_writers_state_says_wh
         "not overwritten"
     )
     assert operator.state("s-1")[1] == "Running"
+
+
+async def test_a_call_cut_off_by_a_lease_in_doubt_after_its_mark_is_sent_once_more_not_twice(
+    operator: Operator,
+) -> None:
+    """The Lease falls in doubt while a slow call is on the wire (its entry already marked
+    Running): the guard cuts the call off. The driver must try again from the marked copy; from
+    its older one, the next try's writes conflicted and the participant got the key twice more."""
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1)
+
+    async def cut_once(call: PreparedCall) -> None:
+        if len(operator.transport.sent) == 1:
+            await asyncio.sleep(IN_FLIGHT_MARK_AFTER + 0.3)  # marked Running meanwhile
+            raise errors.NotLeading("the Lease is in doubt")
+
+    operator.transport.on_send = cut_once
+    driver = SagaDriver(operator.context, NS, "s")
+    driver.task = asyncio.create_task(driver.run())
+
+    async def phase() -> str:
+        return str(operator.kube.body("sagas", NS, "s")["status"]["phase"])
+
+    await eventually(phase, lambda seen: seen == "Compensated", 10, "the saga Compensated")
+    driver.notify(None)
+    await driver.task
+    assert [c.headers["Undolog-Attempt"] for c in operator.transport.sent] == ["1", "1"]

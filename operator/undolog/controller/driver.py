@@ -195,7 +195,11 @@ class SagaDriver:
                 entries[name] = await compensator.compensate(saga, entries[name], outputs)
             except errors.NotFound:  # deleted while its call was being made: report it, go on
                 self.lose(lost_entry(entries.pop(name), "deleted by hand while its call was in flight"))
-            except errors.Conflict:  # decide again on its newest copy, not on what the watch holds
+            except (errors.Conflict, errors.NotLeading):
+                # Decide again on its newest copy, not on what the watch holds: a call cut off when
+                # the Lease fell in doubt may have marked the entry Running first, and an older copy
+                # made the next try's writes conflict and its call go out once more as attempt 1
+                # (seen at 1,000 sagas, with late renewals).
                 self.context.index.keep(await ledger.entry(*entries[name].key))
                 raise
 
