@@ -89,6 +89,19 @@ class Operator:
         self.timeline.start()
         return Saga.model_validate(self.kube.body("sagas", NS, name))
 
+    async def run_until(self, name: str, phase: str, within: float) -> None:
+        """The saga's driver as the engine runs it (conflicts, a Lease in doubt and all), until
+        the saga reaches `phase`; then it is stopped."""
+        driver = SagaDriver(self.context, NS, name)
+        driver.task = asyncio.create_task(driver.run())
+
+        async def seen() -> str:
+            return str(self.kube.body("sagas", NS, name)["status"]["phase"])
+
+        await eventually(seen, lambda now: now == phase, within, f"saga {name} {phase}")
+        driver.notify(None)
+        await driver.task
+
     def state(self, name: str) -> tuple[str, str]:
         body = self.kube.body("undoentries", NS, name)
         return body["status"].get("effect", "Pending"), body["status"].get("state", "Pending")
@@ -647,15 +660,7 @@ async def test_a_failure_write_that_conflicts_does_not_send_the_first_compensati
         return await plain(plural, namespace, name, patch)
 
     operator.kube.patch_status = lost_once  # type: ignore[method-assign]
-    driver = SagaDriver(operator.context, NS, "s")
-    driver.task = asyncio.create_task(driver.run())
-
-    async def phase() -> str:
-        return str(operator.kube.body("sagas", NS, "s")["status"]["phase"])
-
-    await eventually(phase, lambda seen: seen == "Compensated", 5, "the saga Compensated")
-    driver.notify(None)
-    await driver.task
+    await operator.run_until("s", "Compensated", within=5)
     assert conflicts == ["s"]
     assert operator.undone() == [2, 1]
 
@@ -712,15 +717,7 @@ async def test_a_conflict_after_a_compensation_does_not_send_it_again(
         return await plain(plural, namespace, name, patch)
 
     operator.kube.patch_status = progress_lost_once  # type: ignore[method-assign]
-    driver = SagaDriver(operator.context, NS, "s")
-    driver.task = asyncio.create_task(driver.run())
-
-    async def phase() -> str:
-        return str(operator.kube.body("sagas", NS, "s")["status"]["phase"])
-
-    await eventually(phase, lambda seen: seen == "Compensated", 5, "the saga Compensated")
-    driver.notify(None)
-    await driver.task
+    await operator.run_until("s", "Compensated", within=5)
     assert conflicts == ["s"]
     assert operator.undone() == [2, 1]
 
@@ -757,13 +754,5 @@ async def test_a_call_cut_off_by_a_lease_in_doubt_after_its_mark_is_sent_once_mo
             raise errors.NotLeading("the Lease is in doubt")
 
     operator.transport.on_send = cut_once
-    driver = SagaDriver(operator.context, NS, "s")
-    driver.task = asyncio.create_task(driver.run())
-
-    async def phase() -> str:
-        return str(operator.kube.body("sagas", NS, "s")["status"]["phase"])
-
-    await eventually(phase, lambda seen: seen == "Compensated", 10, "the saga Compensated")
-    driver.notify(None)
-    await driver.task
+    await operator.run_until("s", "Compensated", within=10)
     assert [c.headers["Undolog-Attempt"] for c in operator.transport.sent] == ["1", "1"]
