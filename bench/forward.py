@@ -18,12 +18,10 @@ import time
 from typing import Any
 
 import httpx
-from kubernetes_asyncio import client, watch
 from tests.support.manifests import saga, webhook
 
 from bench.compensation import bounded
 from bench.harness import Bench, RemoteParticipant, bench_cluster, delta, go_ceiling, print_table, save
-from undolog.api.common import GROUP, VERSION
 
 STEPS = ("one", "two", "three")
 
@@ -41,17 +39,22 @@ def three_steps() -> list[dict[str, Any]]:
 
 async def completions(bench: Bench, namespace: str, expected: int, seen: dict[str, float], done: asyncio.Event) -> None:
     """Record when each saga is first seen Completed, through a watch (no polling)."""
-    api = client.CustomObjectsApi(bench.kube.api)
-    stream = watch.Watch()
-    async for event in stream.stream(
-        api.list_namespaced_custom_object, GROUP, VERSION, namespace, "sagas", timeout_seconds=600
-    ):
-        body = event["object"]
+
+    def record(body: dict[str, Any]) -> None:
         if body.get("status", {}).get("phase") == "Completed":
             seen.setdefault(body["metadata"]["name"], time.monotonic())
             if len(seen) >= expected:
                 done.set()
-                stream.stop()
+
+    listed, version = await bench.kube.list_versioned("sagas", namespace)
+    for body in listed:
+        record(body)
+    while not done.is_set():  # the apiserver ends a watch after a while: resume where it ended
+        async for _, body in bench.kube.watch("sagas", namespace, version):
+            version = body["metadata"]["resourceVersion"]
+            record(body)
+            if done.is_set():
+                return
 
 
 async def direct(participant: RemoteParticipant, n: int) -> list[float]:

@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 from devtools.control_plane import LocalControlPlane
-from kubernetes_asyncio import client
 from prometheus_client.parser import text_string_to_metric_families
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Received
@@ -70,8 +69,7 @@ class Bench:
 
     async def namespace(self, prefix: str = "bench") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        namespace = client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
-        await client.CoreV1Api(self.kube.api).create_namespace(namespace)
+        await self.kube.create_namespace(name, {})
         return name
 
     def operator(self, namespace: str) -> OperatorProcess:
@@ -99,7 +97,7 @@ async def go_ceiling(bench: Bench, namespace: str, entries: Sequence[str], write
     if local is None:
         raise RuntimeError("the Go ceiling needs the local control plane's client certificate (unset KUBECONFIG)")
     pki = local.pki
-    server = str(bench.kube.api.configuration.host).rstrip("/")
+    server = bench.kube.server
     command = [
         str(BIN / "undolog-bench-ceiling"),
         f"--server={server}",

@@ -14,7 +14,7 @@ from pathlib import Path
 # from the leaf up deciding.
 PARTS = (
     ("TLS", re.compile(r"/ssl\.py|sslproto")),
-    ("kubernetes_asyncio (API requests)", re.compile(r"kubernetes_asyncio/")),
+    ("undolog.kube (API client)", re.compile(r"undolog/kube/")),
     ("aiohttp", re.compile(r"aiohttp/")),
     ("httpcore/h11 (participant calls)", re.compile(r"httpcore/|h11/")),
     ("pydantic (parsing, dumping)", re.compile(r"pydantic")),

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kubernetes_asyncio import client
+from tests.support.identities import lease_holder
 from tests.support.manifests import webhook
 from tests.support.operator_process import OperatorProcess
 
@@ -27,16 +27,9 @@ LEASE_SECONDS = 15  # the chart's default
 
 
 async def holders(bench: Bench, namespace: str) -> dict[int, str]:
-    found: dict[int, str] = {}
-    for index in range(SHARDS):
-        try:
-            lease = await client.CoordinationV1Api(bench.kube.api).read_namespaced_lease(
-                f"undolog-operator-shard-{index}", namespace
-            )
-            found[index] = str(lease.spec.holder_identity or "")
-        except client.ApiException:
-            found[index] = ""
-    return found
+    return {
+        index: await lease_holder(bench.kube, namespace, f"undolog-operator-shard-{index}") for index in range(SHARDS)
+    }
 
 
 async def spread(bench: Bench, namespace: str, operators: Sequence[OperatorProcess]) -> dict[int, str]:

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from devtools.control_plane import LocalControlPlane
-from kubernetes_asyncio import client
 
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant
@@ -86,10 +85,9 @@ async def kube(cluster: Cluster) -> AsyncIterator[Kube]:
 async def namespace(kube: Kube) -> AsyncIterator[str]:
     """A fresh namespace per test, deleted afterwards (the namespace controller empties it)."""
     name = f"t-{uuid.uuid4().hex[:10]}"
-    core = client.CoreV1Api(kube.api)
-    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    await kube.create_namespace(name, {})
     yield name
-    await core.delete_namespace(name)
+    await kube.delete_namespace(name)
 
 
 @pytest.fixture
@@ -129,9 +127,7 @@ async def own_control_plane(tmp_path: Path) -> AsyncIterator[OwnCluster]:
         install_crds(Cluster(endpoints.kubeconfig, local))
         kube = await Kube.connect(str(endpoints.kubeconfig))
         namespace = f"o-{uuid.uuid4().hex[:8]}"
-        await client.CoreV1Api(kube.api).create_namespace(
-            client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
-        )
+        await kube.create_namespace(namespace, {})
         participant = Participant()
         try:
             yield OwnCluster(local, endpoints.kubeconfig, kube, namespace, participant)

@@ -55,6 +55,11 @@ class Unavailable(KubeError):
     """5xx, 429, a timeout or a broken connection: the same request may succeed later."""
 
 
+class KubeconfigInvalid(KubeError):
+    """The kubeconfig (or the Pod's service account, or an exec credential plugin) cannot be
+    used as it is; nothing was sent. The message names the file, the entry and the field."""
+
+
 # -- participant calls ---------------------------------------------------------------------------
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from kubernetes_asyncio import client
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from tests.cluster.test_cli import halted_saga
 from tests.cluster.test_compensation import abort, external_saga, register
 from tests.conftest import REPO, Cluster
+from tests.support.identities import create_service_account, service_account_token
 from tests.support.manifests import call, saga
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Reply
@@ -160,33 +160,27 @@ async def test_a_viewer_without_patch_sees_the_apis_refusal(
 ) -> None:
     """In-cluster mode: the dashboard acts with the token the viewer signs in with, never its own."""
     await halted_saga(kube, namespace, participant)
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rule = client.V1PolicyRule(
-        api_groups=["undolog.io"], resources=["sagas", "undoentries", "webhooks"], verbs=["get", "list", "watch"]
-    )
-    events = client.V1PolicyRule(api_groups=[""], resources=["events"], verbs=["get", "list", "watch"])
-    await rbac.create_namespaced_role(
-        namespace, client.V1Role(metadata=client.V1ObjectMeta(name="viewer"), rules=[rule, events])
-    )
-    core = client.CoreV1Api(kube.api)
-    await core.create_namespaced_service_account(
-        namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="viewer"))
-    )
-    subject = client.RbacV1Subject(kind="ServiceAccount", name="viewer", namespace=namespace)
-    binding = client.V1RoleBinding(
-        metadata=client.V1ObjectMeta(name="viewer"),
-        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="viewer"),
-        subjects=[subject],
-    )
-    await rbac.create_namespaced_role_binding(namespace, binding)
-    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
-    token = (await core.create_namespaced_service_account_token("viewer", namespace, request)).status.token
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    read = ["get", "list", "watch"]
+    rules = [
+        {"apiGroups": ["undolog.io"], "resources": ["sagas", "undoentries", "webhooks"], "verbs": read},
+        {"apiGroups": [""], "resources": ["events"], "verbs": read},
+    ]
+    await kube.request("POST", f"{rbac}/roles", {"metadata": {"name": "viewer"}, "rules": rules})
+    await create_service_account(kube, namespace, "viewer")
+    binding = {
+        "metadata": {"name": "viewer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "viewer"},
+        "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": namespace}],
+    }
+    await kube.request("POST", f"{rbac}/rolebindings", binding)
+    token = await service_account_token(kube, namespace, "viewer")
     assert cluster.local is not None
     served = Dashboard(
         cluster,
         tmp_path / "dashboard.log",
         "--auth=token",
-        f"--api-server={kube.api.configuration.host}",
+        f"--api-server={kube.server}",
         f"--api-ca-file={cluster.local.pki / 'serving-ca.crt'}",
     )
     try:

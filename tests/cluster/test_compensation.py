@@ -385,13 +385,11 @@ async def test_describe_reads_as_a_timeline(
 async def test_headers_from_a_secret_are_sent_and_never_recorded(
     kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Any
 ) -> None:
-    from kubernetes_asyncio import client
-
-    secret = client.V1Secret(
-        metadata=client.V1ObjectMeta(name="refund-auth", labels={"undolog.io/webhook-headers": "true"}),
-        string_data={"Authorization": "Bearer s3cr3t-token"},
-    )
-    await client.CoreV1Api(kube.api).create_namespaced_secret(namespace, secret)
+    secret = {
+        "metadata": {"name": "refund-auth", "labels": {"undolog.io/webhook-headers": "true"}},
+        "stringData": {"Authorization": "Bearer s3cr3t-token"},
+    }
+    await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret)
     participant.script("/refund", Reply(500, {"error": "boom"}))
     hook = webhook("refund", url=participant.url("/refund"))
     hook["spec"]["headersFrom"] = {"secretRef": {"name": "refund-auth"}}
@@ -413,10 +411,8 @@ async def test_a_secret_that_has_not_opted_in_is_never_sent(
 ) -> None:
     """Creating a Webhook does not grant reading every Secret of the namespace: only Secrets
     labelled undolog.io/webhook-headers=true are sent, and a call naming another is not made."""
-    from kubernetes_asyncio import client
-
-    secret = client.V1Secret(metadata=client.V1ObjectMeta(name="db-password"), string_data={"X-Password": "hunter2"})
-    await client.CoreV1Api(kube.api).create_namespaced_secret(namespace, secret)
+    secret = {"metadata": {"name": "db-password"}, "stringData": {"X-Password": "hunter2"}}
+    await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret)
     hook = webhook("refund", url=participant.url("/refund"))
     hook["spec"]["headersFrom"] = {"secretRef": {"name": "db-password"}}
     await kube.create("webhooks", namespace, hook)
@@ -428,8 +424,11 @@ async def test_a_secret_that_has_not_opted_in_is_never_sent(
     assert entry["status"]["reason"] == "HeadersSecretNotOptedIn"
     assert participant.received() == []  # nothing was sent, with or without the Secret
     # Its owner opts in: a retry sends it.
-    await client.CoreV1Api(kube.api).patch_namespaced_secret(
-        "db-password", namespace, {"metadata": {"labels": {"undolog.io/webhook-headers": "true"}}}
+    await kube.request(
+        "PATCH",
+        f"/api/v1/namespaces/{namespace}/secrets/db-password",
+        {"metadata": {"labels": {"undolog.io/webhook-headers": "true"}}},
+        content_type="application/merge-patch+json",
     )
     await kube.patch("sagas", namespace, "exfil", {"metadata": {"annotations": {"undolog.io/retry": "opted in"}}})
     await saga_phase(kube, namespace, "exfil", "Compensated")

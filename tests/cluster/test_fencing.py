@@ -11,10 +11,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from kubernetes_asyncio import client
 
 from tests.cluster.test_compensation import abort, external_saga, register
 from tests.conftest import Cluster
+from tests.support.identities import lease_holder
 from tests.support.manifests import call
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Reply
@@ -26,8 +26,7 @@ ON_THE_WIRE = 0.1  # seconds a request sent at the moment of SIGSTOP may take to
 
 
 async def holder(kube: Kube, namespace: str) -> str:
-    lease = await client.CoordinationV1Api(kube.api).read_namespaced_lease("undolog-operator", namespace)
-    return str(lease.spec.holder_identity or "")
+    return await lease_holder(kube, namespace, "undolog-operator")
 
 
 async def test_two_operators_started_alike_send_each_compensation_once(

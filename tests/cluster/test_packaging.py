@@ -15,12 +15,11 @@ import httpx
 import promql_parser
 import pytest
 import yaml
-from kubernetes_asyncio import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.test_compensation import abort, external_saga, register
 from tests.conftest import BIN, REPO, Cluster
-from tests.support.identities import service_account_kubeconfig
+from tests.support.identities import lease_holder, service_account_kubeconfig
 from tests.support.manifests import call, saga, webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Reply
@@ -125,9 +124,8 @@ async def test_chart_installs_and_the_operator_works_with_only_its_rbac(
     kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path
 ) -> None:
     release_namespace, account = await install(cluster, kube, namespace)
-    apps = client.AppsV1Api(kube.api)
-    deployment = await apps.read_namespaced_deployment("undolog", release_namespace)
-    assert deployment.spec.replicas == 2
+    deployment = await kube.request("GET", f"/apis/apps/v1/namespaces/{release_namespace}/deployments/undolog")
+    assert deployment["spec"]["replicas"] == 2
     identity = await service_account_kubeconfig(
         kube, cluster.kubeconfig, release_namespace, account, tmp_path / "sa.kubeconfig", create=False
     )
@@ -136,11 +134,11 @@ async def test_chart_installs_and_the_operator_works_with_only_its_rbac(
     operator = OperatorProcess(identity, namespace, tmp_path, lease_namespace=release_namespace)
     operator.start()
     try:
-        secret = client.V1Secret(
-            metadata=client.V1ObjectMeta(name="auth", labels={"undolog.io/webhook-headers": "true"}),
-            string_data={"Authorization": "Bearer t"},
-        )
-        await client.CoreV1Api(kube.api).create_namespaced_secret(namespace, secret)
+        secret = {
+            "metadata": {"name": "auth", "labels": {"undolog.io/webhook-headers": "true"}},
+            "stringData": {"Authorization": "Bearer t"},
+        }
+        await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret)
         participant.script("/refund", Reply(503))
         await register(kube, namespace, participant, "release")
         hook = webhook("refund", url=participant.url("/refund"))
@@ -157,23 +155,22 @@ async def test_chart_installs_and_the_operator_works_with_only_its_rbac(
         ]
         await kube.create("sagas", namespace, saga("orch", steps))
         await saga_phase(kube, namespace, "orch", "Completed")
-        events = await client.CoreV1Api(kube.api).list_namespaced_event(namespace)
-        assert {"Failed", "CompensationRetry", "Active"} <= {e.reason for e in events.items}  # RBAC lets it post
+        events = await kube.request("GET", f"/api/v1/namespaces/{namespace}/events")
+        assert {"Failed", "CompensationRetry", "Active"} <= {e["reason"] for e in events["items"]}  # RBAC lets it post
         assert "forbidden" not in operator.log().lower()
     finally:
         operator.stop()
         await asyncio.to_thread(helm, cluster, "uninstall", "undolog", "--namespace", release_namespace)
-    crds = client.ApiextensionsV1Api(kube.api)
-    kept = await crds.read_custom_resource_definition("sagas.undolog.io")  # crds.keep: the ledger stays
-    assert kept.metadata.annotations["helm.sh/resource-policy"] == "keep"
+    # crds.keep: the ledger stays
+    kept = await kube.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/sagas.undolog.io")
+    assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
 
 async def test_a_saga_cannot_call_a_webhook_of_another_namespace(
     kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
 ) -> None:
     other = f"{namespace}-other"
-    core = client.CoreV1Api(kube.api)
-    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=other)))
+    await kube.create_namespace(other, {})
     try:
         await kube.create("webhooks", other, webhook("refund", url=participant.url("/refund")))
         await external_saga(kube, namespace, "tenant", [call("refund")])
@@ -183,7 +180,7 @@ async def test_a_saga_cannot_call_a_webhook_of_another_namespace(
         assert f"no Webhook 'refund' in namespace {namespace}" in halted["status"]["message"]
         assert participant.received() == []
     finally:
-        await core.delete_namespace(other)
+        await kube.delete_namespace(other)
 
 
 def scrape(operator: OperatorProcess) -> str:
@@ -291,10 +288,9 @@ def asks_only_for_what_is_exposed(expression: str, scraped: str) -> None:
     assert not problems, (expression, problems)
 
 
-def lease_holder(kube: Kube, namespace: str) -> Any:
+def operator_lease_holder(kube: Kube, namespace: str) -> Any:
     async def read() -> str:
-        lease = await client.CoordinationV1Api(kube.api).read_namespaced_lease("undolog-operator", namespace)
-        return str(lease.spec.holder_identity or "")
+        return await lease_holder(kube, namespace, "undolog-operator")
 
     return read
 
@@ -308,7 +304,7 @@ async def test_two_operators_one_leads_and_the_other_takes_over(
     second.start()
     try:
         await register(kube, namespace, participant, "undo")
-        holder = await eventually(lease_holder(kube, namespace), lambda h: h != "", 30, "a leader")
+        holder = await eventually(operator_lease_holder(kube, namespace), lambda h: h != "", 30, "a leader")
         leader, standby = (first, second) if first.identity == holder else (second, first)
         for i in range(10):
             await external_saga(kube, namespace, f"ha{i}", [call("undo", n=i), call("undo", n=i)])
@@ -329,7 +325,9 @@ async def test_two_operators_one_leads_and_the_other_takes_over(
         await participant.until(lambda received: len(received) > 20)
         leader.kill()
         killed_at = time.monotonic()
-        new_holder = await eventually(lease_holder(kube, namespace), lambda h: h not in ("", holder), 60, "new leader")
+        new_holder = await eventually(
+            operator_lease_holder(kube, namespace), lambda h: h not in ("", holder), 60, "new leader"
+        )
         handed_over = time.monotonic() - killed_at
         assert new_holder == standby.identity
         for i in range(10, 15):

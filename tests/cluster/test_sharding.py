@@ -11,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from kubernetes_asyncio import client
 
 from tests.cluster.test_compensation import abort, external_saga, register
 from tests.conftest import Cluster
+from tests.support.identities import lease_holder
 from tests.support.manifests import call
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Received, Reply
@@ -30,16 +30,7 @@ ON_THE_WIRE = 0.1  # seconds a request written just before the kill may take to 
 
 async def holders(kube: Kube, namespace: str) -> dict[int, str]:
     """Shard index -> the replica holding its Lease ('' when free)."""
-    found = {}
-    for index in range(SHARDS):
-        try:
-            lease = await client.CoordinationV1Api(kube.api).read_namespaced_lease(
-                f"undolog-operator-shard-{index}", namespace
-            )
-            found[index] = str(lease.spec.holder_identity or "")
-        except client.ApiException:
-            found[index] = ""
-    return found
+    return {index: await lease_holder(kube, namespace, f"undolog-operator-shard-{index}") for index in range(SHARDS)}
 
 
 def shared(expected: dict[str, int]) -> Callable[[dict[int, str]], bool]:

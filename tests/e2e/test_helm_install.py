@@ -16,9 +16,9 @@ import pytest
 import yaml
 from devtools.control_plane.node import NODE_NAME
 from examples.onboarding import in_cluster
-from kubernetes_asyncio import client
 
 from tests.conftest import BIN, REPO, Cluster
+from tests.support.identities import lease_holder
 from tests.support.waiting import eventually
 from undolog.kube import Kube
 
@@ -77,8 +77,7 @@ def ready(pod: dict[str, Any]) -> bool:
 
 
 async def holder(kube: Kube) -> str:
-    lease = await client.CoordinationV1Api(kube.api).read_namespaced_lease(LEASE, RELEASE_NAMESPACE)
-    return str(lease.spec.holder_identity or "")
+    return await lease_holder(kube, RELEASE_NAMESPACE, LEASE)
 
 
 async def phases(kube: Kube, names: list[str]) -> dict[str, str]:

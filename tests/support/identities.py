@@ -1,13 +1,14 @@
 """Kubeconfigs for other identities: a ServiceAccount's token (TokenRequest API), so a test can
-run a process with exactly the permissions that account's RBAC grants."""
+run a process with exactly the permissions that account's RBAC grants; and which identity
+holds a Lease."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import yaml
-from kubernetes_asyncio import client
 
+from undolog.errors import NotFound
 from undolog.kube import Kube
 
 
@@ -15,14 +16,31 @@ async def service_account_kubeconfig(
     kube: Kube, admin_kubeconfig: Path, namespace: str, account: str, target: Path, create: bool = True
 ) -> Path:
     """A kubeconfig that authenticates as system:serviceaccount:<namespace>:<account>."""
-    core = client.CoreV1Api(kube.api)
     if create:
-        await core.create_namespaced_service_account(
-            namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=account))
-        )
-    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
-    token = await core.create_namespaced_service_account_token(account, namespace, request)
-    return write_token_kubeconfig(admin_kubeconfig, namespace, account, token.status.token, target)
+        await create_service_account(kube, namespace, account)
+    token = await service_account_token(kube, namespace, account)
+    return write_token_kubeconfig(admin_kubeconfig, namespace, account, token, target)
+
+
+async def lease_holder(kube: Kube, namespace: str, name: str) -> str:
+    """The identity holding the Lease ('' when it is free or does not exist)."""
+    try:
+        lease = await kube.get_lease(namespace, name)
+    except NotFound:
+        return ""
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+
+async def create_service_account(kube: Kube, namespace: str, account: str) -> None:
+    body = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}}
+    await kube.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", body)
+
+
+async def service_account_token(kube: Kube, namespace: str, account: str) -> str:
+    """An hour's token for the account (TokenRequest API)."""
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}}
+    path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token"
+    return str((await kube.request("POST", path, request))["status"]["token"])
 
 
 def write_token_kubeconfig(admin_kubeconfig: Path, namespace: str, account: str, token: str, target: Path) -> Path:

@@ -75,8 +75,6 @@ def own_addresses() -> set[str]:
 
 
 async def run(options: OperatorOptions) -> None:
-    # The generated client logs whole response bodies at DEBUG, Secrets included: never.
-    logging.getLogger("kubernetes_asyncio").setLevel(logging.WARNING)
     kube = await Kube.connect(options.kubeconfig)
     ledger = Ledger(kube)
     timeline = Timeline(kube, quiet=frozenset() if options.success_events else SUCCESSES)

@@ -1,8 +1,12 @@
 """The one client of the Kubernetes API: UndoLog's kinds, Events, Secrets, Leases.
 
 Everything that talks to the API (operator, SDK, CLI, tests) goes through here, so content
-types, timeouts and errors are decided in one place: the client's exceptions become
+types, timeouts and errors are decided in one place: refusals and broken connections become
 `undolog.errors.KubeError`s here and nowhere else.
+
+Plain JSON over aiohttp, not a generated client: the generated one (kubernetes_asyncio) costs
+72 MiB to import, which kopf imports too whenever it is installed, and a model round trip per
+request; UndoLog reads and writes dicts and parses its own kinds once, in `undolog.ledger`.
 """
 
 from __future__ import annotations
@@ -12,23 +16,32 @@ import builtins
 import contextlib
 import json
 import os
+import ssl
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client, config, watch
-from kubernetes_asyncio.client.exceptions import ApiException
 from multidict import CIMultiDict
 
 from undolog import errors
 from undolog.api import GROUP, VERSION
 from undolog.api.common import Plural
 from undolog.conventions import MAX_EVENT_MESSAGE, now
+from undolog.kube.kubeconfig import (
+    Credentials,
+    ExecCredential,
+    TokenSource,
+    credentials,
+    ssl_context,
+)
 
 Body = dict[str, Any]
+JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
+POOL_SIZE = 100  # connections to the apiserver at most; more concurrent requests wait for one
+WATCH_LINE_BYTES = 2**21  # a watch event is one line; objects reach 1.5 MiB in etcd
 
 
 @dataclass(frozen=True)
@@ -66,25 +79,23 @@ _ERRORS: dict[int, type[errors.KubeError]] = {
 }
 
 
-def _message(error: ApiException) -> tuple[str, str]:
-    """The apiserver's own message (it names the object and the field) and its reason."""
-    try:
-        status = json.loads(error.body or "")
-        return str(status["message"]), str(status.get("reason", ""))
-    except (TypeError, ValueError, KeyError):
-        return str(error.reason or f"HTTP {error.status}"), str(error.reason or "")
+def status_error(code: int, status: object, fallback: str = "") -> errors.KubeError:
+    """The KubeError an apiserver Status (a refusal's body, or a watch's ERROR event) stands for,
+    with the apiserver's own message: it names the object and the field."""
+    message, reason = fallback or f"HTTP {code}", ""
+    if isinstance(status, dict):
+        message = str(status.get("message") or message)
+        reason = str(status.get("reason") or "")
+    kind = _ERRORS.get(code, errors.Unavailable)
+    if kind is errors.Conflict and reason == "AlreadyExists":
+        kind = errors.AlreadyExists
+    return kind(message, status=code, reason=reason)
 
 
 def as_kube_error(error: BaseException) -> errors.KubeError | None:
-    """The KubeError a client exception stands for; None for anything else."""
+    """The KubeError a transport exception stands for; None for anything else."""
     if isinstance(error, errors.KubeError):
         return error
-    if isinstance(error, ApiException):
-        message, reason = _message(error)
-        kind = _ERRORS.get(error.status or 0, errors.Unavailable)
-        if kind is errors.Conflict and reason == "AlreadyExists":
-            kind = errors.AlreadyExists
-        return kind(message, status=error.status, reason=reason)
     if isinstance(error, (aiohttp.ClientError, TimeoutError, OSError)):
         return errors.Unavailable(f"the API could not be reached: {error or type(error).__name__}")
     return None
@@ -92,7 +103,7 @@ def as_kube_error(error: BaseException) -> errors.KubeError | None:
 
 @contextlib.contextmanager
 def mapped() -> Iterator[None]:
-    """Client exceptions raised inside become KubeErrors."""
+    """Transport exceptions raised inside become KubeErrors."""
     try:
         yield
     except errors.KubeError:
@@ -111,48 +122,45 @@ def trimmed(body: Body) -> Body:
     return body
 
 
-def _tuned(api: client.ApiClient, headers: CIMultiDict[str]) -> client.ApiClient:
-    """The client's HTTP session, with `headers` on every request (several of one name, which
-    impersonating several groups needs) and without trust_env (the generated client looks up
-    .netrc and proxies in a worker thread on every request otherwise)."""
-    rest = api.rest_client
-    old = rest.pool_manager
-    rest.pool_manager = aiohttp.ClientSession(
-        connector=old.connector, connector_owner=True, trust_env=False, read_bufsize=2**21, headers=headers
-    )
-    old._connector_owner = False  # the connector now belongs to the new session
-    old._connector = None
-    return api
-
-
-def kubeconfig_path(kubeconfig: str | None = None) -> str:
-    return kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
-
-
-def in_cluster(kubeconfig: str | None = None) -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not (kubeconfig or os.environ.get("KUBECONFIG"))
-
-
-def default_namespace(kubeconfig: str | None = None, context: str | None = None) -> str:
-    """The context's namespace, or the in-cluster one, or "default"."""
-    if in_cluster(kubeconfig):
-        try:
-            with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as file:
-                return file.read().strip()
-        except OSError:
-            return "default"
+def _decoded(raw: bytes) -> Any:
     try:
-        contexts, current = config.list_kube_config_contexts(kubeconfig_path(kubeconfig))
-    except Exception:  # no kubeconfig, or one that cannot be read: the API's default
-        return "default"
-    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
-    return str((chosen or {}).get("context", {}).get("namespace") or "default")
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _custom_path(plural: Plural, namespace: str | None, name: str | None = None, subresource: str = "") -> str:
+    path = f"/apis/{GROUP}/{VERSION}" + (f"/namespaces/{namespace}" if namespace else "") + f"/{plural}"
+    return path + (f"/{name}" if name else "") + (f"/{subresource}" if subresource else "")
+
+
+def _leases(namespace: str, name: str | None = None) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases" + (f"/{name}" if name else "")
+
+
+def _event_times(when: datetime) -> tuple[str, str]:
+    """An Event's Time (seconds) and MicroTime, as the API writes them."""
+    utc = when.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%SZ"), utc.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parsed_time(value: object) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) and value else None
 
 
 @dataclass
 class Kube:
-    api: client.ApiClient
+    """The API as one user: JSON bodies over one pooled aiohttp session (made on first use, so
+    that a client can be built outside the event loop)."""
+
+    credentials: Credentials
     timeouts: Timeouts = TIMEOUTS
+    _tokens: TokenSource = field(init=False)
+    _session: aiohttp.ClientSession | None = field(default=None, init=False)
+    _tls: tuple[ExecCredential | None, ssl.SSLContext] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self._tokens = TokenSource(self.credentials)
 
     @classmethod
     async def connect(
@@ -165,35 +173,31 @@ class Kube:
     ) -> Kube:
         """From the given kubeconfig (or KUBECONFIG), else the in-cluster service account;
         `as_user`/`as_groups` impersonate as kubectl's --as/--as-group do (the API checks that
-        the real user may impersonate, and then checks the impersonated one's RBAC)."""
-        configuration = client.Configuration()
-        if in_cluster(kubeconfig) and context is None:
-            config.load_incluster_config(client_configuration=configuration)
-        else:
-            await config.load_kube_config(
-                config_file=kubeconfig or os.environ.get("KUBECONFIG"),
-                context=context,
-                client_configuration=configuration,
-            )
-        headers = CIMultiDict[str]()
-        if as_user:
-            headers.add("Impersonate-User", as_user)
-        for group in as_groups:
-            headers.add("Impersonate-Group", group)
-        return cls(_tuned(client.ApiClient(configuration), headers))
+        the real user may impersonate, and then checks the impersonated one's RBAC). A
+        kubeconfig that cannot be used is errors.KubeconfigInvalid here, before any request."""
+        kube = cls(credentials(kubeconfig, context, as_user=as_user, as_groups=as_groups))
+        await kube._authorization()
+        return kube
 
     @classmethod
     def with_token(cls, server: str, ca_file: str | None, token: str) -> Kube:
         """As whoever `token` belongs to (a person's bearer token, as a dashboard receives it),
         never this process's own service account."""
-        configuration = client.Configuration()
-        configuration.host = server
-        configuration.ssl_ca_cert = ca_file
-        configuration.api_key = {"BearerToken": f"Bearer {token}"}
-        return cls(_tuned(client.ApiClient(configuration), CIMultiDict()))
+        return cls(Credentials(server=server.rstrip("/"), ca_file=ca_file, token=token, source="a bearer token"))
+
+    @property
+    def server(self) -> str:
+        return self.credentials.server
+
+    async def issued(self) -> tuple[str | None, ExecCredential | None]:
+        """The bearer token and the exec plugin's credential the next request would use
+        (kopf logs in with exactly these)."""
+        return await self._tokens.token(), await self._tokens.issued()
 
     async def close(self) -> None:
-        await self.api.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def __aenter__(self) -> Kube:
         return self
@@ -201,22 +205,96 @@ class Kube:
     async def __aexit__(self, *_: object) -> None:
         await self.close()
 
-    @property
-    def _custom(self) -> Any:
-        return client.CustomObjectsApi(self.api)
+    # -- the HTTP exchange ---------------------------------------------------------------------
 
-    @property
-    def _core(self) -> Any:
-        return client.CoreV1Api(self.api)
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            impersonation = CIMultiDict[str]()
+            if self.credentials.as_user:
+                impersonation.add("Impersonate-User", self.credentials.as_user)
+            for group in self.credentials.as_groups:  # several headers of one name
+                impersonation.add("Impersonate-Group", group)
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=POOL_SIZE),
+                trust_env=False,  # no .netrc or proxy lookups per request
+                read_bufsize=WATCH_LINE_BYTES,
+                headers=impersonation,
+            )
+        return self._session
+
+    async def _authorization(self) -> tuple[dict[str, str], ssl.SSLContext]:
+        """The bearer header (if any) and the TLS context for the next request; the context is
+        built again only when an exec plugin issued a new client certificate."""
+        issued = await self._tokens.issued()
+        if self._tls is None or self._tls[0] is not issued:
+            self._tls = (issued, ssl_context(self.credentials, issued))
+        token = await self._tokens.token()
+        return ({"Authorization": f"Bearer {token}"} if token else {}), self._tls[1]
+
+    @contextlib.asynccontextmanager
+    async def _exchange(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+        accept: str = JSON,
+        bound: aiohttp.ClientTimeout | None = None,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """One request, its refusal raised as a KubeError; a 401 is tried once more with the
+        credentials read again (a rotated token file, an expired exec credential)."""
+        data = None if body is None else json.dumps(body)
+        bound = bound or aiohttp.ClientTimeout(total=self.timeouts.request, connect=self.timeouts.connect)
+        for attempt in (1, 2):
+            headers, tls = await self._authorization()
+            headers["Accept"] = accept
+            if data is not None:
+                headers["Content-Type"] = content_type
+            with mapped():
+                async with self._http().request(
+                    method,
+                    self.server + path,
+                    params=params,
+                    data=data,
+                    headers=headers,
+                    ssl=tls,
+                    server_hostname=self.credentials.tls_server_name,
+                    timeout=bound,
+                ) as response:
+                    if response.status == 401 and attempt == 1:
+                        self._tokens.forget()
+                        continue
+                    if response.status >= 400:
+                        raw = await response.read()
+                        raise status_error(response.status, _decoded(raw), raw.decode(errors="replace")[:200])
+                    yield response
+                    return
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: dict[str, str] | None = None,
+        content_type: str = JSON,
+    ) -> Body:
+        """Any API path, JSON in and out (`path` from the server's root, such as
+        /apis/apps/v1/namespaces/x/deployments)."""
+        async with self._exchange(method, path, params=params, body=body, content_type=content_type) as response:
+            with mapped():
+                raw = await response.read()
+        decoded = _decoded(raw)
+        if not isinstance(decoded, dict):
+            raise errors.Unavailable(f"the API answered {method} {path} with something other than a JSON object")
+        return decoded
 
     # -- UndoLog objects ----------------------------------------------------------------------
 
     async def get(self, plural: Plural, namespace: str, name: str) -> Body:
-        with mapped():
-            body: Body = await self._custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, name, _request_timeout=self.timeouts.request
-            )
-        return trimmed(body)
+        return trimmed(await self.request("GET", _custom_path(plural, namespace, name)))
 
     async def list(
         self,
@@ -246,19 +324,15 @@ class Kube:
         token: str | None = None
         version = ""
         while True:
-            kwargs: dict[str, Any] = {"limit": 500, "_request_timeout": self.timeouts.request}
+            params = {"limit": "500"}
             if token:
-                kwargs["_continue"] = token
+                params["continue"] = token
             if field_selector:
-                kwargs["field_selector"] = field_selector
+                params["fieldSelector"] = field_selector
             if label_selector:
-                kwargs["label_selector"] = label_selector
-            with mapped():
-                if namespace:
-                    page = await self._custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, **kwargs)
-                else:
-                    page = await self._custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
-            items.extend(trimmed(item) for item in page.get("items", []))
+                params["labelSelector"] = label_selector
+            page = await self.request("GET", _custom_path(plural, namespace), params=params)
+            items.extend(trimmed(item) for item in page.get("items") or [])
             version = version or page.get("metadata", {}).get("resourceVersion", "")
             token = page.get("metadata", {}).get("continue")
             if not token:
@@ -270,114 +344,84 @@ class Kube:
         """The changes after resourceVersion `version`, in the order they happened, as (type, body);
         BOOKMARK bodies carry only a resourceVersion. Ends when the apiserver closes the stream;
         a version too old to resume from raises errors.Gone."""
-        kwargs: dict[str, Any] = {
-            "resource_version": version,
-            "allow_watch_bookmarks": True,
-            "timeout_seconds": self.timeouts.watch,
-            "_request_timeout": self.timeouts.watch_client,
+        params = {
+            "watch": "true",
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(self.timeouts.watch),
         }
         if label_selector:
-            kwargs["label_selector"] = label_selector
-        with mapped():
-            async with watch.Watch() as stream:
-                if namespace:
-                    events = stream.stream(
-                        self._custom.list_namespaced_custom_object, GROUP, VERSION, namespace, plural, **kwargs
-                    )
-                else:
-                    events = stream.stream(self._custom.list_cluster_custom_object, GROUP, VERSION, plural, **kwargs)
-                async for event in events:
-                    yield event["type"], trimmed(event["raw_object"])
+            params["labelSelector"] = label_selector
+        bound = aiohttp.ClientTimeout(total=self.timeouts.watch_client, connect=self.timeouts.connect)
+        async with self._exchange("GET", _custom_path(plural, namespace), params=params, bound=bound) as stream:
+            with mapped():
+                async for line in stream.content:
+                    event = _decoded(line)
+                    if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+                        continue  # a blank keep-alive line
+                    if event.get("type") == "ERROR":  # a Status, such as 410 Expired
+                        raise status_error(int(event["object"].get("code") or 500), event["object"])
+                    yield str(event["type"]), trimmed(event["object"])
 
     async def create(self, plural: Plural, namespace: str, body: Body) -> Body:
-        with mapped():
-            created: Body = await self._custom.create_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, body, _request_timeout=self.timeouts.request
-            )
-        return trimmed(created)
+        return trimmed(await self.request("POST", _custom_path(plural, namespace), body))
 
     async def patch(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
         """JSON merge patch of the object; metadata.resourceVersion in the patch makes it conditional."""
-        return await self._merge(self._custom.patch_namespaced_custom_object, plural, namespace, name, patch)
+        path = _custom_path(plural, namespace, name)
+        return trimmed(await self.request("PATCH", path, patch, content_type=MERGE_PATCH))
 
     async def patch_status(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
         """JSON merge patch of the status subresource (conditional like `patch`)."""
-        return await self._merge(self._custom.patch_namespaced_custom_object_status, plural, namespace, name, patch)
-
-    async def _merge(self, method: Any, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
-        with mapped():
-            patched: Body = await method(
-                GROUP,
-                VERSION,
-                namespace,
-                plural,
-                name,
-                patch,
-                _content_type=MERGE_PATCH,
-                _request_timeout=self.timeouts.request,
-            )
-        return trimmed(patched)
+        path = _custom_path(plural, namespace, name, "status")
+        return trimmed(await self.request("PATCH", path, patch, content_type=MERGE_PATCH))
 
     async def delete(self, plural: Plural, namespace: str, name: str) -> None:
-        with mapped():
-            await self._custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, name, _request_timeout=self.timeouts.request
-            )
+        await self.request("DELETE", _custom_path(plural, namespace, name))
 
     # -- the API itself ------------------------------------------------------------------------
 
     async def raw_get(self, path: str) -> str:
         """GET a non-resource path (such as /metrics) with this client's credentials."""
-        configuration = self.api.configuration
-        headers = {"Accept": "text/plain"}
-        for setting in (await configuration.auth_settings()).values():
-            headers[setting["key"]] = setting["value"]
-        with mapped():
-            response = await self.api.rest_client.request("GET", f"{configuration.host}{path}", headers=headers)
-        return str(response.data.decode() if isinstance(response.data, bytes) else response.data)
+        async with self._exchange("GET", path, accept="text/plain") as response:
+            with mapped():
+                return (await response.read()).decode(errors="replace")
 
     async def whoami(self) -> str:
         """The user the API sees (a SelfSubjectReview), for recording who resolved what."""
-        with mapped():
-            review = await client.AuthenticationV1Api(self.api).create_self_subject_review(
-                client.V1SelfSubjectReview(api_version="authentication.k8s.io/v1", kind="SelfSubjectReview")
-            )
-        return str(review.status.user_info.username)
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        answer = await self.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", review)
+        return str(answer["status"]["userInfo"]["username"])
 
     # -- core objects ------------------------------------------------------------------------
 
     async def secret(self, namespace: str, name: str) -> tuple[dict[str, str], dict[str, str]]:
         """A Secret's labels and its values, decoded."""
-        with mapped():
-            secret = await self._core.read_namespaced_secret(name, namespace, _request_timeout=self.timeouts.request)
-        data = {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
-        return dict(secret.metadata.labels or {}), data
+        secret = await self.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        data = {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+        return dict(secret["metadata"].get("labels") or {}), data
 
     async def create_namespace(self, name: str, labels: dict[str, str]) -> None:
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
-        with mapped():
-            await self._core.create_namespace(body, _request_timeout=self.timeouts.request)
+        await self.request("POST", "/api/v1/namespaces", body)
 
     async def delete_namespace(self, name: str) -> None:
-        with mapped():
-            await self._core.delete_namespace(name, _request_timeout=self.timeouts.request)
+        await self.request("DELETE", f"/api/v1/namespaces/{name}")
 
     async def events_about(self, namespace: str, name: str, uid: str | None = None) -> builtins.list[EventRecord]:
         """core/v1 Events about one object, oldest first (names sort by creation for ours)."""
         selector = f"involvedObject.name={name}" + (f",involvedObject.uid={uid}" if uid else "")
-        with mapped():
-            listed = await self._core.list_namespaced_event(
-                namespace, field_selector=selector, _request_timeout=self.timeouts.request
-            )
+        path = f"/api/v1/namespaces/{namespace}/events"
+        listed = await self.request("GET", path, params={"fieldSelector": selector})
         records = [
             EventRecord(
-                time=e.event_time or e.last_timestamp or e.first_timestamp,
-                type=e.type or "",
-                reason=e.reason or "",
-                message=e.message or "",
-                name=e.metadata.name,
+                time=_parsed_time(e.get("eventTime") or e.get("lastTimestamp") or e.get("firstTimestamp")),
+                type=e.get("type") or "",
+                reason=e.get("reason") or "",
+                message=e.get("message") or "",
+                name=e["metadata"]["name"],
             )
-            for e in listed.items
+            for e in listed.get("items") or []
         ]
         return sorted(records, key=lambda r: (r.time or datetime.min.replace(tzinfo=UTC), r.name))
 
@@ -394,61 +438,46 @@ class Kube:
     ) -> None:
         """A core/v1 Event about an object, so `kubectl describe` reads as a timeline."""
         meta = regarding["metadata"]
-        when = at or now()
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(
-                name=name, generate_name=None if name else f"{meta['name']}.", namespace=meta["namespace"]
-            ),
-            involved_object=client.V1ObjectReference(
-                api_version=regarding.get("apiVersion", f"{GROUP}/{VERSION}"),
-                kind=regarding.get("kind"),
-                name=meta["name"],
-                namespace=meta["namespace"],
-                uid=meta.get("uid"),
-                resource_version=meta.get("resourceVersion"),
-            ),
-            reason=reason,
-            message=message[:MAX_EVENT_MESSAGE],
-            type="Warning" if warning else "Normal",
-            first_timestamp=when,
-            last_timestamp=when,
-            event_time=when,
-            action=reason,
-            reporting_component=component,
-            reporting_instance=os.environ.get("HOSTNAME", component),
-            source=client.V1EventSource(component=component),
-            count=1,
-        )
-        with mapped():
-            await self._core.create_namespaced_event(meta["namespace"], event, _request_timeout=self.timeouts.request)
+        seconds, micro = _event_times(at or now())
+        naming = {"name": name} if name else {"generateName": f"{meta['name']}."}
+        event: Body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {**naming, "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": regarding.get("apiVersion", f"{GROUP}/{VERSION}"),
+                "kind": regarding.get("kind"),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message[:MAX_EVENT_MESSAGE],
+            "type": "Warning" if warning else "Normal",
+            "firstTimestamp": seconds,
+            "lastTimestamp": seconds,
+            "eventTime": micro,
+            "action": reason,
+            "reportingComponent": component,
+            "reportingInstance": os.environ.get("HOSTNAME", component),
+            "source": {"component": component},
+            "count": 1,
+        }
+        await self.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", event)
 
     # -- Leases (leader election) ------------------------------------------------------------
 
     async def get_lease(self, namespace: str, name: str) -> Body:
-        with mapped():
-            lease = await client.CoordinationV1Api(self.api).read_namespaced_lease(
-                name, namespace, _request_timeout=self.timeouts.request
-            )
-        return dict(self.api.sanitize_for_serialization(lease))
+        return await self.request("GET", _leases(namespace, name))
 
     async def create_lease(self, namespace: str, body: Body) -> Body:
-        with mapped():
-            lease = await client.CoordinationV1Api(self.api).create_namespaced_lease(
-                namespace, body, _request_timeout=self.timeouts.request
-            )
-        return dict(self.api.sanitize_for_serialization(lease))
+        return await self.request("POST", _leases(namespace), body)
 
     async def replace_lease(self, namespace: str, name: str, body: Body) -> Body:
         """Conditional on body's metadata.resourceVersion: a lost race is errors.Conflict."""
-        with mapped():
-            lease = await client.CoordinationV1Api(self.api).replace_namespaced_lease(
-                name, namespace, body, _request_timeout=self.timeouts.request
-            )
-        return dict(self.api.sanitize_for_serialization(lease))
+        return await self.request("PUT", _leases(namespace, name), body)
 
     async def list_leases(self, namespace: str, label_selector: str) -> builtins.list[Body]:
-        with mapped():
-            leases = await client.CoordinationV1Api(self.api).list_namespaced_lease(
-                namespace, label_selector=label_selector, _request_timeout=self.timeouts.request
-            )
-        return [dict(self.api.sanitize_for_serialization(lease)) for lease in leases.items]
+        listed = await self.request("GET", _leases(namespace), params={"labelSelector": label_selector})
+        return [dict(item) for item in listed.get("items") or []]

@@ -10,6 +10,7 @@ kopf logs in with exactly the credentials of UndoLog's own client, and uses its 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -28,18 +29,24 @@ def configure_logging(log_format: str, verbose: bool) -> None:
     kopf.configure(verbose=verbose, log_format=formats[log_format])
 
 
-def connection_info(kube: Kube) -> kopf.ConnectionInfo:
-    configuration = kube.api.configuration
-    token = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken")
-    if token and token.lower().startswith("bearer "):
-        token = token[7:]
+async def connection_info(kube: Kube) -> kopf.ConnectionInfo:
+    """kopf asks again when its credentials expire or the API answers 401."""
+    found = kube.credentials
+    token, issued = await kube.issued()
+    certificate = (issued.certificate_data if issued else None) or found.certificate_data
+    key = (issued.key_data if issued else None) or found.key_data
+    expires = issued.expires if issued else None
     return kopf.ConnectionInfo(
-        server=configuration.host,
-        ca_path=configuration.ssl_ca_cert,
-        insecure=not configuration.verify_ssl,
-        certificate_path=configuration.cert_file,
-        private_key_path=configuration.key_file,
+        server=found.server,
+        ca_path=None if found.ca_data else found.ca_file,
+        ca_data=found.ca_data,
+        insecure=found.insecure,
+        certificate_path=None if certificate else found.certificate_file,
+        certificate_data=certificate,
+        private_key_path=None if key else found.key_file,
+        private_key_data=key,
         token=token,
+        expiration=datetime.fromtimestamp(expires, UTC) if expires is not None else None,
     )
 
 
@@ -73,7 +80,7 @@ def registry(kube: Kube, unfiled: Unfiled | None) -> kopf.OperatorRegistry:
 
     @kopf.on.login(registry=handlers)
     async def login(**_: Any) -> kopf.ConnectionInfo:
-        return connection_info(kube)
+        return await connection_info(kube)
 
     if unfiled is not None:
         register_unfiled(handlers, "sagas", unfiled)

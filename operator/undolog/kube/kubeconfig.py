@@ -1,0 +1,355 @@
+"""Who this process is to the API, and where the API is: a kubeconfig as kubectl reads it, or
+the Pod's service account.
+
+Supported as kubectl does: KUBECONFIG with several files (the first to name a cluster, user or
+context wins), paths relative to the file that holds them, certificate and key files or data,
+tokens and token files (re-read, as kubelet rotates them), exec credential plugins (run again
+when what they gave expires), impersonation, insecure-skip-tls-verify and tls-server-name.
+What is not (auth-provider, basic auth, proxy-url) is refused with the field named, never
+ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import ssl
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from undolog import errors
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+TOKEN_FILE_REREAD_SECONDS = 60.0  # as client-go: a rotated projected token is picked up within a minute
+EXEC_EARLY_SECONDS = 10.0  # run the plugin again a little before what it gave expires
+EXEC_TIMEOUT_SECONDS = 60.0  # a plugin that hangs (a browser login nobody completes) is an error
+UNSUPPORTED_USER_FIELDS = ("auth-provider", "username", "password")
+
+
+@dataclass(frozen=True)
+class ExecPlugin:
+    """A client-go credential plugin: a command that prints an ExecCredential."""
+
+    command: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    api_version: str = "client.authentication.k8s.io/v1"
+    base_dir: str = "."  # a relative command is found from the kubeconfig's folder, as kubectl does
+
+
+@dataclass(frozen=True)
+class ExecCredential:
+    """What a plugin printed."""
+
+    token: str | None
+    certificate_data: bytes | None
+    key_data: bytes | None
+    expires: float | None  # time.time() after which it must be run again
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Everything needed to reach the API as one user."""
+
+    server: str
+    ca_file: str | None = None
+    ca_data: bytes | None = None
+    insecure: bool = False
+    tls_server_name: str | None = None
+    certificate_file: str | None = None
+    key_file: str | None = None
+    certificate_data: bytes | None = None
+    key_data: bytes | None = None
+    token: str | None = None
+    token_file: str | None = None
+    exec_plugin: ExecPlugin | None = None
+    as_user: str | None = None
+    as_groups: tuple[str, ...] = ()
+    namespace: str = "default"
+    source: str = ""  # the file (or "the service account") these came from, for error messages
+
+
+def kubeconfig_paths(kubeconfig: str | None = None) -> list[Path]:
+    if kubeconfig:
+        return [Path(kubeconfig).expanduser()]
+    listed = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    return [Path(p).expanduser() for p in listed] or [Path("~/.kube/config").expanduser()]
+
+
+def in_cluster(kubeconfig: str | None = None) -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not (kubeconfig or os.environ.get("KUBECONFIG"))
+
+
+def service_account() -> Credentials:
+    """The Pod's own identity: its projected token (re-read as it rotates) and the cluster CA."""
+    host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    host = f"[{host}]" if ":" in host else host  # an IPv6 service address
+    try:
+        namespace = (SERVICE_ACCOUNT / "namespace").read_text().strip()
+    except OSError:
+        namespace = "default"
+    return Credentials(
+        server=f"https://{host}:{port}",
+        ca_file=str(SERVICE_ACCOUNT / "ca.crt"),
+        token_file=str(SERVICE_ACCOUNT / "token"),
+        namespace=namespace or "default",
+        source="the Pod's service account",
+    )
+
+
+@dataclass
+class _Merged:
+    """KUBECONFIG's files merged as kubectl merges them; each entry remembers its file."""
+
+    clusters: dict[str, tuple[dict[str, Any], Path]] = field(default_factory=dict)
+    users: dict[str, tuple[dict[str, Any], Path]] = field(default_factory=dict)
+    contexts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    current: str | None = None
+    sources: list[Path] = field(default_factory=list)
+
+
+def _read(paths: Sequence[Path]) -> _Merged:
+    merged = _Merged()
+    for path in paths:
+        try:
+            document = yaml.safe_load(path.read_text()) or {}
+        except FileNotFoundError:
+            continue
+        except (OSError, yaml.YAMLError) as error:
+            raise errors.KubeconfigInvalid(f"the kubeconfig {path} cannot be read: {error}") from error
+        if not isinstance(document, dict):
+            raise errors.KubeconfigInvalid(f"the kubeconfig {path} is not a mapping")
+        merged.sources.append(path)
+        for key, into in (("clusters", merged.clusters), ("users", merged.users)):
+            for named in document.get(key) or []:
+                body = named.get(key[:-1]) or {}
+                into.setdefault(str(named.get("name")), (body, path))
+        for named in document.get("contexts") or []:
+            merged.contexts.setdefault(str(named.get("name")), named.get("context") or {})
+        merged.current = merged.current or document.get("current-context") or None
+    return merged
+
+
+def _context(merged: _Merged, context: str | None) -> tuple[str, dict[str, Any]]:
+    where = ", ".join(map(str, merged.sources)) or " or ".join(map(str, kubeconfig_paths()))
+    if not merged.sources:
+        raise errors.KubeconfigInvalid(
+            f"no kubeconfig found at {where}: set KUBECONFIG or --kubeconfig, or run in a Pod"
+        )
+    name = context or merged.current
+    if not name:
+        raise errors.KubeconfigInvalid(f"the kubeconfig {where} sets no current-context: pass --context")
+    if name not in merged.contexts:
+        known = ", ".join(sorted(merged.contexts)) or "none"
+        raise errors.KubeconfigInvalid(f"the kubeconfig {where} has no context {name!r} (it has: {known})")
+    return name, merged.contexts[name]
+
+
+def default_namespace(kubeconfig: str | None = None, context: str | None = None) -> str:
+    """The context's namespace, or the in-cluster one, or "default"."""
+    if in_cluster(kubeconfig) and context is None:
+        return service_account().namespace
+    try:
+        _, chosen = _context(_read(kubeconfig_paths(kubeconfig)), context)
+    except errors.KubeconfigInvalid:  # no kubeconfig, or one that cannot be read: the API's default
+        return "default"
+    return str(chosen.get("namespace") or "default")
+
+
+def _relative(path: str | None, base: Path) -> str | None:
+    return None if path is None else str(base.parent / Path(path).expanduser())
+
+
+def _data(value: str | None, what: str, source: Path) -> bytes | None:
+    if value is None:
+        return None
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError as error:
+        raise errors.KubeconfigInvalid(f"the kubeconfig {source}: {what} is not base64 ({error})") from error
+
+
+def from_kubeconfig(kubeconfig: str | None = None, context: str | None = None) -> Credentials:
+    merged = _read(kubeconfig_paths(kubeconfig))
+    name, chosen = _context(merged, context)
+    cluster_name, user_name = str(chosen.get("cluster")), str(chosen.get("user", ""))
+    if cluster_name not in merged.clusters:
+        raise errors.KubeconfigInvalid(f"the kubeconfig context {name!r} names cluster {cluster_name!r}, not defined")
+    cluster, cluster_file = merged.clusters[cluster_name]
+    user, user_file = merged.users.get(user_name, ({}, cluster_file))
+    where = f"the kubeconfig {user_file}, user {user_name!r}"
+    for unsupported in UNSUPPORTED_USER_FIELDS:
+        if user.get(unsupported):
+            raise errors.KubeconfigInvalid(
+                f"{where} uses {unsupported}, which UndoLog does not support: use a client certificate, a token "
+                "or an exec credential plugin (as current cloud CLIs install)"
+            )
+    if cluster.get("proxy-url"):
+        raise errors.KubeconfigInvalid(
+            f"the kubeconfig {cluster_file}, cluster {cluster_name!r} sets proxy-url, which UndoLog does not support"
+        )
+    if not cluster.get("server"):
+        raise errors.KubeconfigInvalid(f"the kubeconfig {cluster_file}, cluster {cluster_name!r} has no server")
+    plugin = user.get("exec")
+    return Credentials(
+        server=str(cluster["server"]).rstrip("/"),
+        ca_file=_relative(cluster.get("certificate-authority"), cluster_file),
+        ca_data=_data(cluster.get("certificate-authority-data"), "certificate-authority-data", cluster_file),
+        insecure=bool(cluster.get("insecure-skip-tls-verify")),
+        tls_server_name=cluster.get("tls-server-name"),
+        certificate_file=_relative(user.get("client-certificate"), user_file),
+        key_file=_relative(user.get("client-key"), user_file),
+        certificate_data=_data(user.get("client-certificate-data"), "client-certificate-data", user_file),
+        key_data=_data(user.get("client-key-data"), "client-key-data", user_file),
+        token=user.get("token"),
+        token_file=_relative(user.get("tokenFile"), user_file),
+        exec_plugin=None
+        if not plugin
+        else ExecPlugin(
+            command=str(plugin["command"]),
+            args=tuple(str(a) for a in plugin.get("args") or ()),
+            env=tuple((str(e["name"]), str(e["value"])) for e in plugin.get("env") or ()),
+            api_version=str(plugin.get("apiVersion", ExecPlugin.api_version)),
+            base_dir=str(user_file.parent),
+        ),
+        as_user=user.get("as"),
+        as_groups=tuple(user.get("as-groups") or ()),
+        namespace=str(chosen.get("namespace") or "default"),
+        source=str(user_file),
+    )
+
+
+def credentials(
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    *,
+    as_user: str | None = None,
+    as_groups: Sequence[str] = (),
+) -> Credentials:
+    """From the given kubeconfig (or KUBECONFIG), else the in-cluster service account;
+    `as_user`/`as_groups` impersonate as kubectl's --as/--as-group do (they replace the
+    kubeconfig's own as/as-groups)."""
+    found = service_account() if in_cluster(kubeconfig) and context is None else from_kubeconfig(kubeconfig, context)
+    if as_user or as_groups:
+        found = replace(found, as_user=as_user, as_groups=tuple(as_groups))
+    return found
+
+
+def run_exec_plugin(plugin: ExecPlugin) -> ExecCredential:
+    """Run the plugin as client-go does (no terminal: interactive false) and read what it printed."""
+    info = {"apiVersion": plugin.api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
+    command = plugin.command
+    if os.sep in command and not os.path.isabs(command):
+        command = os.path.join(plugin.base_dir, command)
+    env = {**os.environ, **dict(plugin.env), "KUBERNETES_EXEC_INFO": json.dumps(info)}
+    try:
+        done = subprocess.run(
+            [command, *plugin.args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=EXEC_TIMEOUT_SECONDS,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise errors.KubeconfigInvalid(
+            f"the exec credential plugin {plugin.command!r} could not run: {error}"
+        ) from error
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip()[-500:]
+        raise errors.KubeconfigInvalid(
+            f"the exec credential plugin {plugin.command!r} exited with {done.returncode}: {said}"
+        )
+    try:
+        status = json.loads(done.stdout)["status"]
+        expires = status.get("expirationTimestamp")
+        certificate, key = status.get("clientCertificateData"), status.get("clientKeyData")
+        return ExecCredential(
+            token=status.get("token"),
+            certificate_data=certificate.encode() if certificate else None,
+            key_data=key.encode() if key else None,
+            expires=datetime.fromisoformat(expires.replace("Z", "+00:00")).timestamp() if expires else None,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise errors.KubeconfigInvalid(
+            f"the exec credential plugin {plugin.command!r} printed no ExecCredential status: {error}"
+        ) from error
+
+
+def ssl_context(found: Credentials, issued: ExecCredential | None = None) -> ssl.SSLContext:
+    """Trust the cluster's CA (or the system's), present the client certificate if there is one."""
+    if found.insecure:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    else:
+        context = ssl.create_default_context(
+            cafile=found.ca_file, cadata=found.ca_data.decode() if found.ca_data else None
+        )
+    certificate = (issued.certificate_data if issued else None) or found.certificate_data
+    key = (issued.key_data if issued else None) or found.key_data
+    if certificate and key:
+        # ssl loads a chain from files only: a private file that lives while it is read
+        with tempfile.TemporaryDirectory(prefix="undolog-tls-") as folder:
+            certificate_file, key_file = Path(folder, "tls.crt"), Path(folder, "tls.key")
+            certificate_file.write_bytes(certificate)
+            key_file.touch(mode=0o600)
+            key_file.write_bytes(key)
+            context.load_cert_chain(certificate_file, key_file)
+    elif found.certificate_file and found.key_file:
+        context.load_cert_chain(found.certificate_file, found.key_file)
+    return context
+
+
+@dataclass
+class TokenSource:
+    """The bearer token for the next request: fixed, from a file re-read each minute, or from an
+    exec plugin run again when it expires."""
+
+    found: Credentials
+    _token: str | None = None
+    _read_at: float = float("-inf")
+    _issued: ExecCredential | None = None
+
+    def __post_init__(self) -> None:
+        self._token = self.found.token
+
+    async def issued(self) -> ExecCredential | None:
+        """What the exec plugin gave, run again (in a thread: it may take seconds) when expired;
+        None without a plugin."""
+        plugin = self.found.exec_plugin
+        if plugin is None:
+            return None
+        if self._issued is None or (
+            self._issued.expires is not None and time.time() >= self._issued.expires - EXEC_EARLY_SECONDS
+        ):
+            self._issued = await asyncio.to_thread(run_exec_plugin, plugin)
+        return self._issued
+
+    def forget(self) -> None:
+        """The API refused the token (401): read or issue it again before the next request."""
+        self._issued, self._read_at = None, float("-inf")
+
+    async def token(self) -> str | None:
+        issued = await self.issued()
+        if issued is not None and issued.token:
+            return issued.token
+        if self.found.token_file and time.monotonic() - self._read_at >= TOKEN_FILE_REREAD_SECONDS:
+            try:
+                self._token = (await asyncio.to_thread(Path(self.found.token_file).read_text)).strip()
+            except OSError as error:
+                raise errors.KubeconfigInvalid(
+                    f"the token file {self.found.token_file} ({self.found.source}) cannot be read: {error}"
+                ) from error
+            self._read_at = time.monotonic()
+        return self._token
