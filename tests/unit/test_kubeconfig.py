@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,8 @@ import pytest
 import yaml
 
 from undolog import errors
-from undolog.kube import kubeconfig
+from undolog.kube import Kube, kubeconfig
+from undolog.kube.kopf_runtime import connection_info
 from undolog.kube.kubeconfig import TokenSource, credentials, default_namespace
 
 
@@ -216,3 +218,13 @@ def test_the_service_account_in_a_pod(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert found.server == "https://[::1]:443"
     assert (found.token_file, found.namespace) == (str(tmp_path / "token"), "undolog-system")
     assert default_namespace() == "undolog-system"
+
+
+async def test_kopf_logs_in_with_the_same_credentials_issued_again(tmp_path: Path) -> None:
+    """kopf asks at start and when its credentials expire or are refused: each time anew."""
+    kube = Kube(credentials(str(plugin_kubeconfig(tmp_path, expires_in=3600))))
+    first = await connection_info(kube)
+    assert (first.server, first.token) == ("https://127.0.0.1:6443", "token-1-payments-False")
+    assert first.expiration is not None
+    assert first.expiration.timestamp() > time.time() + 3000
+    assert (await connection_info(kube)).token == "token-2-payments-False"

@@ -189,9 +189,10 @@ class Kube:
     def server(self) -> str:
         return self.credentials.server
 
-    async def issued(self) -> tuple[str | None, ExecCredential | None]:
-        """The bearer token and the exec plugin's credential the next request would use
-        (kopf logs in with exactly these)."""
+    async def fresh_credentials(self) -> tuple[str | None, ExecCredential | None]:
+        """The bearer token and the exec plugin's credential, read or issued again: kopf logs in
+        with exactly these, at start and when its own expired or were refused."""
+        self._tokens.forget()
         return await self._tokens.token(), await self._tokens.issued()
 
     async def close(self) -> None:

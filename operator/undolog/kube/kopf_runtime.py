@@ -32,7 +32,7 @@ def configure_logging(log_format: str, verbose: bool) -> None:
 async def connection_info(kube: Kube) -> kopf.ConnectionInfo:
     """kopf asks again when its credentials expire or the API answers 401."""
     found = kube.credentials
-    token, issued = await kube.issued()
+    token, issued = await kube.fresh_credentials()
     certificate = (issued.certificate_data if issued else None) or found.certificate_data
     key = (issued.key_data if issued else None) or found.key_data
     expires = issued.expires if issued else None
