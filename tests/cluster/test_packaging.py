@@ -156,7 +156,8 @@ async def test_chart_installs_and_the_operator_works_with_only_its_rbac(
         await kube.create("sagas", namespace, saga("orch", steps))
         await saga_phase(kube, namespace, "orch", "Completed")
         events = await kube.request("GET", f"/api/v1/namespaces/{namespace}/events")
-        assert {"Failed", "CompensationRetry", "Active"} <= {e["reason"] for e in events["items"]}  # RBAC lets it post
+        # RBAC lets it post them (the orchestrated saga, quick, posts none: it was never written Active)
+        assert {"Failed", "CompensationRetry"} <= {e["reason"] for e in events["items"]}
         assert "forbidden" not in operator.log().lower()
     finally:
         operator.stop()

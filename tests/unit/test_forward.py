@@ -181,3 +181,52 @@ def test_forward_runs_in_order_until_the_first_failure(outcomes: list[str]) -> N
         assert sent[-1] == first_failure
     else:
         assert (move.phase, move.reason) == ("Halted", "ForwardRecoveryExhausted")
+
+
+# Steps so far: committed ones, then perhaps one not (yet) committed, as the forward path leaves them.
+progress = st.tuples(
+    st.integers(0, len(ORDER)), st.sampled_from([None, "Pending", "Executing", "Failed", "NotSent"])
+).map(lambda p: ["Committed"] * p[0] + ([p[1]] if p[1] and p[0] < len(ORDER) else []))
+
+
+@given(
+    progress,
+    st.floats(0, 5),
+    st.sampled_from([None, "Abort", "Commit"]),
+    st.booleans(),
+    st.sampled_from([None, 1]),
+)
+def test_steps_run_before_active_only_on_the_happy_path_and_only_for_a_moment(
+    effects_so_far: list[str], seconds: float, outcome: str | None, deleted: bool, deadline: int | None
+) -> None:
+    """Before its Active status is written, a saga only registers and sends steps, or completes;
+    a failure, an abort, a delete, a deadline, a pivot to mark or the moment gone start from
+    Active, written first, as they always did."""
+    spec: dict[str, Any] = {"activeDeadlineSeconds": deadline} if deadline else {}
+    if outcome:
+        spec["outcome"] = outcome
+    saga = orchestrated(None, **spec)  # type: ignore[arg-type]
+    if deleted:
+        saga.metadata.deletion_timestamp = NOW
+    entries = [entry(position, effect) for position, effect in enumerate(effects_so_far, start=1)]
+    at = NOW + timedelta(seconds=seconds)
+    move = phases.decide(saga, entries, at)
+    early = phases.steps_before_active(saga, entries, at)
+    assert move == (early or moves.Initialize())
+    if early is None:
+        return
+    assert at < NOW + phases.ACTIVE_WRITE_AFTER
+    assert outcome != "Abort"
+    assert not deleted
+    assert deadline is None or at < NOW + timedelta(seconds=deadline)
+    assert not any(e in ("Failed", "NotSent") for e in effects_so_far)
+    if isinstance(early, moves.Transition):
+        assert early.phase == SagaPhase.COMPLETED
+        assert effects_so_far == ["Committed"] * len(ORDER)
+    else:
+        assert isinstance(early, (moves.RegisterStep, moves.ExecuteStep))
+        assert "capture" not in [ORDER[i]["name"] for i, e in enumerate(effects_so_far) if e == "Committed"]
+
+
+def test_an_external_saga_is_initialized_at_first_sight() -> None:
+    assert phases.decide(make_saga(None), [], NOW) == moves.Initialize()

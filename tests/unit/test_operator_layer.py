@@ -8,6 +8,7 @@ import asyncio
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ from undolog.controller.recorded_call import IN_FLIGHT_MARK_AFTER, CallRecorder
 from undolog.controller.shard_labels import ShardLabels
 from undolog.controller.timeline import Timeline
 from undolog.conventions import BUCKET_LABEL, FINALIZER, bucket_of
+from undolog.decisions import phases
 from undolog.decisions.retry import CallOutcome
 from undolog.decisions.sharding import Shard
 from undolog.errors import CallRefusal
@@ -756,3 +758,61 @@ async def test_a_call_cut_off_by_a_lease_in_doubt_after_its_mark_is_sent_once_mo
     operator.transport.on_send = cut_once
     await operator.run_until("s", "Compensated", within=10)
     assert [c.headers["Undolog-Attempt"] for c in operator.transport.sent] == ["1", "1"]
+
+
+def fresh_orchestrated(operator: Operator, name: str, functions: list[str]) -> Body:
+    """An orchestrated saga as `kubectl apply` leaves it: just created, no status, no finalizer."""
+    steps = [
+        {"name": f"step{i}", "action": {"function": function}, "compensation": {"function": "undo"}}
+        for i, function in enumerate(functions, start=1)
+    ]
+    for function in set(functions):
+        operator.webhook(function)
+    return operator.kube.put(
+        "sagas",
+        {
+            "apiVersion": "undolog.io/v1alpha1",
+            "kind": "Saga",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"compensationPolicy": FAST, "steps": steps},
+        },
+    )
+
+
+async def test_a_quick_orchestrated_saga_costs_two_writes_a_step_and_three_of_its_own(operator: Operator) -> None:
+    """Its steps run before Active is written: Completed is its first status, and no Event is
+    posted for a start nobody could have watched."""
+    created = fresh_orchestrated(operator, "o", ["work", "work", "work"])
+    operator.kube.requests.clear()
+    done = await operator.drive("o")
+    assert done.status.phase == "Completed"
+    writes = [r for r in operator.kube.requests if r[0] in ("create", "patch", "patch-status")]
+    per_step = [("create", "undoentries"), ("patch-status", "undoentries")]
+    assert writes == [("patch", "sagas"), *per_step * 3, ("patch-status", "sagas"), ("patch", "sagas")]
+    assert done.status.start_time == Saga.model_validate(created).metadata.creation_timestamp
+    assert (done.status.stack_depth, done.status.completion_time is not None) == (3, True)
+    assert FINALIZER not in done.metadata.finalizers
+    assert [reason for _, reason, _ in operator.kube.events if reason == SagaPhase.ACTIVE] == []
+
+
+async def test_a_step_that_outlasts_the_moment_shows_its_saga_active_meanwhile(
+    operator: Operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(phases, "ACTIVE_WRITE_AFTER", timedelta(seconds=0.3))
+    fresh_orchestrated(operator, "o", ["slow", "work"])
+
+    async def slow(call: PreparedCall) -> None:
+        if call.target.url.endswith("/slow"):  # the call is held until the saga shows Active
+            phase = await eventually(
+                lambda: asyncio.sleep(0, operator.kube.body("sagas", NS, "o").get("status", {}).get("phase")),
+                lambda phase: phase == "Active",
+                5,
+                "Active written while the first step's call is in flight",
+            )
+            assert phase == "Active"
+
+    operator.transport.on_send = slow
+    done = await operator.drive("o")
+    assert done.status.phase == "Completed"
+    assert operator.transport.paths() == ["/slow", "/work"]
+    assert SagaPhase.ACTIVE in [reason for _, reason, _ in operator.kube.events]

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -41,6 +41,7 @@ from undolog.decisions.retry import operator_retry_seconds
 from undolog.ledger import newest
 
 log = logging.getLogger("undolog.driver")
+TOOK_CHARGE = "the operator took charge"
 COUNTER_INTERVAL = 5.0  # seconds between progress writes of stackDepth and compensatedCount
 NOT_LEADING_RECHECK = 1.0  # seconds before a driver that found the Lease in doubt looks again
 CALLS = (moves.CompensateEntries, moves.ExecuteStep, moves.DeliverEffect)  # moves that take time
@@ -242,7 +243,7 @@ class SagaDriver:
         outputs = rewind.outputs(parsed)
         match move:
             case moves.Initialize():
-                return await self.enter(saga, parsed, SagaPhase.ACTIVE, SagaReason.STARTED, "the operator took charge")
+                return await self.enter(saga, parsed, SagaPhase.ACTIVE, SagaReason.STARTED, TOOK_CHARGE)
             case moves.SyncMetadata(labels=labels, finalizers=finalizers):
                 return await ledger.write_saga_metadata(saga, labels=labels, finalizers=finalizers)
             case moves.UpdateDepth(stack_depth=depth):
@@ -270,9 +271,11 @@ class SagaDriver:
                 name = entry.metadata.name
                 first_send = name in self.never_sent
                 self.never_sent.discard(name)  # from here on an attempt may have left
-                entries[name] = await context.forwarder.execute(
-                    saga, entries[name], step, outputs, first_send=first_send
-                )
+                sending = context.forwarder.execute(saga, entries[name], step, outputs, first_send=first_send)
+                if saga.status.phase is None:
+                    entries[name], saga = await self.active_if_slow(saga, list(entries.values()), sending)
+                else:
+                    entries[name] = await sending
                 return await self.counted(saga, entries)
             case moves.MarkPivot():
                 timeline.record(
@@ -418,8 +421,11 @@ class SagaDriver:
         rewound: RewindStatus | None = None,
     ) -> SagaStatus:
         """The saga's status in its new phase."""
+        before = saga.status
+        if before.phase is None and phase != SagaPhase.ACTIVE:  # its steps ran before Active was written
+            before = before.model_copy(update={"start_time": saga.metadata.creation_timestamp})
         status = phases.with_phase(
-            saga.status, phase, reason=reason, message=message, now=now(), generation=saga.metadata.generation
+            before, phase, reason=reason, message=message, now=now(), generation=saga.metadata.generation
         )
         status = _with_counters(status, entries)
         if failed_step:
@@ -475,11 +481,32 @@ class SagaDriver:
         assert isinstance(written, Saga)
         return written
 
+    async def active_if_slow(
+        self, saga: Saga, entries: list[UndoEntry], sending: Awaitable[UndoEntry]
+    ) -> tuple[UndoEntry, Saga]:
+        """A step sent before the saga's Active status was written (phases.steps_before_active):
+        should its call outlast the moment, Active is written meanwhile, so that a saga never
+        shows no phase for as long as a slow participant takes."""
+        call = asyncio.ensure_future(sending)
+        try:
+            created = saga.metadata.creation_timestamp or now()
+            moment = (created + phases.ACTIVE_WRITE_AFTER - now()).total_seconds()
+            done, _ = await asyncio.wait({call}, timeout=max(moment, 0.0))
+            if not done:
+                try:
+                    saga = await self.enter(saga, entries, SagaPhase.ACTIVE, SagaReason.STARTED, TOOK_CHARGE)
+                except errors.KubeError as error:  # the next decision writes Active instead
+                    log.info("saga %s/%s: Active not written yet: %s", self.namespace, self.name, error.message)
+            return await call, saga
+        finally:
+            call.cancel()  # nothing when the call is over; a driver stopped takes its call with it
+
     async def counted(self, saga: Saga, entries: Entries) -> Saga:
         """Refresh stackDepth and compensatedCount after an entry moved, at most once per
         COUNTER_INTERVAL: fast sagas show their counts with the next phase, slow ones show
-        progress (STEPS and UNDONE in `kubectl get sagas`) while they run."""
-        if time.monotonic() - self.last_status_write < COUNTER_INTERVAL:
+        progress (STEPS and UNDONE in `kubectl get sagas`) while they run. A saga whose steps
+        run before its first phase is written gets its counts with that phase."""
+        if saga.status.phase is None or time.monotonic() - self.last_status_write < COUNTER_INTERVAL:
             return saga
         status = _with_counters(saga.status, list(entries.values()))
         if status == saga.status:

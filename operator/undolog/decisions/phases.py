@@ -50,12 +50,14 @@ from undolog.decisions.forward import effects_move, forward_move
 from undolog.decisions.moves import (
     CompensateEntries,
     EntryProof,
+    ExecuteStep,
     Initialize,
     Move,
     ProveEntries,
     RecordLateEntry,
     RefuseAnnotation,
     RefuseRewind,
+    RegisterStep,
     Retry,
     SkipEntry,
     SyncMetadata,
@@ -66,6 +68,8 @@ from undolog.decisions.moves import (
 
 TERMINAL: frozenset[SagaPhase] = frozenset({SagaPhase.COMPLETED, SagaPhase.COMPENSATED})
 FINAL: frozenset[SagaPhase] = TERMINAL | {SagaPhase.HALTED}  # nothing moves without a person
+# An orchestrated saga's steps start before Active is written, for this long after its creation.
+ACTIVE_WRITE_AFTER = timedelta(seconds=2)
 
 
 def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof = EntryProof.NONE) -> Move:
@@ -76,7 +80,7 @@ def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: Entry
         if FINALIZER not in meta.finalizers and meta.deletion_timestamp is None:
             labels = {k: v for k, v in desired_labels(saga, SagaPhase.ACTIVE).items() if meta.labels.get(k) != v}
             return SyncMetadata(labels, [*meta.finalizers, FINALIZER])
-        return Initialize()
+        return steps_before_active(saga, entries, now) or Initialize()
     annotation = annotation_move(saga, entries)
     if annotation is not None:
         return annotation
@@ -89,6 +93,25 @@ def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: Entry
     if not isinstance(move, Wait):
         return move
     return metadata_move(saga) or move
+
+
+def steps_before_active(saga: Saga, entries: Sequence[UndoEntry], now: datetime) -> Move | None:
+    """An orchestrated saga's steps, run before its Active status is written, within a moment of
+    its creation: most sagas finish within it, and Completed is then their first status write
+    (one saga write and its Active Event fewer). The finalizer is already held. Anything but a
+    step to register or send, or the completion (a failure, a pivot, a wait, a rewind, a
+    person's annotation, or the moment gone) is decided from Active, written first, as always."""
+    created = saga.metadata.creation_timestamp
+    if not saga.spec.steps or created is None or now >= created + ACTIVE_WRITE_AFTER:
+        return None
+    if rewind.requested(saga) is not None or annotation_move(saga, entries) is not None:
+        return None
+    move = forward_move(saga, entries, now, deadline_of(saga))
+    if isinstance(move, (RegisterStep, ExecuteStep)):
+        return move
+    if isinstance(move, Transition) and move.phase == SagaPhase.COMPLETED:
+        return move
+    return None
 
 
 # Why a saga fails: it then goes straight to Compensating, with the failure kept on its
