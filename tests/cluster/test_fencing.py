@@ -118,3 +118,22 @@ async def test_a_frozen_leader_resumed_after_a_hand_over_sends_nothing_new(
 
 async def _logged(operator: OperatorProcess, text: str) -> bool:
     return text in operator.log()
+
+
+async def test_a_stopped_operator_hands_its_lease_back_with_nothing_left_running(
+    kube: Kube, namespace: str, cluster: Cluster, tmp_path: Path
+) -> None:
+    """SIGTERM (a rollout, a drain): UndoLog's own work is stopped in kopf's cleanup, so that kopf
+    finds no task of ours still running (it would wait 5 s for them before exiting), and the
+    Lease is free when the process is gone, for a standby to take at once."""
+    operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path)
+    operator.start()
+    try:
+        await eventually(lambda: holder(kube, namespace), lambda h: h == operator.identity, 30, "leading")
+    finally:
+        operator.stop()
+    assert operator.process is not None
+    assert operator.process.returncode == 0
+    assert await holder(kube, namespace) == ""
+    log = operator.log()
+    assert "Hung tasks stopping is skipped: no tasks given" in log, log[-3000:]

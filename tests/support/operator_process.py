@@ -51,7 +51,7 @@ class OperatorProcess:
 
     @property
     def log_path(self) -> Path:
-        return self.log_dir / f"operator-{self.namespace}-{self.starts}.log"
+        return self.log_dir / f"operator-{self.namespace}-{self.identity}-{self.starts}.log"
 
     def start(self, timeout: float = 60.0) -> None:
         self.starts += 1

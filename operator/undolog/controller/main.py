@@ -140,9 +140,16 @@ async def run(options: OperatorOptions) -> None:
         if isinstance(saga, str) and saga:
             labels.file(plural, meta["namespace"], meta["name"], saga)
 
-    try:
-        await run_kopf(kube, options.namespaces, options.liveness_port, unfiled if len(shards) > 1 else None)
-    finally:
+    stopped = False
+
+    async def stop_own_work() -> None:
+        """Everything UndoLog runs stopped, its Leases handed back. kopf calls it as its cleanup:
+        kopf waits 5 s for any task started after it as "hung" before it exits, and every
+        engine, watch and driver was."""
+        nonlocal stopped
+        if stopped:
+            return
+        stopped = True
         for task in elections:
             task.cancel()
         await asyncio.gather(*elections, return_exceptions=True)
@@ -154,6 +161,17 @@ async def run(options: OperatorOptions) -> None:
             await leadership.release()
         await replicas.leave()
         await timeline.stop()
+
+    try:
+        await run_kopf(
+            kube,
+            options.namespaces,
+            options.liveness_port,
+            unfiled if len(shards) > 1 else None,
+            stop_own_work,
+        )
+    finally:
+        await stop_own_work()  # when kopf ended before its cleanup
         await runner.close()
         await kube.close()
 

@@ -9,7 +9,7 @@ kopf logs in with exactly the credentials of UndoLog's own client, and uses its 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,7 +63,7 @@ class NoDiffBase(kopf.DiffBaseStorage):
         raise AssertionError("UndoLog registers no change handlers, so kopf never stores a diff base")
 
 
-def registry(kube: Kube, unfiled: Unfiled | None) -> kopf.OperatorRegistry:
+def registry(kube: Kube, unfiled: Unfiled | None, cleanup: Callable[[], Awaitable[None]]) -> kopf.OperatorRegistry:
     handlers = kopf.OperatorRegistry()
     timeouts = kube.timeouts
 
@@ -82,6 +82,10 @@ def registry(kube: Kube, unfiled: Unfiled | None) -> kopf.OperatorRegistry:
     async def login(**_: Any) -> kopf.ConnectionInfo:
         return await connection_info(kube)
 
+    @kopf.on.cleanup(registry=handlers)
+    async def stop(**_: Any) -> None:
+        await cleanup()
+
     if unfiled is not None:
         register_unfiled(handlers, "sagas", unfiled)
         register_unfiled(handlers, "undoentries", unfiled)
@@ -96,10 +100,17 @@ def register_unfiled(handlers: kopf.OperatorRegistry, plural: Plural, unfiled: U
             unfiled(plural, dict(event["object"]))
 
 
-async def run_kopf(kube: Kube, namespaces: list[str], liveness_port: int | None, unfiled: Unfiled | None) -> None:
-    """Run until the process is told to stop (SIGTERM, SIGINT)."""
+async def run_kopf(
+    kube: Kube,
+    namespaces: list[str],
+    liveness_port: int | None,
+    unfiled: Unfiled | None,
+    cleanup: Callable[[], Awaitable[None]],
+) -> None:
+    """Run until the process is told to stop (SIGTERM, SIGINT); then `cleanup`, before kopf
+    looks for tasks left running."""
     await kopf.operator(
-        registry=registry(kube, unfiled),
+        registry=registry(kube, unfiled, cleanup),
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
