@@ -247,7 +247,9 @@ class Kube:
         """One request, its refusal raised as a KubeError; a 401 is tried once more with the
         credentials read again (a rotated token file, an expired exec credential)."""
         data = None if body is None else json.dumps(body)
-        bound = bound or aiohttp.ClientTimeout(total=self.timeouts.request, connect=self.timeouts.connect)
+        # sock_connect, not connect: aiohttp's connect timeout also counts the wait for one of the
+        # pool's connections, which under load is queueing, not an unreachable API.
+        bound = bound or aiohttp.ClientTimeout(total=self.timeouts.request, sock_connect=self.timeouts.connect)
         for attempt in (1, 2):
             headers, tls = await self._authorization()
             headers["Accept"] = accept
@@ -353,7 +355,7 @@ class Kube:
         }
         if label_selector:
             params["labelSelector"] = label_selector
-        bound = aiohttp.ClientTimeout(total=self.timeouts.watch_client, connect=self.timeouts.connect)
+        bound = aiohttp.ClientTimeout(total=self.timeouts.watch_client, sock_connect=self.timeouts.connect)
         async with self._exchange("GET", _custom_path(plural, namespace), params=params, bound=bound) as stream:
             with mapped():
                 async for line in stream.content:

@@ -1,0 +1,41 @@
+"""The API client against a local HTTP server (loopback): what it does under load."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from undolog.kube import Kube, Timeouts
+from undolog.kube.client import POOL_SIZE
+from undolog.kube.kubeconfig import Credentials
+
+
+@pytest.fixture
+async def slow_api() -> AsyncIterator[str]:
+    """An API that takes 0.5 s to answer each GET."""
+
+    async def answer(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.5)
+        return web.json_response({"metadata": {"name": request.match_info["name"]}})
+
+    app = web.Application()
+    app.router.add_get("/apis/undolog.io/v1alpha1/namespaces/ns/sagas/{name}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+async def test_requests_queued_for_a_pooled_connection_are_not_timed_out_as_unreachable(slow_api: str) -> None:
+    """More requests at once than the pool has connections: the rest wait for one, longer than
+    the connect timeout, and still succeed (only reaching the API is bounded by it)."""
+    async with Kube(Credentials(server=slow_api), Timeouts(connect=0.2)) as kube:
+        names = [f"s{i}" for i in range(POOL_SIZE + 20)]
+        got = await asyncio.gather(*(kube.get("sagas", "ns", name) for name in names))
+    assert [body["metadata"]["name"] for body in got] == names
