@@ -28,8 +28,9 @@ class Received:
     path: str
     headers: dict[str, str]
     body: Any
-    at: float  # time.monotonic() when the request arrived
+    at: float  # time.monotonic() when the request arrived (its body read)
     replied: int = 0  # the status answered; 0 for a connection reset without an answer
+    began: float = 0.0  # time.monotonic() when its request line and headers had been read
 
     @property
     def key(self) -> str:
@@ -87,6 +88,7 @@ class Participant:
                 self.wfile.write(payload)
 
             def do_POST(self) -> None:
+                began = time.monotonic()
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
                 if len(raw) < length:  # the caller stopped mid-request: no service acts on half a request
@@ -96,7 +98,8 @@ class Participant:
                     body = json.loads(raw) if raw else None
                 except ValueError:
                     body = raw.decode(errors="replace")
-                request = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body, time.monotonic())
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                request = Received(self.path, headers, body, time.monotonic(), began=began)
                 reply = participant._answer(request)
                 if reply.delay:
                     time.sleep(reply.delay)
