@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,8 +123,10 @@ def install_crds(kubeconfig: Path) -> None:
 
 @asynccontextmanager
 async def bench_cluster() -> AsyncIterator[Bench]:
-    with tempfile.TemporaryDirectory(prefix="undolog-bench-") as scratch:
-        work = Path(scratch)
+    """A fresh control plane in a work folder, deleted afterwards unless UNDOLOG_BENCH_KEEP=1
+    (then the operators' and the control plane's logs stay, to look into an odd figure)."""
+    work = Path(tempfile.mkdtemp(prefix="undolog-bench-"))
+    try:
         local: LocalControlPlane | None = None
         if os.environ.get("KUBECONFIG"):
             kubeconfig = Path(os.environ["KUBECONFIG"])
@@ -140,6 +143,11 @@ async def bench_cluster() -> AsyncIterator[Bench]:
         finally:
             if local is not None:
                 local.down()
+    finally:
+        if os.environ.get("UNDOLOG_BENCH_KEEP") == "1":
+            print(f"kept the work folder {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 class RemoteParticipant:
