@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -103,6 +103,21 @@ class Operator:
         await eventually(seen, lambda now: now == phase, within, f"saga {name} {phase}")
         driver.notify(None)
         await driver.task
+
+    def saga_write_lost_once(self, when: Callable[[Body], bool] = lambda patch: True) -> list[str]:
+        """The first saga status write whose patch matches `when` loses to another writer (409);
+        the returned list names the saga it happened to."""
+        plain = self.kube.patch_status
+        conflicts: list[str] = []
+
+        async def lost_once(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+            if plural == "sagas" and when(patch) and not conflicts:
+                conflicts.append(name)
+                raise errors.Conflict("the object has been modified", status=409)
+            return await plain(plural, namespace, name, patch)
+
+        self.kube.patch_status = lost_once  # type: ignore[method-assign]
+        return conflicts
 
     def state(self, name: str) -> tuple[str, str]:
         body = self.kube.body("undoentries", NS, name)
@@ -652,16 +667,7 @@ async def test_a_failure_write_that_conflicts_does_not_send_the_first_compensati
     saga = operator.saga("s", outcome="Abort")
     for position in (1, 2):
         operator.entry(saga, position)
-    plain = operator.kube.patch_status
-    conflicts: list[str] = []
-
-    async def lost_once(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
-        if plural == "sagas" and not conflicts:
-            conflicts.append(name)
-            raise errors.Conflict("the object has been modified", status=409)
-        return await plain(plural, namespace, name, patch)
-
-    operator.kube.patch_status = lost_once  # type: ignore[method-assign]
+    conflicts = operator.saga_write_lost_once()
     await operator.run_until("s", "Compensated", within=5)
     assert conflicts == ["s"]
     assert operator.undone() == [2, 1]
@@ -707,18 +713,12 @@ async def test_a_conflict_after_a_compensation_does_not_send_it_again(
     saga = operator.saga("s", outcome="Abort")
     for position in (1, 2):
         operator.entry(saga, position)
-    plain = operator.kube.patch_status
-    conflicts: list[str] = []
 
-    async def progress_lost_once(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+    def progress(patch: Body) -> bool:
         status = patch.get("status", {})
-        progress = status.get("phase") == "Compensating" and status.get("compensatedCount", 0) > 0
-        if plural == "sagas" and progress and not conflicts:
-            conflicts.append(name)
-            raise errors.Conflict("the object has been modified", status=409)
-        return await plain(plural, namespace, name, patch)
+        return bool(status.get("phase") == "Compensating" and status.get("compensatedCount", 0) > 0)
 
-    operator.kube.patch_status = progress_lost_once  # type: ignore[method-assign]
+    conflicts = operator.saga_write_lost_once(progress)
     await operator.run_until("s", "Compensated", within=5)
     assert conflicts == ["s"]
     assert operator.undone() == [2, 1]
