@@ -106,3 +106,26 @@ async def test_an_unreadable_entry_is_delivered_as_such() -> None:
     delivered = await follow(kube, index)
     assert delivered == [("UNREADABLE", "s-2"), ("CHANGED", "s-3")]
     assert sorted(index.of(("ns", "s"))) == ["s-3"]
+
+
+async def test_progress_reaches_a_revision_only_once_everything_up_to_it_was_applied() -> None:
+    index = EntryIndex()
+    kube = ScriptedKube(
+        listings=[([body(1, 5)], "10")],
+        streams=[[("ADDED", body(2, 11)), ("BOOKMARK", {"metadata": {"resourceVersion": "40"}})]],
+    )
+    watch = EntryWatch(kube, index, lambda event: None, None)  # type: ignore[arg-type]
+    at_delivery: list[tuple[int, int]] = []  # (progress, held entries) as each event is handed over
+    watch.deliver = lambda event: at_delivery.append((watch.progress.revision, len(index.of(("ns", "s")))))
+    await watch.sync()
+    assert watch.progress.revision == 10
+    waiting = [asyncio.create_task(watch.progress.reached(r, within=5)) for r in (11, 40)]
+    task = asyncio.create_task(watch.run())
+    try:
+        assert await asyncio.gather(*waiting) == [True, True]
+        assert at_delivery[-1] == (10, 2)  # s-2 was in the index before the progress passed it
+        assert watch.progress.revision == 40
+        assert not await watch.progress.reached(41, within=0.01)  # nothing more came
+        assert watch.progress._waiting == []  # a waiter that gave up is not kept
+    finally:
+        task.cancel()

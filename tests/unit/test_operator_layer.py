@@ -23,6 +23,7 @@ from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner
 from undolog.calls.transport import PreparedCall
 from undolog.calls.webhook_cache import WebhookCache
+from undolog.controller import driver as driver_module
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import DriverContext, Slot, wait_without_slot
 from undolog.controller.driver import SagaDriver, woken
@@ -38,6 +39,7 @@ from undolog.decisions.retry import CallOutcome
 from undolog.decisions.sharding import Shard
 from undolog.errors import CallRefusal
 from undolog.kube import Body, Plural
+from undolog.kube.watch import Progress
 from undolog.ledger import Ledger
 
 NS = "ns"
@@ -52,6 +54,7 @@ class Operator:
     fence: FixedFence
     context: DriverContext
     timeline: Timeline
+    watched: Progress | None = None  # the entry watch's progress (None: no watch shows every entry)
 
     def webhook(self, name: str) -> None:
         self.kube.put(
@@ -83,9 +86,10 @@ class Operator:
             self.context.index.keep(UndoEntry.model_validate(stored))
         return stored
 
-    async def drive(self, name: str) -> Saga:
+    async def drive(self, name: str, *, listed_before_entries: str | None = None) -> Saga:
         """One reconcile of the saga's driver, to the point where it would wait."""
         driver = SagaDriver(self.context, NS, name)
+        driver.listed_before_entries = listed_before_entries
         await driver.reconcile()
         await self.timeline.stop(drain_seconds=1)
         self.timeline.start()
@@ -103,6 +107,23 @@ class Operator:
         await eventually(seen, lambda now: now == phase, within, f"saga {name} {phase}")
         driver.notify(None)
         await driver.task
+
+    def watch_showing_entry_writes(self) -> Progress:
+        """An entry watch that is never behind: each entry write's echo is applied as it is made."""
+        progress = self.watched = Progress()
+        plain = self.kube.patch_status
+
+        async def echoed(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+            written = await plain(plural, namespace, name, patch)
+            if plural == "undoentries":
+                progress.advance(written["metadata"]["resourceVersion"])
+            return written
+
+        self.kube.patch_status = echoed  # type: ignore[method-assign]
+        return progress
+
+    def entry_lists(self) -> int:
+        return sum(1 for r in self.kube.requests if r == ("list", "undoentries"))
 
     def saga_write_lost_once(self, when: Callable[[Body], bool] = lambda patch: True) -> list[str]:
         """The first saga status write whose patch matches `when` loses to another writer (409);
@@ -145,8 +166,10 @@ async def operator() -> AsyncIterator[Operator]:
         slots=asyncio.Semaphore(10),
         phase_changed=lambda saga: None,
         fence=fence,
+        entries_seen=lambda namespace: None,
     )
     harness = Operator(kube, transport, fence, context, timeline)
+    context.entries_seen = lambda namespace: harness.watched
     harness.webhook("undo")
     yield harness
     await timeline.stop(drain_seconds=1)
@@ -180,6 +203,62 @@ async def test_an_entry_the_watch_has_not_delivered_is_still_compensated_first(o
     assert done.status.compensated_count == 2
     lists = [r for r in operator.kube.requests if r == ("list", "undoentries")]
     assert len(lists) == 2  # before the first call, and before declaring it Compensated
+
+
+async def test_the_entry_watch_past_the_last_write_proves_the_saga_compensated_without_a_second_list(
+    operator: Operator,
+) -> None:
+    operator.watch_showing_entry_writes()
+    saga = operator.saga("s", outcome="Abort")
+    for position in (1, 2, 3):
+        operator.entry(saga, position)
+    done = await operator.drive("s")
+    assert done.status.phase == "Compensated"
+    assert operator.undone() == [3, 2, 1]
+    assert operator.entry_lists() == 1  # before the first call only
+
+
+async def test_a_watch_that_does_not_reach_the_last_write_is_not_taken_as_proof(
+    operator: Operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch is stuck (an outage) while an entry is registered during the compensation: the
+    driver lists instead, finds it and compensates it before the saga is done."""
+    monkeypatch.setattr(driver_module, "WATCH_PROOF_WAIT", 0.05)
+    operator.watched = Progress()
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1)
+
+    def register_late(call: PreparedCall) -> None:
+        if not operator.transport.sent[:-1]:
+            operator.entry(saga, 2, indexed=False)
+
+    operator.transport.on_send = register_late
+    done = await operator.drive("s")
+    assert done.status.phase == "Compensated"
+    assert sorted(operator.undone()) == [1, 2]
+    assert operator.entry_lists() == 3  # before the first call, then twice more before Compensated
+
+
+async def test_the_listing_taken_on_taking_charge_proves_the_copy_listed_before_it(operator: Operator) -> None:
+    operator.watch_showing_entry_writes()
+    saga = operator.saga("s", outcome="Abort")
+    for position in (1, 2):
+        operator.entry(saga, position)
+    done = await operator.drive("s", listed_before_entries=saga["metadata"]["resourceVersion"])
+    assert done.status.phase == "Compensated"
+    assert operator.undone() == [2, 1]
+    assert operator.entry_lists() == 0
+
+
+async def test_a_failure_newer_than_the_listed_copy_is_proven_by_a_list_of_its_own(operator: Operator) -> None:
+    listed = operator.saga("s")
+    operator.watch_showing_entry_writes()
+    operator.entry(listed, 1)
+    aborted = operator.kube.put("sagas", {**listed, "spec": {**listed["spec"], "outcome": "Abort"}})  # since
+    operator.entry(aborted, 2, indexed=False)  # not delivered yet: only a LIST shows it
+    await operator.drive("s", listed_before_entries=listed["metadata"]["resourceVersion"])
+    assert operator.undone() == [2, 1]
+    assert operator.entry_lists() == 1
 
 
 async def test_an_entry_registered_during_compensation_is_compensated_before_the_saga_is_done(

@@ -122,6 +122,12 @@ class OwnerReference(Model):
     block_owner_deletion: bool | None = None
 
 
+def revision_of(version: str) -> int | None:
+    """A resourceVersion as the etcd revision it is; None when it is not one. Versions of one
+    resource are comparable this way (KEP-5504, GA in Kubernetes 1.35)."""
+    return int(version) if version.isascii() and version.isdigit() else None
+
+
 class ObjectMeta(Model):
     """The parts of metadata the operator reads and writes."""
 
@@ -140,8 +146,7 @@ class ObjectMeta(Model):
     @property
     def revision(self) -> int | None:
         """The resourceVersion as an etcd revision; None when it is not one (then: read again)."""
-        value = self.resource_version
-        return int(value) if value.isascii() and value.isdigit() else None
+        return revision_of(self.resource_version)
 
 
 class Resource(Model):

@@ -15,6 +15,7 @@ from undolog.controller.compensation import Compensator
 from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
 from undolog.controller.timeline import Timeline
+from undolog.kube.watch import Progress
 from undolog.ledger import Ledger
 
 
@@ -28,6 +29,8 @@ class DriverContext:
     slots: asyncio.Semaphore  # sagas reconciled at once: memory and fairness with thousands of sagas
     phase_changed: Callable[[Saga], None]  # the saga as just written in a new phase: the engine's gauges
     fence: Fence  # checked before every move: a replaced leader neither writes nor calls
+    # How far the watch that shows every entry of a namespace has come; None where no watch does.
+    entries_seen: Callable[[str], Progress | None]
 
 
 class Slot:

@@ -44,6 +44,7 @@ log = logging.getLogger("undolog.driver")
 TOOK_CHARGE = "the operator took charge"
 COUNTER_INTERVAL = 5.0  # seconds between progress writes of stackDepth and compensatedCount
 NOT_LEADING_RECHECK = 1.0  # seconds before a driver that found the Lease in doubt looks again
+WATCH_PROOF_WAIT = 5.0  # seconds a proof waits for the entry watch before it lists instead
 CALLS = (moves.CompensateEntries, moves.ExecuteStep, moves.DeliverEffect)  # moves that take time
 Entries = dict[str, UndoEntry]
 
@@ -81,6 +82,9 @@ class SagaDriver:
         self.lost: list[LostEntry] = []  # entries gone since the last reconcile, to be reported
         self.proof = EntryProof.NONE
         self.never_sent: set[str] = set()  # entries this driver created and has not yet sent
+        # The resourceVersion of the saga as the engine listed it on taking charge, just before it
+        # listed the entries: that listing proves what this copy needs proven.
+        self.listed_before_entries: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -210,8 +214,23 @@ class SagaDriver:
                 raise result
 
     async def prove(self, saga: Saga, entries: Entries) -> None:
-        """A consistent LIST of the saga's entries: the proof that none is missing. What the
-        index held and the listing lacks was deleted; what cannot be read is reported."""
+        """The proof that none of the saga's entries is missing, from the cheapest source that
+        gives it (a LIST scans every entry of the namespace in the apiserver: one per saga made
+        resuming 10,000 sagas quadratic):
+        - for the saga's copy listed on taking charge: the entry listing taken just after it;
+        - after calls: the entry watch, once it has applied its stream up to the saga's newest
+          entry write (made after the last call), which is as good as a LIST taken then;
+        - else a consistent LIST of the saga's entries. What the index held and the listing
+          lacks was deleted; what cannot be read is reported."""
+        if self.proof == EntryProof.NONE and saga.metadata.resource_version == self.listed_before_entries:
+            self.proof = EntryProof.STALE
+            return
+        if self.proof == EntryProof.STALE and await self.watched_past(entries):
+            held = self.context.index.of(self.key)
+            entries.clear()
+            entries.update((name, e) for name, e in held.items() if owned_by(e, saga.metadata.uid))
+            self.proof = EntryProof.FRESH
+            return
         listing = await self.context.ledger.entries_of(saga)
         for gone in self.context.index.replace(self.key, listing.entries):
             if owned_by(gone, saga.metadata.uid) and gone.status.state not in compensation_plan.SETTLED:
@@ -221,6 +240,17 @@ class SagaDriver:
         entries.clear()
         entries.update((e.metadata.name, e) for e in listing.entries)
         self.proof = EntryProof.FRESH
+
+    async def watched_past(self, entries: Entries) -> bool:
+        """Whether the watch of every entry of the namespace reaches the newest write of these
+        entries within WATCH_PROOF_WAIT (deletions and unreadable entries up to there have then
+        been reported to this driver too)."""
+        progress = self.context.entries_seen(self.namespace)
+        revisions = [e.metadata.revision for e in entries.values()]
+        if progress is None or not revisions:
+            return False
+        known = [r for r in revisions if r is not None]
+        return len(known) == len(revisions) and await progress.reached(max(known), WATCH_PROOF_WAIT)
 
     async def refused(self, move: moves.Move, saga: Saga, entries: list[UndoEntry], refused: errors.Invalid) -> Saga:
         """The API refused a write this move needs, and would refuse it again: never retried

@@ -28,7 +28,7 @@ from undolog.decisions import compensation_plan, phases, resolutions
 from undolog.decisions.sharding import Shard
 from undolog.errors import KubeError
 from undolog.kube import Body, Kube
-from undolog.kube.watch import OrderedWatch
+from undolog.kube.watch import OrderedWatch, Progress
 from undolog.ledger import Ledger, Unreadable
 
 log = logging.getLogger("undolog.engine")
@@ -61,6 +61,8 @@ class Engine:
     leading: bool = False  # True once `lead` has indexed the entries (and holds the Lease)
     watches: list[asyncio.Task[None]] = field(default_factory=list)
     index: EntryIndex = field(default_factory=EntryIndex)
+    entry_watches: dict[str | None, EntryWatch] = field(default_factory=dict)  # by namespace (None: all)
+    listed_before_entries: dict[SagaKey, str] = field(default_factory=dict)  # while taking charge
     context: DriverContext = field(init=False)
 
     def __post_init__(self) -> None:
@@ -73,30 +75,46 @@ class Engine:
             slots=self.slots,
             phase_changed=self.phase_seen,
             fence=self.fence,
+            entries_seen=self.entries_seen,
         )
 
     async def lead(self) -> None:
-        """Start driving the shard's sagas (at start, or on taking its Lease): index its entries
-        with one consistent listing and follow their watch from there, then list its sagas and
-        pick up every one that needs work (and every saga an entry says is owed something)."""
+        """Start driving the shard's sagas (at start, or on taking its Lease): list its sagas,
+        then index its entries with one consistent listing and follow both watches from there;
+        pick up every saga that needs work (and every saga an entry says is owed something).
+        With one shard, the entry listing proves the entries of whatever the saga listing shows
+        (a failure, a commit), having been taken after it: no saga lists its own to resume."""
         targets: list[str | None] = [*self.namespaces] or [None]
         selector = self.shard.selector()
-        entries = [EntryWatch(self.kube, self.index, self.entry_event, ns, selector, self._owned) for ns in targets]
+        self.entry_watches = {
+            ns: EntryWatch(self.kube, self.index, self.entry_event, ns, selector, self._owned) for ns in targets
+        }
         sagas = [
             OrderedWatch(self.kube, "sagas", ns, self.saga_event, self._sagas_relisted(ns), label_selector=selector)
             for ns in targets
         ]
-        listed = [entry for watch in entries for entry in await watch.sync()]
+        saga_listings = [await watch.listing() for watch in sagas]
+        listed = [event for watch in self.entry_watches.values() for event in await watch.sync()]
+        if selector is None:  # a label-selected listing lacks an entry not labelled yet: no proof
+            self.listed_before_entries = {
+                (meta["namespace"], meta["name"]): meta["resourceVersion"]
+                for items in saga_listings
+                for meta in (item["metadata"] for item in items)
+            }
         self.leading = True
         metrics.holding(+1)
-        for watch in sagas:
-            await watch.sync()
+        for watch, items in zip(sagas, saga_listings, strict=True):
+            watch.handed(items)
         self.watches = [
-            *(asyncio.create_task(w.run(), name=f"undo entries of {w.namespace or 'all'}") for w in entries),
+            *(
+                asyncio.create_task(w.run(), name=f"undo entries of {w.namespace or 'all'}")
+                for w in self.entry_watches.values()
+            ),
             *(asyncio.create_task(w.run(), name=f"sagas of {w.namespace or 'all'}") for w in sagas),
         ]
-        for entry in listed:
-            self.entry_event((entry, False))
+        for event in listed:
+            self.entry_event(event)
+        self.listed_before_entries = {}
 
     async def follow(self) -> None:
         """Another replica drives the shard now (it picks up where this one stopped)."""
@@ -241,8 +259,17 @@ class Engine:
 
     # -- drivers ----------------------------------------------------------------------------------
 
+    def entries_seen(self, namespace: str) -> Progress | None:
+        """How far the watch that shows every entry of `namespace` has come. None with several
+        shards: an entry not labelled yet (applied by hand) is in no shard's watch."""
+        if self.shard.selector() is not None:
+            return None
+        watch = self.entry_watches.get(namespace) or self.entry_watches.get(None)
+        return None if watch is None else watch.progress
+
     def _start(self, key: SagaKey) -> SagaDriver:
         driver = SagaDriver(self.context, *key)
+        driver.listed_before_entries = self.listed_before_entries.get(key)
         self.drivers[key] = driver
         driver.task = asyncio.create_task(self._run(key, driver), name=f"saga {key[0]}/{key[1]}")
         return driver
@@ -286,3 +313,4 @@ class Engine:
             await asyncio.gather(*tasks, return_exceptions=True)
         self.drivers.clear()
         self.watches.clear()
+        self.entry_watches.clear()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from undolog.api import UndoEntry
 from undolog.controller.entry_index import EntryIndex
 from undolog.kube import Body, Kube
-from undolog.kube.watch import OrderedWatch
+from undolog.kube.watch import OrderedWatch, Progress
 from undolog.ledger import Unreadable, parse_entry
 
 # (the entry, deleted?) for a readable entry; Unreadable for one the API took and UndoLog cannot use.
@@ -33,13 +33,19 @@ class EntryWatch:
             self.kube, "undoentries", self.namespace, self._event, self._relisted, label_selector=self.label_selector
         )
 
-    async def sync(self) -> list[UndoEntry]:
-        """List consistently and load the index; returns the readable entries listed."""
+    async def sync(self) -> list[EntryEvent]:
+        """List consistently and load the index; returns what was listed, as events."""
         listed = [parse_entry(body) for body in await self.stream.sync()]
-        return [e for e in listed if isinstance(e, UndoEntry) and self.owned(e)]
+        return [
+            e if isinstance(e, Unreadable) else (e, False) for e in listed if isinstance(e, Unreadable) or self.owned(e)
+        ]
 
     async def run(self) -> None:
         await self.stream.run()
+
+    @property
+    def progress(self) -> Progress:
+        return self.stream.progress
 
     def _event(self, kind: str, body: Body) -> None:
         parsed = parse_entry(body)

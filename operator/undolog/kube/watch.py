@@ -8,16 +8,56 @@ one for all), each event delivered before the next is read.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from undolog import errors
-from undolog.api.common import Plural
+from undolog.api.common import Plural, revision_of
 from undolog.kube.client import Body, Kube
 
 log = logging.getLogger("undolog.watch")
 RETRY_CAP_SECONDS = 2.0  # after an outage the stream is back within this of the API
+
+
+@dataclass
+class Progress:
+    """How far a watch has applied its stream: every change of a watched object up to `revision`
+    has been handed over (a listing, then events and bookmarks in revision order)."""
+
+    revision: int = 0
+    _waiting: list[tuple[int, int, asyncio.Future[None]]] = field(default_factory=list)  # a heap
+    _order: itertools.count[int] = field(default_factory=itertools.count)
+
+    def advance(self, version: str) -> None:
+        revision = revision_of(version)
+        if revision is None or revision <= self.revision:
+            return
+        self.revision = revision
+        while self._waiting and self._waiting[0][0] <= revision:
+            waiter = heapq.heappop(self._waiting)[2]
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def reached(self, revision: int, within: float) -> bool:
+        """Whether the stream reaches `revision` within `within` seconds."""
+        if revision <= self.revision:
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        mark = (revision, next(self._order), waiter)
+        heapq.heappush(self._waiting, mark)
+        try:
+            async with asyncio.timeout(within):
+                await waiter
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if mark in self._waiting:  # given up on (or cancelled): never kept by a stalled stream
+                self._waiting.remove(mark)
+                heapq.heapify(self._waiting)
 
 
 @dataclass
@@ -29,14 +69,24 @@ class OrderedWatch:
     relisted: Callable[[list[Body]], None]  # a fresh consistent listing (at start, and after a 410)
     label_selector: str | None = None
     version: str = ""  # the revision the stream has reached
+    progress: Progress = field(default_factory=Progress)  # how far what it handed over reaches
 
     async def sync(self) -> list[Body]:
         """List consistently and hand the listing over; returns it."""
+        items = await self.listing()
+        self.handed(items)
+        return items
+
+    async def listing(self) -> list[Body]:
+        """List consistently; the stream follows from there once the listing is `handed` over."""
         items, self.version = await self.kube.list_versioned(
             self.plural, self.namespace, label_selector=self.label_selector
         )
-        self.relisted(items)
         return items
+
+    def handed(self, items: list[Body]) -> None:
+        self.relisted(items)
+        self.progress.advance(self.version)
 
     async def run(self) -> None:
         """Follow the stream from where `sync` left it, forever: resume after the apiserver
@@ -55,6 +105,7 @@ class OrderedWatch:
                     if kind in ("ADDED", "MODIFIED", "DELETED"):
                         self.apply(kind, body)
                     self.version = body["metadata"]["resourceVersion"]
+                    self.progress.advance(self.version)
             except errors.Gone:
                 expired = True
             except errors.KubeError as error:
