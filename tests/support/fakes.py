@@ -101,6 +101,16 @@ class FakeKube:
             items.append(copy.deepcopy(body))
         return items, str(next(self._revision))
 
+    async def list_pages(
+        self,
+        plural: Plural,
+        namespace: str | None = None,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+    ) -> AsyncIterator[tuple[builtins.list[Body], str]]:
+        yield await self.list_versioned(plural, namespace, field_selector=field_selector, label_selector=label_selector)
+
     def watch(
         self, plural: Plural, namespace: str | None, version: str, *, label_selector: str | None = None
     ) -> AsyncIterator[tuple[str, Body]]:

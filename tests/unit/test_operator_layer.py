@@ -33,7 +33,7 @@ from undolog.controller.forward import Forwarder
 from undolog.controller.recorded_call import IN_FLIGHT_MARK_AFTER, CallRecorder
 from undolog.controller.shard_labels import ShardLabels
 from undolog.controller.timeline import Timeline
-from undolog.conventions import BUCKET_LABEL, FINALIZER, bucket_of
+from undolog.conventions import BUCKET_LABEL, FINALIZER, PHASE_LABEL, bucket_of
 from undolog.decisions import phases
 from undolog.decisions.retry import CallOutcome
 from undolog.decisions.sharding import Shard
@@ -687,6 +687,30 @@ async def test_a_saga_and_entry_labelled_into_the_wrong_shard_are_filed_where_th
     assert engine.drivers == {}
     await until_filed(operator.kube, [("sagas", name), ("undoentries", f"{name}-1")], str(bucket_of(NS, name)))
     assert operator.transport.sent == []
+
+
+async def test_the_entries_of_a_finished_saga_are_let_go_until_one_changes(operator: Operator) -> None:
+    """Memory: a Compensated saga's entries leave the index (a late one brings its saga back)."""
+    saga = operator.saga("s", phase="Compensated")
+    saga["metadata"].update(finalizers=[], labels={PHASE_LABEL: "compensated"})
+    operator.entry(saga, 1, state="Compensated")
+    engine = Engine(
+        operator.kube,  # type: ignore[arg-type]
+        operator.context.ledger,
+        operator.context.compensator,
+        operator.context.forwarder,
+        operator.timeline,
+        operator.fence,
+        index=operator.context.index,
+    )
+    engine.leading = True
+    engine.saga_event("MODIFIED", saga)
+    assert engine.index.of((NS, "s")) == {}
+    assert engine.drivers == {}
+    late = UndoEntry.model_validate(operator.entry(saga, 2))
+    engine.entry_event((late, False))
+    assert (NS, "s") in engine.drivers
+    await engine.stop()
 
 
 async def until_filed(kube: FakeKube, objects: list[tuple[Plural, str]], bucket: str) -> None:

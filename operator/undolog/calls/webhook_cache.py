@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from undolog.api import Webhook
 from undolog.kube import Body, Kube
-from undolog.kube.watch import OrderedWatch
+from undolog.kube.watch import OrderedWatch, as_body
 
 WebhookKey = tuple[str, str]  # (namespace, name)
 
@@ -34,7 +34,7 @@ class WebhookCache:
         """List consistently, then follow each stream in the background."""
         targets: list[str | None] = [*self.namespaces] or [None]
         for namespace in targets:
-            stream = OrderedWatch(self.kube, "webhooks", namespace, self._event, self._relisted(namespace))
+            stream = OrderedWatch(self.kube, "webhooks", namespace, as_body, self._event, self._relisted(namespace))
             await stream.sync()
             self.tasks.append(asyncio.create_task(stream.run(), name=f"webhooks of {namespace or 'all'}"))
 

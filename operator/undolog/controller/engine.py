@@ -28,7 +28,7 @@ from undolog.decisions import compensation_plan, phases, resolutions
 from undolog.decisions.sharding import Shard
 from undolog.errors import KubeError
 from undolog.kube import Body, Kube
-from undolog.kube.watch import OrderedWatch, Progress
+from undolog.kube.watch import OrderedWatch, Progress, as_body
 from undolog.ledger import Ledger, Unreadable
 
 log = logging.getLogger("undolog.engine")
@@ -59,6 +59,7 @@ class Engine:
     sagas: dict[SagaKey, Seen] = field(default_factory=dict)
     gauges: SagaGauges = field(default_factory=SagaGauges)
     leading: bool = False  # True once `lead` has indexed the entries (and holds the Lease)
+    taking_charge: bool = False  # while `lead` hands over what it listed
     watches: list[asyncio.Task[None]] = field(default_factory=list)
     index: EntryIndex = field(default_factory=EntryIndex)
     entry_watches: dict[str | None, EntryWatch] = field(default_factory=dict)  # by namespace (None: all)
@@ -90,18 +91,20 @@ class Engine:
             ns: EntryWatch(self.kube, self.index, self.entry_event, ns, selector, self._owned) for ns in targets
         }
         sagas = [
-            OrderedWatch(self.kube, "sagas", ns, self.saga_event, self._sagas_relisted(ns), label_selector=selector)
+            OrderedWatch(
+                self.kube, "sagas", ns, as_body, self.saga_event, self._sagas_relisted(ns), label_selector=selector
+            )
             for ns in targets
         ]
         saga_listings = [await watch.listing() for watch in sagas]
-        listed = [event for watch in self.entry_watches.values() for event in await watch.sync()]
+        unreadable = [u for watch in self.entry_watches.values() for u in await watch.sync()]
         if selector is None:  # a label-selected listing lacks an entry not labelled yet: no proof
             self.listed_before_entries = {
                 (meta["namespace"], meta["name"]): meta["resourceVersion"]
                 for items in saga_listings
                 for meta in (item["metadata"] for item in items)
             }
-        self.leading = True
+        self.leading = self.taking_charge = True
         metrics.holding(+1)
         for watch, items in zip(sagas, saga_listings, strict=True):
             watch.handed(items)
@@ -112,9 +115,18 @@ class Engine:
             ),
             *(asyncio.create_task(w.run(), name=f"sagas of {w.namespace or 'all'}") for w in sagas),
         ]
-        for event in listed:
+        # The entries of a saga that has no driver yet may give it work (one registered late, or
+        # one whose saga does not exist); a saga being driven has them already.
+        for key in self.index.sagas():
+            if key not in self.drivers:
+                for entry in self.index.of(key).values():
+                    self.entry_event((entry, False))
+        for event in unreadable:
             self.entry_event(event)
         self.listed_before_entries = {}
+        self.taking_charge = False
+        for key in list(self.sagas):
+            self._settled(key)
 
     async def follow(self) -> None:
         """Another replica drives the shard now (it picks up where this one stopped)."""
@@ -197,6 +209,8 @@ class Engine:
             driver.notify(saga)
         elif phases.needs_driver(saga):
             self._start(key).notify(saga)
+        else:
+            self._settled(key)
 
     def entry_event(self, event: EntryEvent) -> None:
         if isinstance(event, Unreadable):
@@ -283,6 +297,14 @@ class Engine:
         finally:
             if self.drivers.get(key) is driver:
                 del self.drivers[key]
+                self._settled(key)
+
+    def _settled(self, key: SagaKey) -> None:
+        """A Completed or Compensated saga needs its entries no more (8.5 KiB each, parsed): an
+        entry that changes later comes back with its event, and a driver proves the rest anew."""
+        seen = self.sagas.get(key)
+        if seen is not None and seen.phase in phases.TERMINAL and key not in self.drivers and not self.taking_charge:
+            self.index.forget(key)
 
     async def _orphans(self, key: SagaKey) -> None:
         """Entries that name a saga that does not exist (in their namespace) are owed by nobody:

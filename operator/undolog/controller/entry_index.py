@@ -3,8 +3,9 @@ leading, then by the watch's events, the operator's own write responses and the 
 that prove completeness.
 
 The index spares a LIST for everything that does not need proof (an Active saga's depth, a
-person's skip annotation, waking the right driver). It is never the proof that a saga's entries
-are all known: a watch can lag (decisions.phases explains what proves it).
+person's skip annotation, waking the right driver). What it holds is all of a saga's entries
+only as far as a proof shows (a listing, or the watch's progress past a revision: the driver's
+`prove` and docs/design.md say which).
 """
 
 from __future__ import annotations
@@ -13,24 +14,34 @@ from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 
 from undolog.api import UndoEntry
-from undolog.ledger import newest
 
 SagaKey = tuple[str, str]
 TOMBSTONES = 10_000
+# An entry as held: its revision and its JSON. Parsed, an entry is ~8.5 KiB of Python objects;
+# as JSON ~1.2 KiB, and 10,000 sagas hold 30,000 entries. Parsing one again takes ~20 us.
+Held = tuple[int | None, str]
 
 
 @dataclass
 class EntryIndex:
-    _by_saga: dict[SagaKey, dict[str, UndoEntry]] = field(default_factory=lambda: defaultdict(dict))
+    _by_saga: dict[SagaKey, dict[str, Held]] = field(default_factory=lambda: defaultdict(dict))
     # Deleted entries' last revision, so an older copy a driver still holds cannot bring one
     # back; the oldest are dropped past TOMBSTONES (such copies live for one reconcile).
     _deleted: OrderedDict[tuple[str, str], int] = field(default_factory=OrderedDict)
 
-    def held(self, namespace: str | None) -> list[UndoEntry]:
-        """Every entry held, of one namespace or of all."""
+    def absent(self, namespace: str | None, listed: set[tuple[str, str]]) -> list[UndoEntry]:
+        """The entries held, of one namespace or of all, whose (namespace, name) is not in `listed`."""
         return [
-            entry for (ns, _), entries in self._by_saga.items() if namespace in (None, ns) for entry in entries.values()
+            _parsed(held)
+            for (ns, _), entries in self._by_saga.items()
+            if namespace in (None, ns)
+            for name, held in entries.items()
+            if (ns, name) not in listed
         ]
+
+    def sagas(self) -> list[SagaKey]:
+        """The sagas whose entries are held."""
+        return [key for key, entries in self._by_saga.items() if entries]
 
     def deleted(self, entry: UndoEntry) -> None:
         namespace, name = entry.key
@@ -40,28 +51,35 @@ class EntryIndex:
             self._deleted.popitem(last=False)
 
     def keep(self, entry: UndoEntry) -> None:
-        """A copy of an entry (from a listing, an event or a write response), if it is newer."""
+        """A copy of an entry (from a listing, an event or a write response), if it is newer
+        (when the revisions cannot be ordered, the copy just seen)."""
         gone = self._deleted.get(entry.key)
         revision = entry.metadata.revision
         if gone is not None and (revision is None or revision <= gone):
             return  # a copy from before its deletion
         entries = self._by_saga[(entry.metadata.namespace, entry.spec.saga)]
         held = entries.get(entry.metadata.name)
-        entries[entry.metadata.name] = newest(entry, held) or entry
+        if held is not None and held[0] is not None and revision is not None and held[0] >= revision:
+            return
+        entries[entry.metadata.name] = (revision, entry.model_dump_json(by_alias=True))
 
     def replace(self, key: SagaKey, listed: list[UndoEntry]) -> list[UndoEntry]:
         """A saga's entries as just listed: what the listing lacks is gone (returned: deleted,
         perhaps before the watch says so), the rest newest wins."""
         names = {entry.metadata.name for entry in listed}
         held = self._by_saga[key]
-        gone = [held.pop(name) for name in [n for n in held if n not in names]]
+        gone = [_parsed(held.pop(name)) for name in [n for n in held if n not in names]]
         for entry in listed:
             self.keep(entry)
         return gone
 
     def of(self, key: SagaKey) -> dict[str, UndoEntry]:
-        return dict(self._by_saga.get(key, {}))
+        return {name: _parsed(held) for name, held in self._by_saga.get(key, {}).items()}
 
     def forget(self, key: SagaKey) -> None:
         """The saga is gone: so are its entries (the garbage collector removes them)."""
         self._by_saga.pop(key, None)
+
+
+def _parsed(held: Held) -> UndoEntry:
+    return UndoEntry.model_validate_json(held[1])

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from undolog.api import UndoEntry
 from undolog.controller.entry_index import EntryIndex
-from undolog.kube import Body, Kube
+from undolog.kube import Kube
 from undolog.kube.watch import OrderedWatch, Progress
 from undolog.ledger import Unreadable, parse_entry
 
@@ -26,19 +26,42 @@ class EntryWatch:
     namespace: str | None  # None: all namespaces
     label_selector: str | None = None  # the shard's buckets (None: one shard, everything)
     owned: Callable[[UndoEntry], bool] = lambda _: True
-    stream: OrderedWatch = field(init=False)
+    stream: OrderedWatch[UndoEntry | Unreadable] = field(init=False)
 
     def __post_init__(self) -> None:
         self.stream = OrderedWatch(
-            self.kube, "undoentries", self.namespace, self._event, self._relisted, label_selector=self.label_selector
+            self.kube,
+            "undoentries",
+            self.namespace,
+            parse_entry,
+            self._event,
+            lambda _: None,
+            label_selector=self.label_selector,
+            relist=self.sync,
         )
 
-    async def sync(self) -> list[EntryEvent]:
-        """List consistently and load the index; returns what was listed, as events."""
-        listed = [parse_entry(body) for body in await self.stream.sync()]
-        return [
-            e if isinstance(e, Unreadable) else (e, False) for e in listed if isinstance(e, Unreadable) or self.owned(e)
-        ]
+    async def sync(self) -> list[Unreadable]:
+        """List consistently and bring the index up to it, each page as it comes (30,000
+        entries parsed at once were ~250 MiB). Entries held that the listing lacks were deleted
+        while no stream was open: delivered as deletions (so a pending one is reported on its
+        saga); the rest as changes, which wakes the sagas whose entries changed unseen. Returns
+        the entries listed that cannot be read (delivered too)."""
+        listed: set[tuple[str, str]] = set()
+        unreadable: list[Unreadable] = []
+        async for page in self.stream.pages():
+            for parsed in page:
+                if isinstance(parsed, Unreadable):
+                    unreadable.append(parsed)
+                    self.deliver(parsed)
+                elif self.owned(parsed):
+                    listed.add(parsed.key)
+                    self.index.keep(parsed)
+                    self.deliver((parsed, False))
+        for entry in self.index.absent(self.namespace, listed):
+            self.index.deleted(entry)
+            self.deliver((entry, True))
+        self.stream.progress.advance(self.stream.version)
+        return unreadable
 
     async def run(self) -> None:
         await self.stream.run()
@@ -47,8 +70,7 @@ class EntryWatch:
     def progress(self) -> Progress:
         return self.stream.progress
 
-    def _event(self, kind: str, body: Body) -> None:
-        parsed = parse_entry(body)
+    def _event(self, kind: str, parsed: UndoEntry | Unreadable) -> None:
         if isinstance(parsed, Unreadable):
             self.deliver(parsed)
             return
@@ -60,18 +82,3 @@ class EntryWatch:
         else:
             self.index.keep(parsed)
         self.deliver((parsed, deleted))
-
-    def _relisted(self, items: list[Body]) -> None:
-        """Entries held that the listing lacks were deleted while no stream was open: delivered
-        as deletions (so a pending one is reported on its saga); the rest as changes, which
-        wakes the sagas whose entries changed unseen."""
-        listed = [p for p in map(parse_entry, items) if isinstance(p, Unreadable) or self.owned(p)]
-        names = {e.key for e in listed if isinstance(e, UndoEntry)}
-        for entry in self.index.held(self.namespace):
-            if entry.key not in names:
-                self.index.deleted(entry)
-                self.deliver((entry, True))
-        for parsed in listed:
-            if isinstance(parsed, UndoEntry):
-                self.index.keep(parsed)
-            self.deliver(parsed if isinstance(parsed, Unreadable) else (parsed, False))

@@ -13,10 +13,11 @@ from undolog.api import Effect, RewindStatus, SagaPhase, SagaReason, Step, UndoE
 class EntryProof(StrEnum):
     """How far the entries the driver holds are known to be all of the saga's entries.
 
-    Only a consistent LIST of the saga's entries, taken after the saga failed, proves it (never
-    a watch's progress). FRESH: listed since the last call was made, nothing could have been
-    missed since. STALE: listed after the failure, calls made since. NONE: not listed since the
-    failure (or the driver just started)."""
+    Only a consistent listing taken after the saga failed proves it, or the entry watch once it
+    has applied its stream past a revision written after that (never a guess at how far a watch
+    has come). FRESH: proven since the last call was made, nothing could have been missed since.
+    STALE: proven after the failure, calls made since. NONE: not proven since the failure (or the
+    driver just started)."""
 
     NONE = "None"
     STALE = "Stale"

@@ -7,10 +7,11 @@ Active -> Rewinding -> Active (or Halted) when spec.rewind asks for a partial ro
 then asks again with what it got back, until the answer is to wait.
 
 Completeness: a saga's entries reach the operator by a watch, which can lag (after an outage
-it may be seconds behind). So no compensation starts until a consistent LIST taken after the
-failure has shown every entry (EntryProof.STALE or better: LIFO holds from the top of the real
-stack), and the saga becomes Compensated, releasing its finalizer, only on a LIST taken after
-the last call (EntryProof.FRESH): every entry registered for it is compensated or skipped.
+it may be seconds behind). So no compensation starts until a proof taken after the failure has
+shown every entry (EntryProof.STALE or better: LIFO holds from the top of the real stack), and
+the saga becomes Compensated, releasing its finalizer, only on a proof taken after the last call
+(EntryProof.FRESH): every entry registered for it is compensated or skipped. A proof is a
+consistent listing, or the watch's progress past a revision (docs/design.md says when).
 """
 
 from __future__ import annotations

@@ -324,8 +324,25 @@ class Kube:
     ) -> tuple[builtins.list[Body], str]:
         """`list`, with the resourceVersion the listing is consistent at (that of its first page)."""
         items: list[Body] = []
-        token: str | None = None
         version = ""
+        async for page, at in self.list_pages(
+            plural, namespace, field_selector=field_selector, label_selector=label_selector
+        ):
+            items.extend(page)
+            version = version or at
+        return items, version
+
+    async def list_pages(
+        self,
+        plural: Plural,
+        namespace: str | None = None,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+    ) -> AsyncIterator[tuple[builtins.list[Body], str]]:
+        """A consistent listing page by page (500 objects), each with its resourceVersion (the
+        first page's is the listing's): a caller can make each page smaller before the next."""
+        token: str | None = None
         while True:
             params = {"limit": "500"}
             if token:
@@ -335,11 +352,11 @@ class Kube:
             if label_selector:
                 params["labelSelector"] = label_selector
             page = await self.request("GET", _custom_path(plural, namespace), params=params)
-            items.extend(trimmed(item) for item in page.get("items") or [])
-            version = version or page.get("metadata", {}).get("resourceVersion", "")
-            token = page.get("metadata", {}).get("continue")
+            meta = page.get("metadata", {})
+            yield [trimmed(item) for item in page.get("items") or []], meta.get("resourceVersion", "")
+            token = meta.get("continue")
             if not token:
-                return items, version
+                return
 
     async def watch(
         self, plural: Plural, namespace: str | None, version: str, *, label_selector: str | None = None

@@ -11,8 +11,9 @@ import asyncio
 import heapq
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from undolog import errors
 from undolog.api.common import Plural, revision_of
@@ -60,31 +61,45 @@ class Progress:
                 heapq.heapify(self._waiting)
 
 
+T = TypeVar("T")
+
+
+def as_body(body: Body) -> Body:
+    return body
+
+
 @dataclass
-class OrderedWatch:
+class OrderedWatch(Generic[T]):
     kube: Kube
     plural: Plural
     namespace: str | None  # None: all namespaces
-    deliver: Callable[[str, Body], None]  # each event, in order: ADDED, MODIFIED or DELETED
-    relisted: Callable[[list[Body]], None]  # a fresh consistent listing (at start, and after a 410)
+    parse: Callable[[Body], T]  # each object once, as it arrives (a listing page by page)
+    deliver: Callable[[str, T], None]  # each event, in order: ADDED, MODIFIED or DELETED
+    relisted: Callable[[list[T]], None]  # a fresh consistent listing (at start, and after a 410)
     label_selector: str | None = None
+    relist: Callable[[], Awaitable[object]] | None = None  # after a 410 (None: `sync`)
     version: str = ""  # the revision the stream has reached
     progress: Progress = field(default_factory=Progress)  # how far what it handed over reaches
 
-    async def sync(self) -> list[Body]:
+    async def sync(self) -> list[T]:
         """List consistently and hand the listing over; returns it."""
         items = await self.listing()
         self.handed(items)
         return items
 
-    async def listing(self) -> list[Body]:
+    async def listing(self) -> list[T]:
         """List consistently; the stream follows from there once the listing is `handed` over."""
-        items, self.version = await self.kube.list_versioned(
-            self.plural, self.namespace, label_selector=self.label_selector
-        )
-        return items
+        return [item async for page in self.pages() for item in page]
 
-    def handed(self, items: list[Body]) -> None:
+    async def pages(self) -> AsyncIterator[list[T]]:
+        """A consistent listing, page by page; the stream follows from where it ends."""
+        version = ""
+        async for page, at in self.kube.list_pages(self.plural, self.namespace, label_selector=self.label_selector):
+            version = version or at
+            yield [self.parse(body) for body in page]
+        self.version = version
+
+    def handed(self, items: list[T]) -> None:
         self.relisted(items)
         self.progress.advance(self.version)
 
@@ -96,7 +111,7 @@ class OrderedWatch:
         while True:
             try:
                 if expired:
-                    await self.sync()
+                    await (self.relist or self.sync)()
                     expired = False
                 async for kind, body in self.kube.watch(
                     self.plural, self.namespace, self.version, label_selector=self.label_selector
@@ -117,7 +132,7 @@ class OrderedWatch:
     def apply(self, kind: str, body: Body) -> None:
         """One event; one that cannot be handled is logged, never the end of the watch."""
         try:
-            self.deliver(kind, body)
+            self.deliver(kind, self.parse(body))
         except Exception:
             meta = body.get("metadata", {})
             log.exception("the %s event of %s %s/%s could not be handled", kind, self.plural, *named(meta))
