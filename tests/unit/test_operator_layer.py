@@ -250,6 +250,30 @@ async def test_the_listing_taken_on_taking_charge_proves_the_copy_listed_before_
     assert operator.entry_lists() == 0
 
 
+async def test_a_saga_aborted_before_its_first_status_is_resumed_without_a_list_or_an_active_write(
+    operator: Operator,
+) -> None:
+    operator.watch_showing_entry_writes()
+    saga = operator.saga("s", phase=None, outcome="Abort")  # aborted while no operator ran
+    for position in (1, 2, 3):
+        operator.entry(saga, position)
+    phases_written: list[str] = []
+    plain = operator.kube.patch_status
+
+    async def recorded(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+        if plural == "sagas":
+            phases_written.append(patch["status"]["phase"])
+        return await plain(plural, namespace, name, patch)
+
+    operator.kube.patch_status = recorded  # type: ignore[method-assign]
+    done = await operator.drive("s", listed_before_entries=saga["metadata"]["resourceVersion"])
+    assert done.status.phase == "Compensated"
+    assert done.status.start_time == done.metadata.creation_timestamp
+    assert operator.undone() == [3, 2, 1]
+    assert phases_written == ["Compensating", "Compensated"]
+    assert operator.entry_lists() == 0
+
+
 async def test_a_failure_newer_than_the_listed_copy_is_proven_by_a_list_of_its_own(operator: Operator) -> None:
     listed = operator.saga("s")
     operator.watch_showing_entry_writes()

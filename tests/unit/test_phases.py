@@ -75,6 +75,20 @@ def test_first_sight_holds_the_finalizer_then_initializes_then_labels() -> None:
     assert phases.decide(active, [], NOW) == moves.SyncMetadata({PHASE_LABEL: "active"}, [FINALIZER])
 
 
+def test_a_saga_that_failed_before_its_first_status_goes_straight_to_compensating() -> None:
+    """Aborted while the operator was down: no Active write first (a proof of its entries still)."""
+    entries = [make_entry(1), make_entry(2)]
+    aborted = make_saga(None, outcome="Abort")
+    assert phases.decide(aborted, entries, NOW) == moves.ProveEntries()
+    move = phases.decide(aborted, entries, NOW, EntryProof.STALE)
+    assert isinstance(move, moves.Transition)
+    assert (move.phase, move.reason) == (SagaPhase.COMPENSATING, SagaReason.ABORTED)
+    late = make_saga(None, activeDeadlineSeconds=60)
+    assert isinstance(phases.decide(late, entries, NOW + timedelta(seconds=61), EntryProof.STALE), moves.Transition)
+    orchestrated = make_saga(None, outcome="Abort", steps=[{"name": "a", "action": {"function": "f"}}])
+    assert isinstance(phases.decide(orchestrated, [], NOW + timedelta(seconds=5)), moves.Initialize)
+
+
 def test_active_saga_moves() -> None:
     # A failure is written with the start of its compensation, once a LIST has shown every entry.
     assert phases.decide(make_saga(outcome="Abort"), [], NOW) == moves.ProveEntries()

@@ -81,7 +81,9 @@ def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: Entry
         if FINALIZER not in meta.finalizers and meta.deletion_timestamp is None:
             labels = {k: v for k, v in desired_labels(saga, SagaPhase.ACTIVE).items() if meta.labels.get(k) != v}
             return SyncMetadata(labels, [*meta.finalizers, FINALIZER])
-        return steps_before_active(saga, entries, now) or Initialize()
+        return (
+            steps_before_active(saga, entries, now) or failed_before_active(saga, entries, now, proof) or Initialize()
+        )
     annotation = annotation_move(saga, entries)
     if annotation is not None:
         return annotation
@@ -113,6 +115,16 @@ def steps_before_active(saga: Saga, entries: Sequence[UndoEntry], now: datetime)
     if isinstance(move, Transition) and move.phase == SagaPhase.COMPLETED:
         return move
     return None
+
+
+def failed_before_active(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof) -> Move | None:
+    """An agent's saga that failed before the operator first wrote its status (aborted while the
+    operator was down): Compensating is its first status, the failure on its conditions as from
+    Active. One saga write fewer, and the listing taken on taking charge proves its entries."""
+    if saga.spec.steps:
+        return None
+    failure = failure_of(saga, now)
+    return None if failure is None else failing(failure, entries, proof)
 
 
 # Why a saga fails: it then goes straight to Compensating, with the failure kept on its
