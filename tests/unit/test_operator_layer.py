@@ -67,7 +67,7 @@ class Operator:
             },
         )
 
-    def saga(self, name: str, phase: str = "Active", **spec: Any) -> Body:
+    def saga(self, name: str, phase: str | None = "Active", **spec: Any) -> Body:
         return self.kube.put(
             "sagas",
             {
