@@ -39,3 +39,35 @@ async def test_requests_queued_for_a_pooled_connection_are_not_timed_out_as_unre
         names = [f"s{i}" for i in range(POOL_SIZE + 20)]
         got = await asyncio.gather(*(kube.get("sagas", "ns", name) for name in names))
     assert [body["metadata"]["name"] for body in got] == names
+
+
+async def test_a_client_apart_does_not_wait_for_the_connections_the_others_hold() -> None:
+    """Lease renewals go over a pool of their own: with every connection of the shared pool
+    held by requests the API has not answered (and more queued), a request apart is answered."""
+    gate = asyncio.Event()
+
+    async def answer(request: web.Request) -> web.Response:
+        if request.match_info["name"] != "lease":
+            await gate.wait()
+        return web.json_response({"metadata": {"name": request.match_info["name"]}})
+
+    app = web.Application()
+    app.router.add_get("/apis/undolog.io/v1alpha1/namespaces/ns/sagas/{name}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with Kube(Credentials(server=f"http://127.0.0.1:{port}")) as kube:
+            held = [asyncio.ensure_future(kube.get("sagas", "ns", f"s{i}")) for i in range(POOL_SIZE + 5)]
+            async with kube.apart() as leases:
+                lease = await asyncio.wait_for(leases.get("sagas", "ns", "lease"), timeout=10)
+            assert not any(request.done() for request in held)  # the shared pool was full all along
+            with pytest.raises(TimeoutError):  # what the shared pool would have done
+                await asyncio.wait_for(kube.get("sagas", "ns", "lease"), timeout=0.5)
+            gate.set()
+            await asyncio.gather(*held)
+        assert lease["metadata"]["name"] == "lease"
+    finally:
+        await runner.cleanup()

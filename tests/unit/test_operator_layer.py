@@ -285,6 +285,23 @@ async def test_a_failure_newer_than_the_listed_copy_is_proven_by_a_list_of_its_o
     assert operator.entry_lists() == 1
 
 
+async def test_a_driver_holds_the_newest_copy_of_its_saga_as_it_was(operator: Operator) -> None:
+    """Memory: the copy a driver holds is kept as JSON; what it gives back equals what it was given."""
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1)
+    done = await operator.drive("s")  # conditions, times, counters: a full status
+    driver = SagaDriver(operator.context, NS, "s")
+
+    def at(version: str) -> Saga:
+        return done.model_copy(update={"metadata": done.metadata.model_copy(update={"resource_version": version})})
+
+    driver.notify(done)
+    driver.notify(at("1"))  # an older event arriving late
+    assert driver.latest == done
+    assert driver.keep_newest(at("not-a-number")) is None  # cannot be ordered: read again
+    assert driver.latest is None
+
+
 async def test_an_entry_registered_during_compensation_is_compensated_before_the_saga_is_done(
     operator: Operator,
 ) -> None:

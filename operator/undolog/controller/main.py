@@ -90,8 +90,9 @@ async def run(options: OperatorOptions) -> None:
     labels = ShardLabels(ledger)
     slots, gauges = asyncio.Semaphore(options.max_concurrent_sagas), SagaGauges()
     shards = all_shards(options.shards)
-    leaderships = [Leadership(kube, options.lease.of_shard(shard), me) for shard in shards]
-    replicas = Replicas(kube, options.lease, me, leaderships)
+    leases = kube.apart()
+    leaderships = [Leadership(leases, options.lease.of_shard(shard), me) for shard in shards]
+    replicas = Replicas(leases, options.lease, me, leaderships)
     engines = [
         Engine(
             kube,
@@ -174,6 +175,7 @@ async def run(options: OperatorOptions) -> None:
         await stop_own_work()  # when kopf ended before its cleanup
         await runner.close()
         await kube.close()
+        await leases.close()
 
 
 async def staggered(delay: float, election: Callable[[], Coroutine[Any, Any, None]]) -> None:

@@ -189,6 +189,14 @@ class Kube:
     def server(self) -> str:
         return self.credentials.server
 
+    def apart(self) -> Kube:
+        """The same user over a pool of connections of its own: Lease renewals never wait for one
+        of the connections the sagas' requests hold (at 10,000 sagas every renewal came late, and
+        a holder whose renewal is late sends nothing until the next)."""
+        other = Kube(self.credentials, self.timeouts)
+        other._tokens = self._tokens
+        return other
+
     async def fresh_credentials(self) -> tuple[str | None, ExecCredential | None]:
         """The bearer token and the exec plugin's credential, read or issued again: kopf logs in
         with exactly these, at start and when its own expired or were refused."""
