@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Received
 
+from undolog.controller.leadership import LeaseSettings
 from undolog.kube import Kube
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +75,15 @@ class Bench:
         return name
 
     def operator(self, namespace: str) -> OperatorProcess:
-        process = OperatorProcess(self.kubeconfig, namespace, self.work / "logs", extra_args=())
+        """An operator as installed: its default Lease (15 s), not the tests' short one (4 s),
+        which a loaded apiserver renews late often enough to pause the operator's sending."""
+        process = OperatorProcess(
+            self.kubeconfig,
+            namespace,
+            self.work / "logs",
+            extra_args=(),
+            lease_seconds=LeaseSettings(namespace).lease_seconds,
+        )
         process.start()
         return process
 
