@@ -296,8 +296,14 @@ async def test_a_driver_holds_the_newest_copy_of_its_saga_as_it_was(operator: Op
         return done.model_copy(update={"metadata": done.metadata.model_copy(update={"resource_version": version})})
 
     driver.notify(done)
+    driver._shrink()  # as while it waits for a slot
     driver.notify(at("1"))  # an older event arriving late
     assert driver.latest == done
+    newer = at("99999999")
+    driver.notify(newer)
+    assert driver._shrunk is not None  # still held small until it has a slot
+    driver._expand()
+    assert driver.latest == newer
     assert driver.keep_newest(at("not-a-number")) is None  # cannot be ordered: read again
     assert driver.latest is None
 

@@ -17,14 +17,18 @@ from undolog.api import UndoEntry
 
 SagaKey = tuple[str, str]
 TOMBSTONES = 10_000
-# An entry as held: its revision and its JSON. Parsed, an entry is ~8.5 KiB of Python objects;
-# as JSON ~1.2 KiB, and 10,000 sagas hold 30,000 entries. Parsing one again takes ~20 us.
-Held = tuple[int | None, str]
+# The sagas whose entries are held parsed (the ones being driven, by recent use); the others'
+# as JSON: parsed, an entry is ~8.5 KiB of Python objects, as JSON ~1.2 KiB, and 10,000 sagas
+# hold 30,000 entries. Parsing one again takes ~20 us, which the sagas at work never pay.
+HOT_SAGAS = 256
+Shrunk = tuple[int | None, str]  # an entry's revision and JSON
+Held = UndoEntry | Shrunk
 
 
 @dataclass
 class EntryIndex:
     _by_saga: dict[SagaKey, dict[str, Held]] = field(default_factory=lambda: defaultdict(dict))
+    _hot: OrderedDict[SagaKey, None] = field(default_factory=OrderedDict)  # least recently used first
     # Deleted entries' last revision, so an older copy a driver still holds cannot bring one
     # back; the oldest are dropped past TOMBSTONES (such copies live for one reconcile).
     _deleted: OrderedDict[tuple[str, str], int] = field(default_factory=OrderedDict)
@@ -57,11 +61,15 @@ class EntryIndex:
         revision = entry.metadata.revision
         if gone is not None and (revision is None or revision <= gone):
             return  # a copy from before its deletion
-        entries = self._by_saga[(entry.metadata.namespace, entry.spec.saga)]
+        key = (entry.metadata.namespace, entry.spec.saga)
+        entries = self._by_saga[key]
         held = entries.get(entry.metadata.name)
-        if held is not None and held[0] is not None and revision is not None and held[0] >= revision:
-            return
-        entries[entry.metadata.name] = (revision, entry.model_dump_json(by_alias=True))
+        if held is not None:
+            have = _revision(held)
+            if have is not None and revision is not None and have >= revision:
+                return
+        entries[entry.metadata.name] = entry
+        self._used(key)
 
     def replace(self, key: SagaKey, listed: list[UndoEntry]) -> list[UndoEntry]:
         """A saga's entries as just listed: what the listing lacks is gone (returned: deleted,
@@ -74,12 +82,38 @@ class EntryIndex:
         return gone
 
     def of(self, key: SagaKey) -> dict[str, UndoEntry]:
-        return {name: _parsed(held) for name, held in self._by_saga.get(key, {}).items()}
+        entries = self._by_saga.get(key)
+        if not entries:
+            return {}
+        parsed = {name: _parsed(held) for name, held in entries.items()}
+        entries.update(parsed)
+        self._used(key)
+        return parsed
 
     def forget(self, key: SagaKey) -> None:
         """The saga is gone: so are its entries (the garbage collector removes them)."""
         self._by_saga.pop(key, None)
+        self._hot.pop(key, None)
+
+    def _used(self, key: SagaKey) -> None:
+        """The saga's entries stay parsed while it is among the HOT_SAGAS used last; the saga
+        used longest ago is held as JSON from now on."""
+        self._hot[key] = None
+        self._hot.move_to_end(key)
+        if len(self._hot) > HOT_SAGAS:
+            cold, _ = self._hot.popitem(last=False)
+            entries = self._by_saga.get(cold, {})
+            for name, held in entries.items():
+                entries[name] = _shrunk(held)
+
+
+def _revision(held: Held) -> int | None:
+    return held.metadata.revision if isinstance(held, UndoEntry) else held[0]
 
 
 def _parsed(held: Held) -> UndoEntry:
-    return UndoEntry.model_validate_json(held[1])
+    return held if isinstance(held, UndoEntry) else UndoEntry.model_validate_json(held[1])
+
+
+def _shrunk(held: Held) -> Held:
+    return (held.metadata.revision, held.model_dump_json(by_alias=True)) if isinstance(held, UndoEntry) else held
