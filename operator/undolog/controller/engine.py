@@ -106,25 +106,27 @@ class Engine:
             }
         self.leading = self.taking_charge = True
         metrics.holding(+1)
-        for watch, items in zip(sagas, saga_listings, strict=True):
-            watch.handed(items)
-        self.watches = [
-            *(
-                asyncio.create_task(w.run(), name=f"undo entries of {w.namespace or 'all'}")
-                for w in self.entry_watches.values()
-            ),
-            *(asyncio.create_task(w.run(), name=f"sagas of {w.namespace or 'all'}") for w in sagas),
-        ]
-        # The entries of a saga that has no driver yet may give it work (one registered late, or
-        # one whose saga does not exist); a saga being driven has them already.
-        for key in self.index.sagas():
-            if key not in self.drivers:
-                for entry in self.index.of(key).values():
-                    self.entry_event((entry, False))
-        for event in unreadable:
-            self.entry_event(event)
-        self.listed_before_entries = {}
-        self.taking_charge = False
+        try:
+            for watch, items in zip(sagas, saga_listings, strict=True):
+                watch.handed(items)
+            self.watches = [
+                *(
+                    asyncio.create_task(w.run(), name=f"undo entries of {w.namespace or 'all'}")
+                    for w in self.entry_watches.values()
+                ),
+                *(asyncio.create_task(w.run(), name=f"sagas of {w.namespace or 'all'}") for w in sagas),
+            ]
+            # The entries of a saga that has no driver yet may give it work (one registered late,
+            # or one whose saga does not exist); a saga being driven has them already.
+            for key in self.index.sagas():
+                if key not in self.drivers:
+                    for entry in self.index.of(key).values():
+                        self.entry_event((entry, False))
+            for event in unreadable:
+                self.entry_event(event)
+        finally:
+            self.listed_before_entries = {}
+            self.taking_charge = False
         for key in list(self.sagas):
             self._settled(key)
 
@@ -300,8 +302,9 @@ class Engine:
                 self._settled(key)
 
     def _settled(self, key: SagaKey) -> None:
-        """A Completed or Compensated saga needs its entries no more (8.5 KiB each, parsed): an
-        entry that changes later comes back with its event, and a driver proves the rest anew."""
+        """A Completed or Compensated saga needs its entries no more (memory, with thousands of
+        sagas): an entry that changes later comes back with its event, and a driver proves the
+        rest anew."""
         seen = self.sagas.get(key)
         if seen is not None and seen.phase in phases.TERMINAL and key not in self.drivers and not self.taking_charge:
             self.index.forget(key)
