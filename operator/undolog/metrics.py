@@ -33,6 +33,13 @@ def holding(change: int) -> None:
 saga_transitions = Counter(
     "undolog_saga_transitions_total", "Sagas entering a phase.", ["namespace", "phase", "reason"]
 )
+entry_proofs = Counter(
+    "undolog_entry_proofs_total",
+    "Proofs that a saga's entries are all known, by source: TakingCharge (the entry listing taken "
+    "on taking charge), Watch (the entry watch's progress) or List (a LIST of the saga's entries, "
+    "which scans every entry of its namespace in the apiserver).",
+    ["namespace", "source"],
+)
 sagas_by_phase = Gauge("undolog_sagas", "Sagas this operator drives, by phase.", ["namespace", "phase"])
 halted_sagas = Gauge(
     "undolog_halted_sagas",

@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import Cluster
 from tests.support.manifests import call, saga, undo_entry, webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Received, Reply
@@ -296,6 +300,47 @@ async def test_deleting_an_active_saga_compensates_before_it_goes(
 
     await eventually(saga_exists, lambda exists: not exists, 30, "saga deleted")
     assert [r.path for r in participant.received()] == ["/refund", "/release"]
+
+
+def entry_proofs(operator: OperatorProcess) -> dict[str, int]:
+    """The operator's proofs that a saga's entries are all known, by source (its /metrics)."""
+    text = httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).text
+    return {
+        sample.labels["source"]: int(sample.value)
+        for family in text_string_to_metric_families(text)
+        if family.name == "undolog_entry_proofs"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
+async def test_sagas_found_aborted_are_finished_without_a_list_of_their_entries(
+    kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path
+) -> None:
+    """Aborted while no operator ran: the entry listing the operator takes on taking charge
+    proves their entries, and the entry watch (past each saga's last entry write) proves them
+    Compensated. A saga aborted later lists its entries once, before its first call: every LIST
+    scans every entry of the namespace in the apiserver."""
+    await register(kube, namespace, participant, "undo")
+    for name in ("a", "b", "c", "later"):
+        await external_saga(kube, namespace, name, [call("undo", n=1), call("undo", n=2)])
+        if name != "later":
+            await abort(kube, namespace, name)
+    operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path)
+    operator.start()
+    try:
+        for name in ("a", "b", "c"):
+            await saga_phase(kube, namespace, name, "Compensated")
+        assert entry_proofs(operator) == {"TakingCharge": 3, "Watch": 3}
+        await saga_phase(kube, namespace, "later", "Active")
+        await abort(kube, namespace, "later")
+        await saga_phase(kube, namespace, "later", "Compensated")
+        assert entry_proofs(operator) == {"TakingCharge": 3, "Watch": 4, "List": 1}
+    finally:
+        operator.stop()
+    for name in ("a", "b", "c", "later"):  # newest first, each
+        undone = [r.body["n"] for r in participant.received() if r.headers["undolog-saga"] == f"{namespace}/{name}"]
+        assert undone == [2, 1]
 
 
 async def test_kill_9_mid_compensation_then_a_new_operator_finishes_exactly_once(

@@ -26,14 +26,14 @@ from undolog.calls.webhook_cache import WebhookCache
 from undolog.controller import driver as driver_module
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import DriverContext, Slot, wait_without_slot
-from undolog.controller.driver import SagaDriver, woken
+from undolog.controller.driver import Listed, SagaDriver, woken
 from undolog.controller.engine import Engine
 from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
 from undolog.controller.recorded_call import IN_FLIGHT_MARK_AFTER, CallRecorder
 from undolog.controller.shard_labels import ShardLabels
 from undolog.controller.timeline import Timeline
-from undolog.conventions import BUCKET_LABEL, FINALIZER, PHASE_LABEL, bucket_of
+from undolog.conventions import BUCKET_LABEL, FINALIZER, PHASE_LABEL, bucket_of, now
 from undolog.decisions import phases
 from undolog.decisions.retry import CallOutcome
 from undolog.decisions.sharding import Shard
@@ -86,10 +86,12 @@ class Operator:
             self.context.index.keep(UndoEntry.model_validate(stored))
         return stored
 
-    async def drive(self, name: str, *, listed_before_entries: str | None = None) -> Saga:
-        """One reconcile of the saga's driver, to the point where it would wait."""
+    async def drive(self, name: str, *, listed: Body | None = None) -> Saga:
+        """One reconcile of the saga's driver, to the point where it would wait; `listed`: the
+        saga as the engine listed it on taking charge, just before its entries."""
         driver = SagaDriver(self.context, NS, name)
-        driver.listed_before_entries = listed_before_entries
+        if listed is not None:
+            driver.listed = Listed(listed["metadata"]["resourceVersion"], now())
         await driver.reconcile()
         await self.timeline.stop(drain_seconds=1)
         self.timeline.start()
@@ -244,7 +246,7 @@ async def test_the_listing_taken_on_taking_charge_proves_the_copy_listed_before_
     saga = operator.saga("s", outcome="Abort")
     for position in (1, 2):
         operator.entry(saga, position)
-    done = await operator.drive("s", listed_before_entries=saga["metadata"]["resourceVersion"])
+    done = await operator.drive("s", listed=saga)
     assert done.status.phase == "Compensated"
     assert operator.undone() == [2, 1]
     assert operator.entry_lists() == 0
@@ -266,12 +268,41 @@ async def test_a_saga_aborted_before_its_first_status_is_resumed_without_a_list_
         return await plain(plural, namespace, name, patch)
 
     operator.kube.patch_status = recorded  # type: ignore[method-assign]
-    done = await operator.drive("s", listed_before_entries=saga["metadata"]["resourceVersion"])
+    done = await operator.drive("s", listed=saga)
     assert done.status.phase == "Compensated"
     assert done.status.start_time == done.metadata.creation_timestamp
     assert operator.undone() == [3, 2, 1]
     assert phases_written == ["Compensating", "Compensated"]
     assert operator.entry_lists() == 0
+
+
+async def test_the_finalizer_written_on_the_listed_copy_keeps_the_listing_as_proof(operator: Operator) -> None:
+    """A saga aborted before any operator saw it has no finalizer: the one written on it
+    changes nothing the listing proved (written on condition of the listed copy)."""
+    operator.watch_showing_entry_writes()
+    saga = operator.saga("s", phase=None, outcome="Abort")
+    saga["metadata"]["finalizers"] = []
+    saga = operator.kube.put("sagas", saga)
+    operator.entry(saga, 1)
+    driver = SagaDriver(operator.context, NS, "s")
+    driver.listed = Listed(saga["metadata"]["resourceVersion"], now())
+    await driver.reconcile()
+    assert operator.kube.body("sagas", NS, "s")["status"]["phase"] == "Compensated"
+    assert operator.entry_lists() == 0
+
+
+async def test_a_deadline_passed_after_the_listing_is_proven_by_a_list_of_its_own(operator: Operator) -> None:
+    operator.watch_showing_entry_writes()
+    saga = operator.saga("s", activeDeadlineSeconds=1)
+    created = now() - timedelta(seconds=10)
+    saga["metadata"]["creationTimestamp"] = created.isoformat()
+    saga = operator.kube.put("sagas", saga)
+    operator.entry(saga, 1)
+    driver = SagaDriver(operator.context, NS, "s")
+    driver.listed = Listed(saga["metadata"]["resourceVersion"], created + timedelta(seconds=0.5))  # before it
+    await driver.reconcile()
+    assert operator.kube.body("sagas", NS, "s")["status"]["phase"] == "Compensated"
+    assert operator.entry_lists() == 1
 
 
 async def test_a_failure_newer_than_the_listed_copy_is_proven_by_a_list_of_its_own(operator: Operator) -> None:
@@ -280,7 +311,7 @@ async def test_a_failure_newer_than_the_listed_copy_is_proven_by_a_list_of_its_o
     operator.entry(listed, 1)
     aborted = operator.kube.put("sagas", {**listed, "spec": {**listed["spec"], "outcome": "Abort"}})  # since
     operator.entry(aborted, 2, indexed=False)  # not delivered yet: only a LIST shows it
-    await operator.drive("s", listed_before_entries=listed["metadata"]["resourceVersion"])
+    await operator.drive("s", listed=listed)
     assert operator.undone() == [2, 1]
     assert operator.entry_lists() == 1
 

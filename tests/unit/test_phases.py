@@ -89,6 +89,17 @@ def test_a_saga_that_failed_before_its_first_status_goes_straight_to_compensatin
     assert isinstance(phases.decide(orchestrated, [], NOW + timedelta(seconds=5)), moves.Initialize)
 
 
+def test_a_listing_after_a_copy_proves_what_that_copy_showed_by_then() -> None:
+    assert phases.proof_due_by(make_saga(None, outcome="Abort"), NOW)
+    assert phases.proof_due_by(make_saga(outcome="Commit"), NOW)
+    assert phases.proof_due_by(make_saga("Compensating"), NOW)
+    assert not phases.proof_due_by(make_saga(), NOW)
+    # A deadline passed after the listing is a failure after it: the listing proves nothing then.
+    expiring = make_saga(activeDeadlineSeconds=60)
+    assert not phases.proof_due_by(expiring, NOW + timedelta(seconds=59))
+    assert phases.proof_due_by(expiring, NOW + timedelta(seconds=61))
+
+
 def test_active_saga_moves() -> None:
     # A failure is written with the start of its compensation, once a LIST has shown every entry.
     assert phases.decide(make_saga(outcome="Abort"), [], NOW) == moves.ProveEntries()

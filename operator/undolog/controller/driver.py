@@ -14,7 +14,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Mapping
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from undolog import errors, metrics
@@ -46,6 +48,23 @@ NOT_LEADING_RECHECK = 1.0  # seconds before a driver that found the Lease in dou
 WATCH_PROOF_WAIT = 5.0  # seconds a proof waits for the entry watch before it lists instead
 CALLS = (moves.CompensateEntries, moves.ExecuteStep, moves.DeliverEffect)  # moves that take time
 Entries = dict[str, UndoEntry]
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A saga's copy as the engine listed it on taking charge (its resourceVersion), and when
+    that listing was sent: the entry listing taken just after proves what the copy showed by then."""
+
+    resource_version: str
+    at: datetime
+
+
+class ProofSource(StrEnum):
+    """Where a proof that a saga's entries are all known came from (`prove`)."""
+
+    TAKING_CHARGE = "TakingCharge"
+    WATCH = "Watch"
+    LIST = "List"
 
 
 def lost_entry(entry: UndoEntry, why: str) -> LostEntry:
@@ -85,9 +104,7 @@ class SagaDriver:
         self.lost: list[LostEntry] = []  # entries gone since the last reconcile, to be reported
         self.proof = EntryProof.NONE
         self.never_sent: set[str] = set()  # entries this driver created and has not yet sent
-        # The resourceVersion of the saga as the engine listed it on taking charge, just before it
-        # listed the entries: that listing proves what this copy needs proven.
-        self.listed_before_entries: str | None = None
+        self.listed: Listed | None = None  # on taking charge, just before the entries were listed
 
     @property
     def key(self) -> tuple[str, str]:
@@ -272,15 +289,24 @@ class SagaDriver:
           entry write (made after the last call), which is as good as a LIST taken then;
         - else a consistent LIST of the saga's entries. What the index held and the listing
           lacks was deleted; what cannot be read is reported."""
-        if self.proof == EntryProof.NONE and saga.metadata.resource_version == self.listed_before_entries:
+        listed = self.listed
+        if (
+            self.proof == EntryProof.NONE
+            and listed is not None
+            and saga.metadata.resource_version == listed.resource_version
+            and phases.proof_due_by(saga, listed.at)
+        ):
+            metrics.entry_proofs.labels(self.namespace, ProofSource.TAKING_CHARGE).inc()
             self.proof = EntryProof.STALE
             return
         if self.proof == EntryProof.STALE and await self.watched_past(entries):
+            metrics.entry_proofs.labels(self.namespace, ProofSource.WATCH).inc()
             held = self.context.index.of(self.key)
             entries.clear()
             entries.update((name, e) for name, e in held.items() if owned_by(e, saga.metadata.uid))
             self.proof = EntryProof.FRESH
             return
+        metrics.entry_proofs.labels(self.namespace, ProofSource.LIST).inc()
         listing = await self.context.ledger.entries_of(saga)
         for gone in self.context.index.replace(self.key, listing.entries):
             if owned_by(gone, saga.metadata.uid) and gone.status.state not in compensation_plan.SETTLED:
@@ -325,7 +351,12 @@ class SagaDriver:
             case moves.Initialize():
                 return await self.enter(saga, parsed, SagaPhase.ACTIVE, SagaReason.STARTED, TOOK_CHARGE)
             case moves.SyncMetadata(labels=labels, finalizers=finalizers):
-                return await ledger.write_saga_metadata(saga, labels=labels, finalizers=finalizers)
+                synced = await ledger.write_saga_metadata(saga, labels=labels, finalizers=finalizers)
+                if self.listed is not None and self.listed.resource_version == saga.metadata.resource_version:
+                    # Written conditionally on the listed copy, its labels and finalizers only:
+                    # the new copy shows what the listed one did, and the listing proves it still.
+                    self.listed = Listed(synced.metadata.resource_version, self.listed.at)
+                return synced
             case moves.UpdateDepth(stack_depth=depth):
                 return await self.write_status(saga, saga.status.model_copy(update={"stack_depth": depth}))
             case moves.ProveEntries():

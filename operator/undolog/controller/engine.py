@@ -17,13 +17,14 @@ from undolog.api import EntryReason, EventReason, ObjectMeta, Resource, Saga, Sa
 from undolog.calls.runner import Fence, fence_this_task
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import DriverContext
-from undolog.controller.driver import SagaDriver, lost_entry
+from undolog.controller.driver import Listed, SagaDriver, lost_entry
 from undolog.controller.entry_index import EntryIndex, SagaKey
 from undolog.controller.entry_watch import EntryEvent, EntryWatch
 from undolog.controller.forward import Forwarder
 from undolog.controller.gauges import SagaGauges
 from undolog.controller.shard_labels import ShardLabels
 from undolog.controller.timeline import Timeline
+from undolog.conventions import now
 from undolog.decisions import compensation_plan, phases, resolutions
 from undolog.decisions.sharding import Shard
 from undolog.errors import KubeError
@@ -63,7 +64,7 @@ class Engine:
     watches: list[asyncio.Task[None]] = field(default_factory=list)
     index: EntryIndex = field(default_factory=EntryIndex)
     entry_watches: dict[str | None, EntryWatch] = field(default_factory=dict)  # by namespace (None: all)
-    listed_before_entries: dict[SagaKey, str] = field(default_factory=dict)  # while taking charge
+    listed_before_entries: dict[SagaKey, Listed] = field(default_factory=dict)  # while taking charge
     context: DriverContext = field(init=False)
 
     def __post_init__(self) -> None:
@@ -96,11 +97,12 @@ class Engine:
             )
             for ns in targets
         ]
+        listed_at = now()
         saga_listings = [await watch.listing() for watch in sagas]
         unreadable = [u for watch in self.entry_watches.values() for u in await watch.sync()]
         if selector is None:  # a label-selected listing lacks an entry not labelled yet: no proof
             self.listed_before_entries = {
-                (meta["namespace"], meta["name"]): meta["resourceVersion"]
+                (meta["namespace"], meta["name"]): Listed(meta["resourceVersion"], listed_at)
                 for items in saga_listings
                 for meta in (item["metadata"] for item in items)
             }
@@ -285,7 +287,7 @@ class Engine:
 
     def _start(self, key: SagaKey) -> SagaDriver:
         driver = SagaDriver(self.context, *key)
-        driver.listed_before_entries = self.listed_before_entries.get(key)
+        driver.listed = self.listed_before_entries.get(key)
         self.drivers[key] = driver
         driver.task = asyncio.create_task(self._run(key, driver), name=f"saga {key[0]}/{key[1]}")
         return driver

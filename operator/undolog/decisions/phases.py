@@ -117,6 +117,15 @@ def steps_before_active(saga: Saga, entries: Sequence[UndoEntry], now: datetime)
     return None
 
 
+def proof_due_by(saga: Saga, at: datetime) -> bool:
+    """Whether this copy of the saga needed its entries proven already at `at` (it had failed,
+    committed, or gone past Active by then): a listing of its entries taken after `at` proves
+    them for it."""
+    if saga.status.phase not in (None, SagaPhase.ACTIVE):
+        return True
+    return failure_of(saga, at) is not None or saga.spec.outcome == Outcome.COMMIT
+
+
 def failed_before_active(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof) -> Move | None:
     """An agent's saga that failed before the operator first wrote its status (aborted while the
     operator was down): Compensating is its first status, the failure on its conditions as from
