@@ -326,14 +326,14 @@ async def test_a_driver_holds_the_newest_copy_of_its_saga_as_it_was(operator: Op
     def at(version: str) -> Saga:
         return done.model_copy(update={"metadata": done.metadata.model_copy(update={"resource_version": version})})
 
-    driver.notify(done)
-    driver._shrink()  # as while it waits for a slot
+    driver.notify(done)  # out of its slot: held as JSON
+    assert driver._shrunk is not None
     driver.notify(at("1"))  # an older event arriving late
     assert driver.latest == done
     newer = at("99999999")
     driver.notify(newer)
-    assert driver._shrunk is not None  # still held small until it has a slot
-    driver._expand()
+    driver._working(True)  # in its slot: parsed
+    assert driver._shrunk is None
     assert driver.latest == newer
     assert driver.keep_newest(at("not-a-number")) is None  # cannot be ordered: read again
     assert driver.latest is None

@@ -91,11 +91,12 @@ class SagaDriver:
     def __init__(self, context: DriverContext, namespace: str, name: str) -> None:
         self.context = context
         self.namespace, self.name = namespace, name
-        # The newest copy of the saga seen: parsed while the driver works; as its revision and
-        # JSON while it waits for a slot (~2 KiB against ~10 KiB parsed: 10,000 drivers wait
-        # when as many sagas resume).
+        # The newest copy of the saga seen: parsed while the driver reconciles (in its slot);
+        # otherwise as its revision and JSON (~2 KiB against ~10 KiB parsed: 10,000 drivers
+        # wait for a slot when as many sagas resume).
         self._latest: Saga | None = None
         self._shrunk: tuple[int | None, str] | None = None
+        self.working = False  # reconciling, in its slot
         self.gone = False
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -118,19 +119,20 @@ class SagaDriver:
 
     @latest.setter
     def latest(self, saga: Saga | None) -> None:
-        if self._shrunk is not None and saga is not None:  # waiting for a slot: kept small
-            self._shrunk = (saga.metadata.revision, saga.model_dump_json(by_alias=True))
-        else:
+        if saga is None or self.working:
             self._latest, self._shrunk = saga, None
+        else:
+            self._latest, self._shrunk = None, (saga.metadata.revision, saga.model_dump_json(by_alias=True))
 
-    def _shrink(self) -> None:
-        if self._latest is not None:
-            self._shrunk = (self._latest.metadata.revision, self._latest.model_dump_json(by_alias=True))
-            self._latest = None
+    @property
+    def seen_saga(self) -> bool:
+        return self._latest is not None or self._shrunk is not None
 
-    def _expand(self) -> None:
-        if self._shrunk is not None:
-            self._latest, self._shrunk = Saga.model_validate_json(self._shrunk[1]), None
+    def _working(self, working: bool) -> None:
+        """In its slot the saga is held parsed; out of it, as JSON."""
+        saga = self.latest
+        self.working = working
+        self.latest = saga
 
     def keep_newest(self, saga: Saga) -> Saga | None:
         """Hold the newer of `saga` and the copy held, and return it; None when the two cannot be
@@ -169,11 +171,12 @@ class SagaDriver:
         while not self.gone:
             self.wake.clear()
             try:
-                if self.context.slots.locked():  # it may wait long for a slot: held small meanwhile
-                    self._shrink()
                 async with Slot(self.context.slots):
-                    self._expand()
-                    wait = await self.reconcile()
+                    self._working(True)
+                    try:
+                        wait = await self.reconcile()
+                    finally:
+                        self._working(False)
                 failures, self.last_error = 0, None
             except errors.NotFound:
                 return  # the saga was deleted: nothing of ours is left to hold

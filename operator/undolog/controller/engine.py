@@ -296,7 +296,7 @@ class Engine:
         fence_this_task(self.fence)  # the calls the driver makes carry its shard's Lease
         try:
             await driver.run()
-            if driver.latest is None and key not in self.sagas:
+            if not driver.seen_saga and key not in self.sagas:
                 await self._orphans(key)
         finally:
             if self.drivers.get(key) is driver:
