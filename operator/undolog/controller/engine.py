@@ -232,6 +232,8 @@ class Engine:
             driver.wake.set()
         elif self._gives_work(key, entry):
             self._start(key)
+        else:  # the echo of a write made for a saga since settled: not kept
+            self._settled(key)
 
     def _gives_work(self, key: SagaKey, entry: UndoEntry) -> bool:
         seen = self.sagas.get(key)
