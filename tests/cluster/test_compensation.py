@@ -401,6 +401,9 @@ async def test_describe_reads_as_a_timeline(
     participant.script("/refund", Reply(503))
     await register(kube, namespace, participant, "refund")
     await external_saga(kube, namespace, "story", [call("refund")], orgId="acme")
+    # Aborted once Active: a saga aborted before the operator wrote any status has Compensating
+    # as its first (and no Active Event).
+    await saga_phase(kube, namespace, "story", "Active")
     await abort(kube, namespace, "story")
     await saga_phase(kube, namespace, "story", "Compensated")
     # Failing and compensating: one write. The successful end is in the status (not an Event by default).

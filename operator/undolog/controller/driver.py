@@ -554,15 +554,18 @@ class SagaDriver:
             self.proof = EntryProof.NONE  # a new failure needs a new proof
         return status
 
-    async def entered(self, saga: Saga, status: SagaStatus, phase: SagaPhase, reason: SagaReason) -> Saga:
-        """Write the new phase's status (from `entering`), then post the Event."""
+    async def entered(
+        self, saga: Saga, status: SagaStatus, phase: SagaPhase, reason: SagaReason, *, at: datetime | None = None
+    ) -> Saga:
+        """Write the new phase's status (from `entering`), then post the Event (dated `at`, when
+        the phase was entered, if not now)."""
         written = await self.write_status(saga, status)
         metrics.saga_transitions.labels(self.namespace, phase, reason).inc()
         self.context.phase_changed(written)
         failed = reason in phases.FAILURE_REASONS  # the failure shares this write: say it as such
         warning = failed or phase in (SagaPhase.FAILED, SagaPhase.HALTED)
         self.context.timeline.record(
-            written, SagaPhase.FAILED if failed else phase, f"{reason}: {status.message}", warning=warning
+            written, SagaPhase.FAILED if failed else phase, f"{reason}: {status.message}", warning=warning, at=at
         )
         return written
 
@@ -582,7 +585,9 @@ class SagaDriver:
         after a crash, or a conflict on the write, the failure is decided again from the API
         and the same entry is called under the same key (or found Compensated)."""
         names = [e.metadata.name for e in first.entries]
-        writing = self.entered(saga, entered.status, phase, reason)
+        # Dated now, before the call leaves: its outcome may be recorded before this write returns,
+        # and `kubectl describe` must still read Failed first (seen the other way round).
+        writing = self.entered(saga, entered.status, phase, reason, at=now())
         results = await asyncio.gather(
             writing, self.compensate(entered, entries, names, outputs), return_exceptions=True
         )

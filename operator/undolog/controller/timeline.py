@@ -55,7 +55,10 @@ class Timeline:
     def start(self) -> None:
         self._workers = [asyncio.create_task(self._post(), name=f"timeline-{i}") for i in range(WORKERS)]
 
-    def record(self, regarding: Resource, reason: Reason, message: str, *, warning: bool = False) -> None:
+    def record(
+        self, regarding: Resource, reason: Reason, message: str, *, warning: bool = False, at: datetime | None = None
+    ) -> None:
+        """An Event about `regarding`, at `at` (when it happened, if not now)."""
         meta = regarding.metadata
         # Only what an Event points at: a backed-up queue must not hold whole objects.
         reference = {
@@ -74,7 +77,7 @@ class Timeline:
             return
         self._last_sequence = max(time.time_ns(), self._last_sequence + 1)
         try:
-            self._queue.put_nowait(Event(reference, reason, message, warning, now(), self._last_sequence))
+            self._queue.put_nowait(Event(reference, reason, message, warning, at or now(), self._last_sequence))
         except asyncio.QueueFull:
             log.warning("event queue full; dropped %s event for %s", reason, meta.name)
 
