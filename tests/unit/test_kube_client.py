@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
@@ -12,15 +13,12 @@ from undolog.kube import Kube, Timeouts
 from undolog.kube.client import POOL_SIZE
 from undolog.kube.kubeconfig import Credentials
 
+Answer = Callable[[web.Request], Awaitable[web.Response]]
 
-@pytest.fixture
-async def slow_api() -> AsyncIterator[str]:
-    """An API that takes 1.5 s to answer each GET."""
 
-    async def answer(request: web.Request) -> web.Response:
-        await asyncio.sleep(1.5)
-        return web.json_response({"metadata": {"name": request.match_info["name"]}})
-
+@contextlib.asynccontextmanager
+async def api(answer: Answer) -> AsyncIterator[str]:
+    """An API on loopback answering GETs of sagas with `answer`; yields its URL."""
     app = web.Application()
     app.router.add_get("/apis/undolog.io/v1alpha1/namespaces/ns/sagas/{name}", answer)
     runner = web.AppRunner(app)
@@ -28,8 +26,26 @@ async def slow_api() -> AsyncIterator[str]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def named(request: web.Request) -> web.Response:
+    return web.json_response({"metadata": {"name": request.match_info["name"]}})
+
+
+@pytest.fixture
+async def slow_api() -> AsyncIterator[str]:
+    """An API that takes 1.5 s to answer each GET."""
+
+    async def answer(request: web.Request) -> web.Response:
+        await asyncio.sleep(1.5)
+        return named(request)
+
+    async with api(answer) as url:
+        yield url
 
 
 async def test_requests_queued_for_a_pooled_connection_are_not_timed_out_as_unreachable(slow_api: str) -> None:
@@ -50,25 +66,15 @@ async def test_a_client_apart_does_not_wait_for_the_connections_the_others_hold(
     async def answer(request: web.Request) -> web.Response:
         if request.match_info["name"] != "lease":
             await gate.wait()
-        return web.json_response({"metadata": {"name": request.match_info["name"]}})
+        return named(request)
 
-    app = web.Application()
-    app.router.add_get("/apis/undolog.io/v1alpha1/namespaces/ns/sagas/{name}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        async with Kube(Credentials(server=f"http://127.0.0.1:{port}")) as kube:
-            held = [asyncio.ensure_future(kube.get("sagas", "ns", f"s{i}")) for i in range(POOL_SIZE + 5)]
-            async with kube.apart() as leases:
-                lease = await asyncio.wait_for(leases.get("sagas", "ns", "lease"), timeout=10)
-            assert not any(request.done() for request in held)  # the shared pool was full all along
-            with pytest.raises(TimeoutError):  # what the shared pool would have done
-                await asyncio.wait_for(kube.get("sagas", "ns", "lease"), timeout=0.5)
-            gate.set()
-            await asyncio.gather(*held)
-        assert lease["metadata"]["name"] == "lease"
-    finally:
-        await runner.cleanup()
+    async with api(answer) as url, Kube(Credentials(server=url)) as kube:
+        held = [asyncio.ensure_future(kube.get("sagas", "ns", f"s{i}")) for i in range(POOL_SIZE + 5)]
+        async with kube.apart() as leases:
+            lease = await asyncio.wait_for(leases.get("sagas", "ns", "lease"), timeout=10)
+        assert not any(request.done() for request in held)  # the shared pool was full all along
+        with pytest.raises(TimeoutError):  # what the shared pool would have done
+            await asyncio.wait_for(kube.get("sagas", "ns", "lease"), timeout=0.5)
+        gate.set()
+        await asyncio.gather(*held)
+    assert lease["metadata"]["name"] == "lease"
