@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -175,13 +176,18 @@ class RemoteParticipant:
         )
         assert self.process.stdout is not None
         self.process.stdout.readline()  # "participant on <port>": it is listening
+        self._received: list[Received] = []
+        self._fetching = threading.Lock()  # polled from worker threads
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
     def received(self) -> list[Received]:
-        answer = httpx.get(self.url("/_received"), timeout=30)
-        return [Received(**r) for r in answer.json()]
+        """Everything received so far; only what is new is fetched (polled every second)."""
+        with self._fetching:
+            answer = httpx.get(self.url(f"/_received?from={len(self._received)}"), timeout=30)
+            self._received.extend(Received(**r) for r in answer.json())
+            return list(self._received)
 
     async def until(self, predicate: Callable[[list[Received]], bool], within: float) -> list[Received]:
         deadline = time.monotonic() + within
