@@ -796,6 +796,47 @@ async def test_the_entries_of_a_finished_saga_are_let_go_until_one_changes(opera
     await engine.stop()
 
 
+async def test_sagas_waiting_for_a_slot_wait_in_a_queue_not_as_tasks(operator: Operator) -> None:
+    """Memory when an operator takes charge of thousands of sagas: with 2 slots and 20 sagas to
+    compensate, never more than 2 driver tasks exist; all 20 are compensated, and every slot is
+    free at the end, including those of drivers stopped before they ran."""
+    slots = asyncio.Semaphore(2)
+    engine = Engine(
+        operator.kube,  # type: ignore[arg-type]
+        operator.context.ledger,
+        operator.context.compensator,
+        operator.context.forwarder,
+        operator.timeline,
+        operator.fence,
+        slots=slots,
+    )
+    engine.leading = True
+    names = [f"s{i:02d}" for i in range(20)]
+    for name in names:
+        saga = operator.saga(name, outcome="Abort")
+        operator.entry(saga, 1, indexed=False)
+        engine.saga_event("MODIFIED", saga)
+    most = 0
+
+    async def finished() -> int:
+        nonlocal most
+        most = max(most, sum(1 for d in engine.drivers.values() if d.task is not None))
+        return sum(operator.kube.body("sagas", NS, n).get("status", {}).get("phase") == "Compensated" for n in names)
+
+    await eventually(finished, lambda done: done == len(names), 10, "20 sagas Compensated")
+    assert most <= 2
+    assert slots._value == 2
+    async with Slot(slots):  # one slot held elsewhere: t1 is given the other, t2 and t3 wait
+        for name in ("t1", "t2", "t3"):
+            engine.saga_event("MODIFIED", operator.saga(name, outcome="Abort"))
+        await asyncio.sleep(0)  # the dispatcher started t1's task, which has not run yet
+        assert [key[1] for key, d in engine.drivers.items() if d.task is not None] == ["t1"]
+        await engine.stop()
+    assert slots._value == 2
+    assert engine.drivers == {}
+    assert not engine.queued
+
+
 async def until_filed(kube: FakeKube, objects: list[tuple[Plural, str]], bucket: str) -> None:
     async def filed() -> bool:
         return all(kube.body(p, NS, n)["metadata"]["labels"].get(BUCKET_LABEL) == bucket for p, n in objects)

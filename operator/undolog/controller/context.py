@@ -43,29 +43,36 @@ class Slot:
         self.held = False
         self.taking_back = asyncio.Lock()  # calls of one saga made together share the slot
 
-    async def __aenter__(self) -> Slot:
+    async def take(self) -> Slot:
+        """Wait for a free slot and hold it (`async with` then keeps it, and gives it up)."""
         await self.slots.acquire()
         self.held = True
+        return self
+
+    def give_back(self) -> None:
+        """A slot taken and never used (its driver stopped before it ran) is free again."""
+        if self.held:
+            self.held = False
+            self.slots.release()
+
+    async def __aenter__(self) -> Slot:
+        if not self.held:
+            await self.take()
         _current.set(self)
         return self
 
     async def __aexit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
         _current.set(None)
-        if self.held:  # not held when cancelled while waiting to take it back
-            self.held = False
-            self.slots.release()
+        self.give_back()  # not held when cancelled while waiting to take it back
 
     async def pause(self, seconds: float) -> None:
         """Give the slot up for `seconds`. With several calls of the saga under way, the first
         to wait gives it up and the first to wake takes it back: never two slots for one saga."""
-        if self.held:
-            self.held = False
-            self.slots.release()
+        self.give_back()
         await asyncio.sleep(seconds)
         async with self.taking_back:
             if not self.held:
-                await self.slots.acquire()
-                self.held = True
+                await self.take()
 
 
 _current: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("undolog_slot", default=None)

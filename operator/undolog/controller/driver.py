@@ -50,7 +50,7 @@ CALLS = (moves.CompensateEntries, moves.ExecuteStep, moves.DeliverEffect)  # mov
 Entries = dict[str, UndoEntry]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Listed:
     """A saga's copy as the engine listed it on taking charge (its resourceVersion), and when
     that listing was sent: the entry listing taken just after proves what the copy showed by then."""
@@ -88,6 +88,25 @@ async def woken(wake: asyncio.Event, seconds: float | None) -> None:
 
 
 class SagaDriver:
+    # One per saga that needs work (10,000 when as many resume): no per-instance dict.
+    __slots__ = (
+        "_latest",
+        "_shrunk",
+        "context",
+        "gone",
+        "last_error",
+        "last_status_write",
+        "listed",
+        "lost",
+        "name",
+        "namespace",
+        "never_sent",
+        "proof",
+        "task",
+        "wake",
+        "working",
+    )
+
     def __init__(self, context: DriverContext, namespace: str, name: str) -> None:
         self.context = context
         self.namespace, self.name = namespace, name
@@ -166,12 +185,15 @@ class SagaDriver:
             self.keep_newest(saga)
         self.wake.set()
 
-    async def run(self) -> None:
+    async def run(self, slot: Slot | None = None) -> None:
+        """Reconcile until the saga needs nothing more; `slot`: one already taken for the first
+        reconcile (the engine starts a driver once a slot is free)."""
         failures = 0
         while not self.gone:
             self.wake.clear()
             try:
-                async with Slot(self.context.slots):
+                async with slot or Slot(self.context.slots):
+                    slot = None
                     self._working(True)
                     try:
                         wait = await self.reconcile()

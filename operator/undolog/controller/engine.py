@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,7 +18,7 @@ from undolog import metrics
 from undolog.api import EntryReason, EventReason, ObjectMeta, Resource, Saga, SagaPhase, UndoEntry
 from undolog.calls.runner import Fence, fence_this_task
 from undolog.controller.compensation import Compensator
-from undolog.controller.context import DriverContext
+from undolog.controller.context import DriverContext, Slot
 from undolog.controller.driver import Listed, SagaDriver, lost_entry
 from undolog.controller.entry_index import EntryIndex, SagaKey
 from undolog.controller.entry_watch import EntryEvent, EntryWatch
@@ -35,7 +37,7 @@ from undolog.ledger import Ledger, Unreadable
 log = logging.getLogger("undolog.engine")
 
 
-@dataclass
+@dataclass(slots=True)
 class Seen:
     """What the engine remembers of a saga between events (small: kept for every saga)."""
 
@@ -65,6 +67,8 @@ class Engine:
     index: EntryIndex = field(default_factory=EntryIndex)
     entry_watches: dict[str | None, EntryWatch] = field(default_factory=dict)  # by namespace (None: all)
     listed_before_entries: dict[SagaKey, Listed] = field(default_factory=dict)  # while taking charge
+    queued: deque[SagaDriver] = field(default_factory=deque)  # drivers waiting for a slot, in order
+    dispatcher: asyncio.Task[None] | None = None  # runs the queued drivers while there are any
     context: DriverContext = field(init=False)
 
     def __post_init__(self) -> None:
@@ -288,16 +292,36 @@ class Engine:
         return None if watch is None else watch.progress
 
     def _start(self, key: SagaKey) -> SagaDriver:
+        """A driver for the saga, run once a slot is free: until then it waits in a queue, not as
+        a task of its own (10,000 tasks waiting for a slot, with their coroutines, were ~40 MiB
+        when an operator took charge of as many sagas); what wakes it meanwhile is kept for it."""
         driver = SagaDriver(self.context, *key)
         driver.listed = self.listed_before_entries.get(key)
         self.drivers[key] = driver
-        driver.task = asyncio.create_task(self._run(key, driver), name=f"saga {key[0]}/{key[1]}")
+        self.queued.append(driver)
+        if self.dispatcher is None:
+            self.dispatcher = asyncio.create_task(self._dispatch(), name="saga drivers waiting for a slot")
         return driver
 
-    async def _run(self, key: SagaKey, driver: SagaDriver) -> None:
+    async def _dispatch(self) -> None:
+        """Run the queued drivers in order, each in the slot taken for it."""
+        try:
+            while self.queued:
+                slot = await Slot(self.slots).take()
+                driver = self.queued.popleft()
+                key = driver.key
+                if self.drivers.get(key) is not driver:  # stopped while it waited
+                    slot.give_back()
+                    continue
+                driver.task = asyncio.create_task(self._run(key, driver, slot), name=f"saga {key[0]}/{key[1]}")
+                driver.task.add_done_callback(functools.partial(given_back, slot))  # stopped before it ran
+        finally:
+            self.dispatcher = None
+
+    async def _run(self, key: SagaKey, driver: SagaDriver, slot: Slot) -> None:
         fence_this_task(self.fence)  # the calls the driver makes carry its shard's Lease
         try:
-            await driver.run()
+            await driver.run(slot)
             if not driver.seen_saga and key not in self.sagas:
                 await self._orphans(key)
         finally:
@@ -336,6 +360,9 @@ class Engine:
     async def stop(self) -> None:
         """Stop driving and watching (a new `lead` lists afresh)."""
         tasks = [d.task for d in self.drivers.values() if d.task is not None] + self.watches
+        if self.dispatcher is not None:
+            tasks.append(self.dispatcher)
+        self.queued.clear()
         for task in tasks:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -343,3 +370,7 @@ class Engine:
         self.drivers.clear()
         self.watches.clear()
         self.entry_watches.clear()
+
+
+def given_back(slot: Slot, _: asyncio.Task[None]) -> None:
+    slot.give_back()
