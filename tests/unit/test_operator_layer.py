@@ -951,6 +951,31 @@ async def test_a_conflict_after_a_compensation_does_not_send_it_again(
     assert operator.undone() == [2, 1]
 
 
+async def test_no_progress_write_while_every_slot_is_taken(operator: Operator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow saga shows its progress (compensatedCount) while it runs, but not while every slot
+    is taken: then the operator is at its limit (thousands of sagas resuming), and a progress
+    write per saga only slowed them all."""
+    monkeypatch.setattr("undolog.controller.driver.COUNTER_INTERVAL", 0.0)  # progress after every entry
+    writes: list[Body] = []
+    plain = operator.kube.patch_status
+
+    async def recorded(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+        if plural == "sagas":
+            writes.append(patch["status"])
+        return await plain(plural, namespace, name, patch)
+
+    operator.kube.patch_status = recorded  # type: ignore[method-assign]
+    for name, crowded in (("free", False), ("crowded", True)):
+        saga = operator.saga(name, outcome="Abort")
+        for position in (1, 2, 3):
+            operator.entry(saga, position)
+        operator.context.slots = asyncio.Semaphore(1 if crowded else 2)
+        writes.clear()
+        await operator.run_until(name, "Compensated", within=5)
+        progress = [] if crowded else ["Compensating", "Compensating"]  # after entries 3 and 2
+        assert [w.get("phase") for w in writes] == ["Compensating", *progress, "Compensated"]
+
+
 async def test_an_entry_write_that_would_overwrite_another_writers_state_says_what_changed(operator: Operator) -> None:
     """The write is refused (never overwrites), and the conflict names the field, its value and
     both resourceVersions: the log line of a driver that decides again says who moved what."""

@@ -646,8 +646,15 @@ class SagaDriver:
         """Refresh stackDepth and compensatedCount after an entry moved, at most once per
         COUNTER_INTERVAL: fast sagas show their counts with the next phase, slow ones show
         progress (STEPS and UNDONE in `kubectl get sagas`) while they run. A saga whose steps
-        run before its first phase is written gets its counts with that phase."""
-        if saga.status.phase is None or time.monotonic() - self.last_status_write < COUNTER_INTERVAL:
+        run before its first phase is written gets its counts with that phase. Not while every
+        slot is taken: the operator is at its limit then (thousands of sagas resuming, each
+        slow only because it shares the apiserver with the others), and a progress write per
+        saga slowed them all."""
+        if (
+            saga.status.phase is None
+            or time.monotonic() - self.last_status_write < COUNTER_INTERVAL
+            or self.context.slots.locked()
+        ):
             return saga
         status = _with_counters(saga.status, list(entries.values()))
         if status == saga.status:
