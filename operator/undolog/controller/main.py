@@ -8,6 +8,7 @@ import asyncio
 import asyncio.sslproto
 import contextlib
 import functools
+import gc
 import logging
 import os
 import socket
@@ -134,6 +135,11 @@ async def run(options: OperatorOptions) -> None:
     ]
     if options.metrics_port:
         start_http_server(options.metrics_port)
+    # What was made to start (modules, schemas, clients) lives as long as the process: out of the
+    # collector's sight, a full collection of an idle operator takes ~0 ms instead of ~50 ms, which
+    # landed on whatever abort was being handled.
+    gc.collect()
+    gc.freeze()
     log.info(
         "watching %s; %s shard(s), Lease %s",
         ", ".join(options.namespaces) or "all namespaces",
