@@ -56,6 +56,20 @@ class Operator:
     timeline: Timeline
     watched: Progress | None = None  # the entry watch's progress (None: no watch shows every entry)
 
+    def engine(self, **options: Any) -> Engine:
+        """An engine over this operator's fakes, leading (its watches not started)."""
+        engine = Engine(
+            self.kube,  # type: ignore[arg-type]
+            self.context.ledger,
+            self.context.compensator,
+            self.context.forwarder,
+            self.timeline,
+            self.fence,
+            **options,
+        )
+        engine.leading = True
+        return engine
+
     def webhook(self, name: str) -> None:
         self.kube.put(
             "webhooks",
@@ -748,18 +762,7 @@ async def test_a_saga_and_entry_labelled_into_the_wrong_shard_are_filed_where_th
     saga = operator.saga(name, outcome="Abort")
     saga["metadata"]["labels"][BUCKET_LABEL] = str(Shard(0, 2).buckets[0])
     entry = operator.entry(saga, 1, indexed=False)
-    ledger = operator.context.ledger
-    engine = Engine(
-        operator.kube,  # type: ignore[arg-type]
-        ledger,
-        operator.context.compensator,
-        operator.context.forwarder,
-        operator.timeline,
-        operator.fence,
-        shard=Shard(0, 2),
-        labels=ShardLabels(ledger),
-    )
-    engine.leading = True
+    engine = operator.engine(shard=Shard(0, 2), labels=ShardLabels(operator.context.ledger))
     engine.saga_event("MODIFIED", saga)
     assert not engine._owned(UndoEntry.model_validate(entry))
     assert engine.drivers == {}
@@ -772,16 +775,7 @@ async def test_the_entries_of_a_finished_saga_are_let_go_until_one_changes(opera
     saga = operator.saga("s", phase="Compensated")
     saga["metadata"].update(finalizers=[], labels={PHASE_LABEL: "compensated"})
     operator.entry(saga, 1, state="Compensated")
-    engine = Engine(
-        operator.kube,  # type: ignore[arg-type]
-        operator.context.ledger,
-        operator.context.compensator,
-        operator.context.forwarder,
-        operator.timeline,
-        operator.fence,
-        index=operator.context.index,
-    )
-    engine.leading = True
+    engine = operator.engine(index=operator.context.index)
     engine.saga_event("MODIFIED", saga)
     assert engine.index.of((NS, "s")) == {}
     assert engine.drivers == {}
@@ -801,16 +795,7 @@ async def test_sagas_waiting_for_a_slot_wait_in_a_queue_not_as_tasks(operator: O
     compensate, never more than 2 driver tasks exist; all 20 are compensated, and every slot is
     free at the end, including those of drivers stopped before they ran."""
     slots = asyncio.Semaphore(2)
-    engine = Engine(
-        operator.kube,  # type: ignore[arg-type]
-        operator.context.ledger,
-        operator.context.compensator,
-        operator.context.forwarder,
-        operator.timeline,
-        operator.fence,
-        slots=slots,
-    )
-    engine.leading = True
+    engine = operator.engine(slots=slots)
     names = [f"s{i:02d}" for i in range(20)]
     for name in names:
         saga = operator.saga(name, outcome="Abort")
