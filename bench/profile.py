@@ -10,13 +10,14 @@ import re
 from collections import Counter
 from pathlib import Path
 
-# A frame is "function (path:line)"; these name where a sample's time went, the first match
-# from the leaf up deciding.
+# A frame is "function (path:line)". A sample under the participant transport is a participant
+# call's, whatever it ran (aiohttp, TLS, the event loop); any other is named by the first of
+# these that matches from the leaf up.
+PARTICIPANT_CALLS = ("participant calls (undolog.calls.http, aiohttp)", re.compile(r"undolog/calls/http\.py"))
 PARTS = (
     ("TLS", re.compile(r"/ssl\.py|sslproto")),
     ("undolog.kube (API client)", re.compile(r"undolog/kube/")),
     ("aiohttp", re.compile(r"aiohttp/")),
-    ("httpcore/h11 (participant calls)", re.compile(r"httpcore/|h11/")),
     ("pydantic (parsing, dumping)", re.compile(r"pydantic")),
     ("kopf", re.compile(r"kopf/")),
     ("json", re.compile(r"/json/")),
@@ -35,6 +36,9 @@ def parse(path: Path) -> list[tuple[list[str], int]]:
 
 
 def part_of(frames: list[str]) -> str:
+    name, pattern = PARTICIPANT_CALLS
+    if any(pattern.search(frame) for frame in frames):
+        return name
     for frame in reversed(frames):
         for name, pattern in PARTS:
             if pattern.search(frame):

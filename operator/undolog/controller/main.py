@@ -89,7 +89,6 @@ async def run(options: OperatorOptions) -> None:
     me = options.identity or identity()
     fence = TaskFence()  # each driver's task carries its shard's Lease
     transport = HttpTransport(options.egress(), guard=fence.check)
-    await transport.warm_up()
     runner = Runner(transport, fence, sleep=wait_without_slot)
     webhooks = WebhookCache(kube, options.namespaces)
     await webhooks.start()
