@@ -9,15 +9,17 @@ the fresh copy instead of deciding (and calling) again.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from undolog import errors
 from undolog.api import LostEntry, Resource, Saga, SagaStatus, UndoEntry, UndoEntryStatus, Webhook
+from undolog.api.common import revision_of
 from undolog.conventions import bucket_labels, creation_body, owned_by
 from undolog.kube import Body, Plural
 
@@ -92,6 +94,46 @@ class EntryListing:
     unreadable: list[Unreadable]
 
 
+class EntryWrites:
+    """The ledger's UndoEntry writes in the order they were sent. etcd numbers its commits in
+    the order they happen, so a write sent after a moment gets a revision above every write
+    acknowledged before that moment: once a watch of the entries has applied that revision, it
+    has shown every entry a consistent LIST sent at that moment would. A LIST has to wait until
+    the apiserver's cache has caught up with etcd, which takes up to 100 ms when LISTs come
+    together; the watch only waits for the write's own echo."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self._waiting: list[tuple[int, str, asyncio.Future[int]]] = []
+
+    def mark(self) -> int:
+        """The writes sent from now on come after this mark."""
+        return self.sent
+
+    async def next_after(self, mark: int, namespace: str) -> int:
+        """The revision of the first acknowledged write of an entry of `namespace` sent after
+        `mark` (waits until there is one)."""
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        waiting = (mark, namespace, waiter)
+        self._waiting.append(waiting)
+        try:
+            return await waiter
+        finally:
+            if waiting in self._waiting:
+                self._waiting.remove(waiting)
+
+    async def written(self, namespace: str, writing: Awaitable[Body]) -> Body:
+        """`writing` (a write of an entry of `namespace`, not sent yet), counted."""
+        sent = self.sent = self.sent + 1
+        body = await writing
+        revision = revision_of(body.get("metadata", {}).get("resourceVersion", ""))
+        if revision is not None:
+            for mark, of, waiter in self._waiting:
+                if mark < sent and of == namespace and not waiter.done():
+                    waiter.set_result(revision)
+        return body
+
+
 def conditional(resource: Resource, patch: Body) -> Body:
     """`patch` made conditional on the object's resourceVersion."""
     metadata = {**patch.get("metadata", {}), "resourceVersion": resource.metadata.resource_version}
@@ -108,6 +150,7 @@ def changed_fields(before: BaseModel, after: BaseModel) -> Body:
 @dataclass
 class Ledger:
     kube: ObjectStore
+    entry_writes: EntryWrites = field(default_factory=EntryWrites)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -148,7 +191,10 @@ class Ledger:
 
     async def create_entry(self, entry: UndoEntry) -> UndoEntry:
         """errors.AlreadyExists when the position is taken: one entry per (saga, position)."""
-        created = await self.kube.create("undoentries", entry.metadata.namespace, creation_body(entry))
+        namespace = entry.metadata.namespace
+        created = await self.entry_writes.written(
+            namespace, self.kube.create("undoentries", namespace, creation_body(entry))
+        )
         return UndoEntry.model_validate(created)
 
     async def write_saga_status(self, saga: Saga, status: SagaStatus) -> Saga:
@@ -183,7 +229,10 @@ class Ledger:
         base = entry
         for _ in range(REBASES):
             try:
-                written = await self.kube.patch_status("undoentries", *base.key, conditional(base, {"status": ours}))
+                written = await self.entry_writes.written(
+                    base.metadata.namespace,
+                    self.kube.patch_status("undoentries", *base.key, conditional(base, {"status": ours})),
+                )
                 return UndoEntry.model_validate(written)
             except errors.Conflict:
                 fresh = await self.entry(*base.key)

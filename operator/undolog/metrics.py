@@ -36,8 +36,9 @@ saga_transitions = Counter(
 entry_proofs = Counter(
     "undolog_entry_proofs_total",
     "Proofs that a saga's entries are all known, by source: TakingCharge (the entry listing taken "
-    "on taking charge), Watch (the entry watch's progress) or List (a LIST of the saga's entries, "
-    "which scans every entry of its namespace in the apiserver).",
+    "on taking charge), Watch (the entry watch's progress past the saga's own entry write), "
+    "WriteEcho (the entry watch's echo of an entry write sent after the proof began, any saga's) "
+    "or List (a LIST of the saga's entries, which scans every entry of its namespace in the apiserver).",
     ["namespace", "source"],
 )
 sagas_by_phase = Gauge("undolog_sagas", "Sagas this operator drives, by phase.", ["namespace", "phase"])

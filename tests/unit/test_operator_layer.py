@@ -40,7 +40,7 @@ from undolog.decisions.sharding import Shard
 from undolog.errors import CallRefusal
 from undolog.kube import Body, Plural
 from undolog.kube.watch import Progress
-from undolog.ledger import Ledger
+from undolog.ledger import EntryWrites, Ledger
 
 NS = "ns"
 FAST = {"backoff": {"initialMilliseconds": 1, "maxMilliseconds": 2, "maxRetries": 3}}
@@ -253,6 +253,72 @@ async def test_a_watch_that_does_not_reach_the_last_write_is_not_taken_as_proof(
     assert done.status.phase == "Compensated"
     assert sorted(operator.undone()) == [1, 2]
     assert operator.entry_lists() == 3  # before the first call, then twice more before Compensated
+
+
+async def test_another_sagas_entry_write_echoed_by_the_watch_proves_before_a_slow_list(
+    operator: Operator,
+) -> None:
+    """Sagas failing together: their LISTs wait for the apiserver's cache (up to 100 ms), while
+    another saga's call outcome, written after this saga's proof began, comes back on the entry
+    watch within milliseconds. Its echo proves the entries as a LIST sent then would: the first
+    compensation leaves while the LIST is still unanswered."""
+    operator.watch_showing_entry_writes()
+    other = operator.saga("other", outcome="Abort")
+    written = UndoEntry.model_validate(operator.entry(other, 1))
+    saga = operator.saga("s", outcome="Abort")
+    for position in (1, 2):
+        operator.entry(saga, position)
+    answer = asyncio.Event()
+    plain = operator.kube.list
+
+    async def slow_list(plural: Plural, namespace: str | None = None, **selectors: Any) -> list[Body]:
+        listed = await plain(plural, namespace, **selectors)  # what the apiserver had when asked
+        await answer.wait()
+        return listed
+
+    operator.kube.list = slow_list  # type: ignore[method-assign]
+    driving = asyncio.create_task(operator.drive("s"))
+
+    async def lists() -> int:
+        return operator.entry_lists()
+
+    async def undone() -> list[int]:
+        return operator.undone()
+
+    await eventually(lists, lambda sent: sent == 1, 5, "the proof's LIST sent")
+    assert operator.transport.sent == []  # nothing leaves before a proof
+    ledger = operator.context.ledger
+    await ledger.write_entry_status(written, written.status.model_copy(update={"state": EntryState.RUNNING}))
+    called = await eventually(undone, bool, 5, "a compensation called")
+    assert called[0] == 2  # newest first, while the LIST is still unanswered
+    answer.set()  # the LIST answers at last, and nobody reads it
+    done = await driving
+    assert done.status.phase == "Compensated"
+    assert operator.undone() == [2, 1]
+
+
+async def test_an_entry_write_sent_before_the_proof_began_proves_nothing() -> None:
+    """Only a write sent after the mark comes after every write acknowledged before it; one
+    already on its way when the proof began may carry a revision below an entry registered
+    meanwhile. A write in another namespace is in another watch's stream."""
+    writes = EntryWrites()
+    sent_early = asyncio.Event()
+
+    async def answered(version: str, gate: asyncio.Event | None = None) -> Body:
+        if gate is not None:
+            await gate.wait()
+        return {"metadata": {"resourceVersion": version}}
+
+    early = asyncio.create_task(writes.written(NS, answered("5", sent_early)))
+    await asyncio.sleep(0)  # on its way
+    waiting = asyncio.create_task(writes.next_after(writes.mark(), NS))
+    sent_early.set()
+    await early
+    await writes.written("elsewhere", answered("6"))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await writes.written(NS, answered("7"))
+    assert await waiting == 7
 
 
 async def test_the_listing_taken_on_taking_charge_proves_the_copy_listed_before_it(operator: Operator) -> None:

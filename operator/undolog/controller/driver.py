@@ -40,6 +40,8 @@ from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, now, owned_by
 from undolog.decisions import compensation_plan, moves, phases, rewind
 from undolog.decisions.moves import EntryProof
 from undolog.decisions.retry import operator_retry_seconds
+from undolog.kube.watch import Progress
+from undolog.ledger import EntryListing
 
 log = logging.getLogger("undolog.driver")
 TOOK_CHARGE = "the operator took charge"
@@ -64,7 +66,18 @@ class ProofSource(StrEnum):
 
     TAKING_CHARGE = "TakingCharge"
     WATCH = "Watch"
+    WRITE_ECHO = "WriteEcho"
     LIST = "List"
+
+
+# Listings a proof no longer needs, held until they finish (a task nobody holds may be collected).
+_UNREAD: set[asyncio.Future[EntryListing]] = set()
+
+
+def _left_unread(listing: asyncio.Future[EntryListing]) -> None:
+    _UNREAD.discard(listing)
+    if not listing.cancelled():
+        listing.exception()  # retrieved: an error nobody waits for is not one to log
 
 
 def lost_entry(entry: UndoEntry, why: str) -> LostEntry:
@@ -312,8 +325,11 @@ class SagaDriver:
         - for the saga's copy listed on taking charge: the entry listing taken just after it;
         - after calls: the entry watch, once it has applied its stream up to the saga's newest
           entry write (made after the last call), which is as good as a LIST taken then;
-        - else a consistent LIST of the saga's entries. What the index held and the listing
-          lacks was deleted; what cannot be read is reported."""
+        - else a consistent LIST of the saga's entries, raced with the entry watch's echo of
+          the next entry write sent from now on, any saga's (ledger.EntryWrites): with sagas
+          failing together the LISTs wait up to 100 ms for the apiserver's cache, while another
+          saga's call outcome is written in ~10. What the index held and the listing lacks was
+          deleted; what cannot be read is reported."""
         listed = self.listed
         if (
             self.proof == EntryProof.NONE
@@ -326,21 +342,56 @@ class SagaDriver:
             return
         if self.proof == EntryProof.STALE and await self.watched_past(entries):
             metrics.entry_proofs.labels(self.namespace, ProofSource.WATCH).inc()
-            held = self.context.index.of(self.key)
-            entries.clear()
-            entries.update((name, e) for name, e in held.items() if owned_by(e, saga.metadata.uid))
-            self.proof = EntryProof.FRESH
+            self.take_indexed(saga, entries)
+            return
+        ledger = self.context.ledger
+        progress = self.context.entries_seen(self.namespace)
+        mark = ledger.entry_writes.mark()
+        listing = asyncio.ensure_future(ledger.entries_of(saga))
+        if progress is not None and await self.echoed_before(listing, progress, mark):
+            metrics.entry_proofs.labels(self.namespace, ProofSource.WRITE_ECHO).inc()
+            self.take_indexed(saga, entries)
             return
         metrics.entry_proofs.labels(self.namespace, ProofSource.LIST).inc()
-        listing = await self.context.ledger.entries_of(saga)
-        for gone in self.context.index.replace(self.key, listing.entries):
+        answer = await listing
+        for gone in self.context.index.replace(self.key, answer.entries):
             if owned_by(gone, saga.metadata.uid) and gone.status.state not in compensation_plan.SETTLED:
                 self.lose(lost_entry(gone, "deleted by hand"))
-        for unreadable in listing.unreadable:
+        for unreadable in answer.unreadable:
             self.lose(unreadable.lost)
         entries.clear()
-        entries.update((e.metadata.name, e) for e in listing.entries)
+        entries.update((e.metadata.name, e) for e in answer.entries)
         self.proof = EntryProof.FRESH
+
+    def take_indexed(self, saga: Saga, entries: Entries) -> None:
+        """The saga's entries as the index holds them, proven complete by the watch."""
+        held = self.context.index.of(self.key)
+        entries.clear()
+        entries.update((name, e) for name, e in held.items() if owned_by(e, saga.metadata.uid))
+        self.proof = EntryProof.FRESH
+
+    async def echoed_before(self, listing: asyncio.Future[EntryListing], progress: Progress, mark: int) -> bool:
+        """Whether the entry watch applies an entry write of the namespace sent after `mark`
+        before `listing` answers. The listing is then left to finish unread: cancelled, its
+        connection to the apiserver would be closed and opened again."""
+
+        async def echoed() -> bool:
+            revision = await self.context.ledger.entry_writes.next_after(mark, self.namespace)
+            return await progress.reached(revision, WATCH_PROOF_WAIT)
+
+        echo = asyncio.ensure_future(echoed())
+        try:
+            await asyncio.wait((listing, echo), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            listing.cancel()
+            raise
+        finally:
+            echo.cancel()
+        if not (echo.done() and not echo.cancelled() and echo.result()):
+            return False
+        _UNREAD.add(listing)
+        listing.add_done_callback(_left_unread)
+        return True
 
     async def watched_past(self, entries: Entries) -> bool:
         """Whether the watch of every entry of the namespace reaches the newest write of these
