@@ -221,3 +221,15 @@ async def test_a_name_is_refused_on_the_address_it_resolves_to(participant: Part
     assert (outcome.error or "").startswith("localhost: ")
     assert "(denied: 127.0.0.0/8)" in (outcome.error or "")
     assert participant.received() == []
+
+
+async def test_a_ca_bundle_that_is_not_a_certificate_is_a_tls_failure_and_sends_nothing(
+    participant: Participant, transport: HttpTransport
+) -> None:
+    import base64
+
+    garbage = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n").decode()
+    target = Target(participant.url("/undo").replace("http:", "https:"), 2.0, ca_bundle=garbage)
+    outcome = await transport.send(PreparedCall(target, {}, {}))
+    assert (outcome.error or "").startswith("TLS: ")
+    assert participant.received() == []

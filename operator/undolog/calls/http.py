@@ -206,7 +206,7 @@ class HttpTransport:
                 return await self._exchange(call, payload, headers)
         except TimeoutError:
             return CallOutcome(error=f"timed out after {target.timeout_seconds:g} s")
-        except aiohttp.ClientSSLError as error:
+        except (aiohttp.ClientSSLError, ssl.SSLError) as error:  # a handshake, or a CA bundle that is no PEM
             return CallOutcome(error=f"TLS: {error}"[:MAX_ERROR_TEXT])
         except aiohttp.ClientConnectorError as error:
             if isinstance(error.os_error, EgressRefused):
