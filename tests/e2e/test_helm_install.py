@@ -176,7 +176,13 @@ async def test_a_saga_applied_with_kubectl_is_compensated_by_the_pods(release: R
     pods = release.operator_pods()
     assert all(s["restartCount"] == 0 for p in pods for s in p["status"]["containerStatuses"])
     events = release.json("get", "events", "-n", RELEASE_NAMESPACE)["items"]
-    assert not [e for e in events if e["reason"] in ("Unhealthy", "BackOff")], events
+    failing = [
+        f"{e['involvedObject'].get('name')}: {e['reason']} x{e.get('count')} since {e.get('firstTimestamp')}: "
+        f"{e['message']}"
+        for e in events
+        if e["reason"] in ("Unhealthy", "BackOff")
+    ]
+    assert not failing, failing
 
 
 async def test_the_standby_takes_over_a_forcibly_deleted_leader_and_finishes_the_work(
