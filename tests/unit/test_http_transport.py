@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -233,3 +234,34 @@ async def test_a_ca_bundle_that_is_not_a_certificate_is_a_tls_failure_and_sends_
     outcome = await transport.send(PreparedCall(target, {}, {}))
     assert (outcome.error or "").startswith("TLS: ")
     assert participant.received() == []
+
+
+async def test_an_upper_case_https_scheme_is_verified_with_the_webhooks_ca_bundle(
+    transport: HttpTransport, tmp_path: Path
+) -> None:
+    import base64
+    import ssl
+
+    from devtools.control_plane.pki import certificate_authority, serving_certificate
+
+    ca = certificate_authority("participant-ca")
+    served = serving_certificate(ca, "participant")
+    (tmp_path / "tls.crt").write_bytes(served.certificate_pem)
+    (tmp_path / "tls.key").write_bytes(served.key_pem)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    secure = Participant(tls=context)
+    try:
+        url = secure.url("/refund").replace("https://", "HTTPS://")
+        bundle = base64.b64encode(ca.certificate_pem).decode()
+        outcome = await transport.send(PreparedCall(Target(url, 5.0, ca_bundle=bundle), {}, {}))
+    finally:
+        secure.close()
+    assert outcome.status_code == 200, outcome.error
+    assert [r.path for r in secure.received()] == ["/refund"]
+
+
+async def test_a_target_that_is_no_url_is_refused_and_nothing_is_sent(transport: HttpTransport) -> None:
+    outcome = await transport.send(PreparedCall(Target("http://[::1", 2.0), {}, {}))
+    assert outcome.refusal == CallRefusal.TARGET_REFUSED
+    assert "is not a URL the operator calls" in (outcome.error or "")

@@ -139,10 +139,10 @@ def unguarded() -> None:
     return None
 
 
-def _written_address(url: str) -> str | None:
+def _written_address(url: URL) -> str | None:
     """The host of `url` when it is an address, which aiohttp connects to without resolving
     (its own test: a colon, or digits and dots)."""
-    host = URL(url).raw_host or ""
+    host = url.raw_host or ""
     return host if ":" in host or host.replace(".", "").isdigit() else None
 
 
@@ -196,14 +196,21 @@ class HttpTransport:
             "Content-Type": "application/json",
             "Accept": "application/json",
         }
-        written = _written_address(target.url)
-        refused = None if written is None else self.policy.refusal(written, URL(target.url).port or 0)
+        try:
+            url = URL(target.url)
+        except ValueError as error:
+            return CallOutcome(
+                error=f"{target.url!r} is not a URL the operator calls: {error}"[:MAX_ERROR_TEXT],
+                refusal=CallRefusal.TARGET_REFUSED,
+            )
+        written = _written_address(url)
+        refused = None if written is None else self.policy.refusal(written, url.port or 0)
         if refused is not None:
             return CallOutcome(error=refused[:MAX_ERROR_TEXT], refusal=CallRefusal.TARGET_REFUSED)
         try:
             async with self.slots.hold(target.url), asyncio.timeout(target.timeout_seconds):
                 call.leaving()
-                return await self._exchange(call, payload, headers)
+                return await self._exchange(call, url, payload, headers)
         except TimeoutError:
             return CallOutcome(error=f"timed out after {target.timeout_seconds:g} s")
         except (aiohttp.ClientSSLError, ssl.SSLError) as error:  # a handshake, or a CA bundle that is no PEM
@@ -219,11 +226,11 @@ class HttpTransport:
         except (aiohttp.ClientError, OSError) as error:
             return CallOutcome(error=f"{type(error).__name__}: {error}"[:MAX_ERROR_TEXT])
 
-    async def _exchange(self, call: PreparedCall, payload: bytes, headers: dict[str, str]) -> CallOutcome:
-        target = call.target
-        context = self._context(target.ca_bundle) if target.url.startswith("https:") else True
+    async def _exchange(self, call: PreparedCall, url: URL, payload: bytes, headers: dict[str, str]) -> CallOutcome:
+        # The scheme as parsed (lower case): HTTPS:// is https too, verified with its CA bundle.
+        context = self._context(call.target.ca_bundle) if url.scheme == "https" else True
         async with self._session.post(
-            target.url, data=payload, headers=headers, ssl=context, allow_redirects=False
+            url, data=payload, headers=headers, ssl=context, allow_redirects=False
         ) as response:
             status = response.status
             answer_headers = {k.lower(): v for k, v in response.headers.items()}
