@@ -116,6 +116,10 @@ demo: venv tools
 bin/undolog-bench-ceiling: bench/ceiling/main.go bench/ceiling/go.mod
 	cd bench/ceiling && go build -trimpath -o $(CURDIR)/bin/undolog-bench-ceiling .
 
+# The floor of the abort-to-first-call figure: the least any controller does, in Go likewise.
+bin/undolog-bench-floor: bench/floor/main.go bench/floor/go.mod
+	cd bench/floor && go build -trimpath -o $(CURDIR)/bin/undolog-bench-floor .
+
 # Temporal's CLI and dev server (Server 1.29.1) from the Go module proxy, for bench.temporal;
 # newer CLI releases need a module the proxy does not serve. Cached: built once per version.
 TEMPORAL_CLI := v1.5.1
@@ -123,7 +127,7 @@ bin/.temporal-$(TEMPORAL_CLI):
 	GOBIN=$(CURDIR)/bin go install github.com/temporalio/cli/cmd/temporal@$(TEMPORAL_CLI)
 	touch $@
 
-bench: venv tools bin/undolog-bench-ceiling bin/.temporal-$(TEMPORAL_CLI)
+bench: venv tools bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.temporal-$(TEMPORAL_CLI)
 	$(PY) -m pip install -q --require-hashes -r requirements/bench.txt
 	$(PY) -m bench.compensation --sizes 1 10 100 1000
 	$(PY) -m bench.forward --concurrency 1 100

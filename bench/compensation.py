@@ -20,7 +20,8 @@ import json
 import statistics
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from bench.harness import (
     bench_cluster,
     cpu_seconds,
     delta,
+    floor_client,
     go_ceiling,
     print_table,
     profiled,
@@ -183,45 +185,56 @@ async def _all(kube: Kube, namespace: str, phase: str, n: int) -> bool:
     return (await phases(kube, namespace)).get(phase, 0) == n
 
 
-async def burst_latency(bench: Bench, size: int, bursts: int) -> dict[str, Any]:
+@contextmanager
+def operator_of(bench: Bench, namespace: str) -> Iterator[None]:
+    operator = bench.operator(namespace)
+    try:
+        yield
+    finally:
+        operator.stop()
+
+
+async def burst_latency(bench: Bench, size: int, bursts: int, *, floor: bool = False) -> dict[str, Any]:
     """Abort to first compensation call on an operator with nothing else to do: `bursts` times,
     `size` sagas aborted together, each burst once the previous one is compensated. One saga at
     a time gives the idle figure; bursts of 10 give the 10-at-once figure over enough samples
-    (one burst of 10 moved between 65 and 180 ms from run to run)."""
+    (one burst of 10 moved between 65 and 180 ms from run to run). `floor`: the sagas are
+    compensated by bench/floor instead, the least any controller does (harness.floor_client)."""
     kube = bench.kube
-    namespace = await bench.namespace("idle" if size == 1 else f"burst{size}")
+    namespace = await bench.namespace(("floor-" if floor else "") + ("idle" if size == 1 else f"burst{size}"))
     participant = RemoteParticipant()
     await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
-    operator = bench.operator(namespace)
+    driver = floor_client(bench, namespace, participant.url("/undo")) if floor else operator_of(bench, namespace)
     try:
-        names = [[f"b{burst:03d}-{i:02d}" for i in range(size)] for burst in range(bursts)]
-        await bounded(lambda name=name: make_saga(kube, namespace, name) for burst in names for name in burst)  # type: ignore[misc]
-        total = size * bursts
-        await until(lambda: _all(kube, namespace, "Active", total), 120, f"{total} sagas Active")
-        latencies = []
+        with driver:
+            names = [[f"b{burst:03d}-{i:02d}" for i in range(size)] for burst in range(bursts)]
+            await bounded(lambda name=name: make_saga(kube, namespace, name) for burst in names for name in burst)  # type: ignore[misc]
+            total = size * bursts
+            if not floor:  # the floor writes no phase until a saga is aborted
+                await until(lambda: _all(kube, namespace, "Active", total), 120, f"{total} sagas Active")
+            latencies = []
 
-        async def abort(name: str, at: dict[str, float]) -> None:
-            await kube.patch("sagas", namespace, name, {"spec": {"outcome": "Abort"}})
-            at[name] = time.monotonic()
+            async def abort(name: str, at: dict[str, float]) -> None:
+                await kube.patch("sagas", namespace, name, {"spec": {"outcome": "Abort"}})
+                at[name] = time.monotonic()
 
-        for count, burst in enumerate(names, start=1):
-            await asyncio.sleep(0.3)  # idle: the operator has nothing else to do (a pause, not a wait)
-            aborted: dict[str, float] = {}
-            await asyncio.gather(*(abort(name, aborted) for name in burst))
-            received = await participant.until(lambda r, count=count: len(r) >= 3 * size * count, 60)  # type: ignore[misc]
-            for name in burst:
-                first = min(r.at for r in received if r.headers["undolog-saga"].endswith(f"/{name}"))
-                latencies.append(first - aborted[name])
-        return {
-            "sagas_at_once": size,
-            "bursts": bursts,
-            "samples": len(latencies),
-            "abort_to_first_call_p50_ms": round(percentile(latencies, 0.5) * 1000, 1),
-            "abort_to_first_call_p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
-        }
+            for count, burst in enumerate(names, start=1):
+                await asyncio.sleep(0.3)  # idle: the operator has nothing else to do (a pause, not a wait)
+                aborted: dict[str, float] = {}
+                await asyncio.gather(*(abort(name, aborted) for name in burst))
+                received = await participant.until(lambda r, count=count: len(r) >= 3 * size * count, 60)  # type: ignore[misc]
+                for name in burst:
+                    first = min(r.at for r in received if r.headers["undolog-saga"].endswith(f"/{name}"))
+                    latencies.append(first - aborted[name])
     finally:
-        operator.stop()
         participant.close()
+    return {
+        "sagas_at_once": size,
+        "bursts": bursts,
+        "samples": len(latencies),
+        "abort_to_first_call_p50_ms": round(percentile(latencies, 0.5) * 1000, 1),
+        "abort_to_first_call_p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
+    }
 
 
 async def main(sizes: list[int], idle_samples: int, bursts_of_10: int, profile: Path | None) -> None:
@@ -230,20 +243,29 @@ async def main(sizes: list[int], idle_samples: int, bursts_of_10: int, profile: 
         if idle_samples:
             idle = await burst_latency(bench, 1, idle_samples)
             ten = await burst_latency(bench, 10, bursts_of_10) if bursts_of_10 else None
+            floor_idle = await burst_latency(bench, 1, idle_samples, floor=True)
+            floor_ten = await burst_latency(bench, 10, bursts_of_10, floor=True) if bursts_of_10 else None
             print_table(
-                ["sagas aborted together, on an idle operator", "samples", "abort->1st call p50", "p99"],
+                [
+                    "sagas aborted together, on an idle controller",
+                    "controller",
+                    "samples",
+                    "abort->1st call p50",
+                    "p99",
+                ],
                 [
                     (
                         r["sagas_at_once"],
+                        who,
                         r["samples"],
                         f"{r['abort_to_first_call_p50_ms']} ms",
                         f"{r['abort_to_first_call_p99_ms']} ms",
                     )
-                    for r in (idle, ten)
+                    for who, r in (("UndoLog", idle), ("UndoLog", ten), ("floor", floor_idle), ("floor", floor_ten))
                     if r is not None
                 ],
             )
-            save("compensation_idle", {**idle, "bursts_of_10": ten})
+            save("compensation_idle", {**idle, "bursts_of_10": ten, "floor": {**floor_idle, "bursts_of_10": floor_ten}})
         for n in sizes:
             print(f"N={n} ...", flush=True)
             row = await measure(bench, n, profile)

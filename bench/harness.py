@@ -14,8 +14,8 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,20 +101,45 @@ class Bench:
         return counts
 
 
-async def go_ceiling(bench: Bench, namespace: str, entries: Sequence[str], writes: int, concurrency: int) -> float:
-    """Writes per second a plain Go client (bench/ceiling, built by `make bench`) gets from the
-    apiserver: the same status patches at the same concurrency, in the same run."""
+def go_client(bench: Bench, program: str) -> list[str]:
+    """The command line of one of bench/'s Go clients, with the admin's client certificate."""
     local = bench.local
     if local is None:
-        raise RuntimeError("the Go ceiling needs the local control plane's client certificate (unset KUBECONFIG)")
+        raise RuntimeError(f"{program} needs the local control plane's client certificate (unset KUBECONFIG)")
     pki = local.pki
-    server = bench.kube.server
-    command = [
-        str(BIN / "undolog-bench-ceiling"),
-        f"--server={server}",
+    return [
+        str(BIN / program),
+        f"--server={bench.kube.server}",
         f"--ca={pki / 'serving-ca.crt'}",
         f"--cert={pki / 'admin.crt'}",
         f"--key={pki / 'admin.key'}",
+    ]
+
+
+@contextmanager
+def floor_client(bench: Bench, namespace: str, participant: str) -> Iterator[None]:
+    """bench/floor (built by `make bench`) compensating the namespace's aborted sagas, calling
+    `participant`: the least any controller does between an abort and its first call."""
+    process = subprocess.Popen(
+        [*go_client(bench, "undolog-bench-floor"), f"--namespace={namespace}", f"--participant={participant}"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != "watching":
+            raise RuntimeError(f"undolog-bench-floor did not start (exit code {process.wait(10)})")
+        yield
+    finally:
+        process.kill()
+        process.wait()
+
+
+async def go_ceiling(bench: Bench, namespace: str, entries: Sequence[str], writes: int, concurrency: int) -> float:
+    """Writes per second a plain Go client (bench/ceiling, built by `make bench`) gets from the
+    apiserver: the same status patches at the same concurrency, in the same run."""
+    command = [
+        *go_client(bench, "undolog-bench-ceiling"),
         f"--namespace={namespace}",
         f"--names={','.join(entries)}",
         f"--writes={writes}",

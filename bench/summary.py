@@ -17,6 +17,10 @@ KEYS = (
     "abort_first_call_p99_ms",
     "abort_first_call_p50_ms_10",
     "abort_first_call_p99_ms_10",
+    "floor_abort_first_call_p50_ms",
+    "floor_abort_first_call_p99_ms",
+    "floor_abort_first_call_p50_ms_10",
+    "floor_abort_first_call_p99_ms_10",
     "writes_per_compensated_saga",
     "writes_per_forward_step",
     "compensation_fraction_of_ceiling",
@@ -52,6 +56,13 @@ def summarize() -> dict[str, Any]:
         if bursts := idle["results"].get("bursts_of_10"):
             figures["abort_first_call_p50_ms_10"] = bursts["abort_to_first_call_p50_ms"]
             figures["abort_first_call_p99_ms_10"] = bursts["abort_to_first_call_p99_ms"]
+        # The same bursts compensated by bench/floor, the least any controller does, in the same run.
+        if floor := idle["results"].get("floor"):
+            figures["floor_abort_first_call_p50_ms"] = floor["abort_to_first_call_p50_ms"]
+            figures["floor_abort_first_call_p99_ms"] = floor["abort_to_first_call_p99_ms"]
+            if floor_bursts := floor.get("bursts_of_10"):
+                figures["floor_abort_first_call_p50_ms_10"] = floor_bursts["abort_to_first_call_p50_ms"]
+                figures["floor_abort_first_call_p99_ms_10"] = floor_bursts["abort_to_first_call_p99_ms"]
     if compensation := sources["compensation"]:
         if ten := row(compensation["results"], "sagas", 10):
             if figures["abort_first_call_p99_ms_10"] is None:

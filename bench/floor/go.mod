@@ -1,0 +1,3 @@
+module undolog.io/bench/floor
+
+go 1.26

@@ -1,0 +1,193 @@
+// The floor for `make bench`'s abort-to-first-call figure: the least any controller must do on
+// this control plane between a saga's abort and its first compensation call, in Go (HTTP/2, one
+// connection, like client-go), so the client is not the bottleneck. It watches the namespace's
+// Sagas; on an abort it lists the saga's entries with a consistent LIST (the proof that none is
+// missing), then calls the participant newest entry first while it writes Compensating, writes
+// each entry Compensated after its call, and ends with the saga's Compensated status and its
+// phase label: the writes UndoLog makes, without its checks, its Events or its bookkeeping.
+// Prints "watching" once its watch is open. No dependencies.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"sort"
+	"sync"
+	"time"
+)
+
+type saga struct {
+	Metadata struct {
+		Name string `json:"name"`
+	} `json:"metadata"`
+	Spec struct {
+		Outcome string `json:"outcome"`
+	} `json:"spec"`
+}
+
+type entry struct {
+	Metadata struct {
+		Name string `json:"name"`
+	} `json:"metadata"`
+	Spec struct {
+		UndoID        string          `json:"undoId"`
+		StackPosition int             `json:"stackPosition"`
+		Step          string          `json:"step"`
+		Compensation  json.RawMessage `json:"compensation"`
+	} `json:"spec"`
+}
+
+type floor struct {
+	api, participant *http.Client
+	base, namespace  string // base: .../apis/undolog.io/v1alpha1/namespaces/<namespace>
+	target           string // the participant's URL
+}
+
+func main() {
+	server := flag.String("server", "", "apiserver URL, e.g. https://127.0.0.1:6443")
+	ca := flag.String("ca", "", "CA file that signed the apiserver's certificate")
+	cert := flag.String("cert", "", "client certificate file")
+	key := flag.String("key", "", "client key file")
+	namespace := flag.String("namespace", "", "namespace of the sagas")
+	target := flag.String("participant", "", "URL every compensation is POSTed to")
+	flag.Parse()
+
+	pair, err := tls.LoadX509KeyPair(*cert, *key)
+	check(err)
+	pem, err := os.ReadFile(*ca)
+	check(err)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	f := &floor{
+		api: &http.Client{Transport: &http.Transport{
+			TLSClientConfig:   &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: roots},
+			ForceAttemptHTTP2: true,
+		}},
+		participant: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 100}},
+		base:        fmt.Sprintf("%s/apis/undolog.io/v1alpha1/namespaces/%s", *server, *namespace),
+		namespace:   *namespace,
+		target:      *target,
+	}
+	f.watch()
+}
+
+// watch follows the namespace's Sagas from now on and compensates each one aborted, once.
+func (f *floor) watch() {
+	var listed struct {
+		Metadata struct {
+			ResourceVersion string `json:"resourceVersion"`
+		} `json:"metadata"`
+	}
+	for { // the apiserver answers 429 while its storage for a new CRD initializes
+		answer, err := f.api.Get(f.base + "/sagas?limit=1")
+		check(err)
+		check(json.NewDecoder(answer.Body).Decode(&listed))
+		answer.Body.Close()
+		if answer.StatusCode == http.StatusOK {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	answer, err := f.api.Get(f.base + "/sagas?watch=1&resourceVersion=" + listed.Metadata.ResourceVersion)
+	check(err)
+	if answer.StatusCode != http.StatusOK {
+		check(fmt.Errorf("watch: HTTP %d", answer.StatusCode))
+	}
+	fmt.Println("watching")
+	handled := map[string]bool{}
+	lines := bufio.NewScanner(answer.Body)
+	lines.Buffer(make([]byte, 1<<20), 1<<21)
+	for lines.Scan() {
+		var event struct {
+			Object saga `json:"object"`
+		}
+		check(json.Unmarshal(lines.Bytes(), &event))
+		name := event.Object.Metadata.Name
+		if event.Object.Spec.Outcome == "Abort" && !handled[name] {
+			handled[name] = true
+			go f.compensate(name)
+		}
+	}
+	check(fmt.Errorf("watch ended: %v", lines.Err()))
+}
+
+func (f *floor) compensate(name string) {
+	var listed struct {
+		Items []entry `json:"items"`
+	}
+	f.request(http.MethodGet, "/undoentries?fieldSelector="+url.QueryEscape("spec.saga="+name), nil, &listed)
+	entries := listed.Items
+	sort.Slice(entries, func(i, j int) bool { return entries[i].Spec.StackPosition > entries[j].Spec.StackPosition })
+	var writing sync.WaitGroup
+	writing.Add(1)
+	go func() {
+		defer writing.Done()
+		f.patch("/sagas/"+name+"/status", `{"status":{"phase":"Compensating"}}`)
+	}()
+	for _, e := range entries {
+		f.call(name, e)
+		f.patch("/undoentries/"+e.Metadata.Name+"/status", `{"status":{"state":"Compensated"}}`)
+	}
+	writing.Wait()
+	f.patch("/sagas/"+name+"/status", `{"status":{"phase":"Compensated"}}`)
+	f.patch("/sagas/"+name, `{"metadata":{"labels":{"undolog.io/phase":"Compensated"}}}`)
+}
+
+func (f *floor) call(saga string, e entry) {
+	var compensation struct {
+		Args json.RawMessage `json:"args"`
+	}
+	check(json.Unmarshal(e.Spec.Compensation, &compensation))
+	request, err := http.NewRequest(http.MethodPost, f.target, bytes.NewReader(compensation.Args))
+	check(err)
+	request.Header.Set("Content-Type", "application/json")
+	request.Header.Set("Idempotency-Key", e.Spec.UndoID)
+	request.Header.Set("Undolog-Saga", f.namespace+"/"+saga)
+	request.Header.Set("Undolog-Step", e.Spec.Step)
+	request.Header.Set("Undolog-Attempt", "1")
+	answer, err := f.participant.Do(request)
+	check(err)
+	_, _ = io.Copy(io.Discard, answer.Body)
+	answer.Body.Close()
+}
+
+func (f *floor) patch(path, body string) {
+	f.request(http.MethodPatch, path, []byte(body), nil)
+}
+
+// request sends one API request and decodes its answer into `into` (nil: discarded).
+func (f *floor) request(method, path string, body []byte, into any) {
+	request, err := http.NewRequest(method, f.base+path, bytes.NewReader(body))
+	check(err)
+	if body != nil {
+		request.Header.Set("Content-Type", "application/merge-patch+json")
+	}
+	answer, err := f.api.Do(request)
+	check(err)
+	defer answer.Body.Close()
+	if answer.StatusCode != http.StatusOK {
+		text, _ := io.ReadAll(answer.Body)
+		check(fmt.Errorf("%s %s: HTTP %d: %s", method, path, answer.StatusCode, text))
+	}
+	if into != nil {
+		check(json.NewDecoder(answer.Body).Decode(into))
+	} else {
+		_, _ = io.Copy(io.Discard, answer.Body)
+	}
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
