@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,17 +22,12 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+from devtools.control_plane.local import free_port
 from temporalio.client import Client, WorkflowHandle
 
 from bench.compensation import percentile
 from bench.harness import BIN, ROOT, RemoteParticipant, print_table, save
 from bench.temporal_saga import TASK_QUEUE, SagaInput, ThreeStepSaga
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

@@ -67,10 +67,20 @@ class Endpoints:
     restarted: list[str] = field(default_factory=list)  # processes found dead and started again
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports on loopback. The sockets are held until all are bound: ports
+    picked one at a time came back the same about once in 10,000 pairs, and an operator given
+    one port for its health and its metrics exited (its health server could not bind) after
+    the metrics server on that port had answered the harness's health check."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def _alive(pid: int) -> bool:
@@ -136,7 +146,7 @@ class LocalControlPlane:
             shutil.rmtree(directory, ignore_errors=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         write_pki(self.pki)
-        etcd_client, etcd_peer, apiserver_port, kcm_port = (free_port() for _ in range(4))
+        etcd_client, etcd_peer, apiserver_port, kcm_port = free_ports(4)
         state = RunState(server=f"https://127.0.0.1:{apiserver_port}")
         try:
             self._start("etcd", self._etcd_args(etcd_client, etcd_peer), state)
@@ -294,7 +304,7 @@ class LocalControlPlane:
         return args
 
     def _node_up(self, state: RunState, apiserver_port: int) -> None:
-        ports = NodePorts(apiserver_port, *(free_port() for _ in range(5)))
+        ports = NodePorts(apiserver_port, *free_ports(5))
         self.node.prepare(ports)
         for user, name in (("node", "kubelet"), ("scheduler", "kube-scheduler"), ("proxy", "kube-proxy")):
             self._write_kubeconfig(state.server, self.node.dir / f"{name}.kubeconfig", user)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.control_plane import LocalControlPlane
-from devtools.control_plane.local import free_port
+from devtools.control_plane.local import free_ports
 
 from examples.onboarding.agent import onboard
 from undolog.kube import Kube
@@ -180,11 +180,11 @@ def main() -> None:
     kubectl("create", "namespace", namespace)
     print(f"CRDs installed; namespace {namespace}")
 
-    ports = {name: free_port() for name in ("identity", "authorization", "email")}
+    *service_ports, liveness = free_ports(4)
+    ports = dict(zip(("identity", "authorization", "email"), service_ports, strict=True))
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     logs = ROOT / ".cluster" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    liveness = free_port()
     processes = [
         subprocess.Popen(
             [sys.executable, "-m", "examples.onboarding.services", "--slow-send", "5"]

@@ -6,7 +6,6 @@ filters live in the URL, a batch retry after a fix. Screenshots go to docs/."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from devtools.control_plane.local import free_port
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from tests.cluster.test_cli import halted_saga
@@ -40,12 +40,6 @@ FLAGS = [
     "--disable-sync",
 ]
 DOCS = REPO / "docs"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Dashboard:

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
+from devtools.control_plane.local import free_ports
+
 from tests.support.waiting import until_healthy
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class OperatorProcess:
@@ -55,7 +50,7 @@ class OperatorProcess:
 
     def start(self, timeout: float = 60.0) -> None:
         self.starts += 1
-        liveness, self.metrics_port = free_port(), free_port()
+        liveness, self.metrics_port = free_ports(2)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
