@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import Cluster
 from tests.support.manifests import call, saga, undo_entry, webhook
 from tests.support.operator_process import OperatorProcess
-from tests.support.participants import Participant, Received, Reply
+from tests.support.participants import Participant, Received, Reply, https_participant
 from tests.support.waiting import eventually, saga_phase
 from undolog.errors import KubeError
 from undolog.kube import Body, Kube
@@ -486,20 +486,9 @@ async def test_a_secret_that_has_not_opted_in_is_never_sent(
 async def test_https_participant_verified_with_ca_bundle(
     kube: Kube, namespace: str, operator: OperatorProcess, tmp_path: Any
 ) -> None:
-    import base64
-    import ssl
-
-    from devtools.control_plane.pki import certificate_authority, serving_certificate
-
-    ca = certificate_authority("participant-ca")
-    served = serving_certificate(ca, "participant")
-    (tmp_path / "tls.crt").write_bytes(served.certificate_pem)
-    (tmp_path / "tls.key").write_bytes(served.key_pem)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
-    secure = Participant(tls=context)
+    secure, bundle = https_participant(tmp_path)
     try:
-        trusted = webhook("refund", url=secure.url("/refund"), caBundle=base64.b64encode(ca.certificate_pem).decode())
+        trusted = webhook("refund", url=secure.url("/refund"), caBundle=bundle)
         await kube.create("webhooks", namespace, trusted)
         await kube.create("webhooks", namespace, webhook("untrusted", url=secure.url("/untrusted")))
         await external_saga(kube, namespace, "tls", [call("refund"), {**call("untrusted"), "maxRetries": 0}])

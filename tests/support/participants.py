@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import dataclasses
 import json
 import socket
@@ -20,6 +21,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -223,6 +225,20 @@ class Participant:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def https_participant(scratch: Path) -> tuple[Participant, str]:
+    """A participant serving HTTPS with a certificate from a CA of its own (files in `scratch`),
+    and that CA as a Webhook's `caBundle` holds it (base64 PEM)."""
+    from devtools.control_plane.pki import certificate_authority, serving_certificate
+
+    ca = certificate_authority("participant-ca")
+    served = serving_certificate(ca, "participant")
+    (scratch / "tls.crt").write_bytes(served.certificate_pem)
+    (scratch / "tls.key").write_bytes(served.key_pem)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(scratch / "tls.crt", scratch / "tls.key")
+    return Participant(tls=context), base64.b64encode(ca.certificate_pem).decode()
 
 
 def main() -> None:

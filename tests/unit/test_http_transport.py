@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.participants import Participant, Reply
+from tests.support.participants import Participant, Reply, https_participant
 from undolog.calls.http import CALLS_PER_PARTICIPANT, MAX_CONTEXTS, HttpTransport
 from undolog.calls.transport import PreparedCall, Target
 from undolog.conventions import MAX_ANSWER_BYTES
@@ -239,21 +239,9 @@ async def test_a_ca_bundle_that_is_not_a_certificate_is_a_tls_failure_and_sends_
 async def test_an_upper_case_https_scheme_is_verified_with_the_webhooks_ca_bundle(
     transport: HttpTransport, tmp_path: Path
 ) -> None:
-    import base64
-    import ssl
-
-    from devtools.control_plane.pki import certificate_authority, serving_certificate
-
-    ca = certificate_authority("participant-ca")
-    served = serving_certificate(ca, "participant")
-    (tmp_path / "tls.crt").write_bytes(served.certificate_pem)
-    (tmp_path / "tls.key").write_bytes(served.key_pem)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
-    secure = Participant(tls=context)
+    secure, bundle = https_participant(tmp_path)
     try:
         url = secure.url("/refund").replace("https://", "HTTPS://")
-        bundle = base64.b64encode(ca.certificate_pem).decode()
         outcome = await transport.send(PreparedCall(Target(url, 5.0, ca_bundle=bundle), {}, {}))
     finally:
         secure.close()
