@@ -112,13 +112,11 @@ clean: cluster-reset
 demo: venv tools
 	$(PY) -m examples.onboarding.demo
 
-# The raw API ceiling: a small Go client (no dependencies), so the client is not the bottleneck.
-bin/undolog-bench-ceiling: bench/ceiling/main.go bench/ceiling/go.mod
-	cd bench/ceiling && go build -trimpath -o $(CURDIR)/bin/undolog-bench-ceiling .
-
-# The floor of the abort-to-first-call figure: the least any controller does, in Go likewise.
-bin/undolog-bench-floor: bench/floor/main.go bench/floor/go.mod
-	cd bench/floor && go build -trimpath -o $(CURDIR)/bin/undolog-bench-floor .
+# bench's Go clients (no dependencies), so the client is not the bottleneck: the raw API ceiling,
+# and the floor of the abort-to-first-call figure (the least any controller does).
+GO_CLIENTS := $(wildcard bench/goclients/*/*.go) bench/goclients/go.mod
+bin/undolog-bench-ceiling bin/undolog-bench-floor: bin/undolog-bench-%: $(GO_CLIENTS)
+	cd bench/goclients && go build -trimpath -o $(CURDIR)/$@ ./$*
 
 # Temporal's CLI and dev server (Server 1.29.1) from the Go module proxy, for bench.temporal;
 # newer CLI releases need a module the proxy does not serve. Cached: built once per version.

@@ -199,7 +199,7 @@ async def burst_latency(bench: Bench, size: int, bursts: int, *, floor: bool = F
     `size` sagas aborted together, each burst once the previous one is compensated. One saga at
     a time gives the idle figure; bursts of 10 give the 10-at-once figure over enough samples
     (one burst of 10 moved between 65 and 180 ms from run to run). `floor`: the sagas are
-    compensated by bench/floor instead, the least any controller does (harness.floor_client)."""
+    compensated by bench/goclients/floor instead, the least any controller does (harness.floor_client)."""
     kube = bench.kube
     namespace = await bench.namespace(("floor-" if floor else "") + ("idle" if size == 1 else f"burst{size}"))
     participant = RemoteParticipant()

@@ -118,7 +118,7 @@ def go_client(bench: Bench, program: str) -> list[str]:
 
 @contextmanager
 def floor_client(bench: Bench, namespace: str, participant: str) -> Iterator[None]:
-    """bench/floor (built by `make bench`) compensating the namespace's aborted sagas, calling
+    """bench/goclients/floor (built by `make bench`) compensating the namespace's aborted sagas, calling
     `participant`: the least any controller does between an abort and its first call."""
     process = subprocess.Popen(
         [*go_client(bench, "undolog-bench-floor"), f"--namespace={namespace}", f"--participant={participant}"],
@@ -136,7 +136,7 @@ def floor_client(bench: Bench, namespace: str, participant: str) -> Iterator[Non
 
 
 async def go_ceiling(bench: Bench, namespace: str, entries: Sequence[str], writes: int, concurrency: int) -> float:
-    """Writes per second a plain Go client (bench/ceiling, built by `make bench`) gets from the
+    """Writes per second a plain Go client (bench/goclients/ceiling, built by `make bench`) gets from the
     apiserver: the same status patches at the same concurrency, in the same run."""
     command = [
         *go_client(bench, "undolog-bench-ceiling"),

@@ -56,7 +56,7 @@ def summarize() -> dict[str, Any]:
         if bursts := idle["results"].get("bursts_of_10"):
             figures["abort_first_call_p50_ms_10"] = bursts["abort_to_first_call_p50_ms"]
             figures["abort_first_call_p99_ms_10"] = bursts["abort_to_first_call_p99_ms"]
-        # The same bursts compensated by bench/floor, the least any controller does, in the same run.
+        # The same bursts compensated by bench/goclients/floor, the least any controller does, in the same run.
         if floor := idle["results"].get("floor"):
             figures["floor_abort_first_call_p50_ms"] = floor["abort_to_first_call_p50_ms"]
             figures["floor_abort_first_call_p99_ms"] = floor["abort_to_first_call_p99_ms"]

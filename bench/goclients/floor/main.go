@@ -11,18 +11,17 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"sort"
 	"sync"
 	"time"
+
+	"undolog.io/bench/goclients/apiserver"
 )
 
 type saga struct {
@@ -53,27 +52,15 @@ type floor struct {
 }
 
 func main() {
-	server := flag.String("server", "", "apiserver URL, e.g. https://127.0.0.1:6443")
-	ca := flag.String("ca", "", "CA file that signed the apiserver's certificate")
-	cert := flag.String("cert", "", "client certificate file")
-	key := flag.String("key", "", "client key file")
+	api := apiserver.Register()
 	namespace := flag.String("namespace", "", "namespace of the sagas")
 	target := flag.String("participant", "", "URL every compensation is POSTed to")
 	flag.Parse()
 
-	pair, err := tls.LoadX509KeyPair(*cert, *key)
-	check(err)
-	pem, err := os.ReadFile(*ca)
-	check(err)
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
 	f := &floor{
-		api: &http.Client{Transport: &http.Transport{
-			TLSClientConfig:   &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: roots},
-			ForceAttemptHTTP2: true,
-		}},
+		api:         api.Client(0),
 		participant: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 100}},
-		base:        fmt.Sprintf("%s/apis/undolog.io/v1alpha1/namespaces/%s", *server, *namespace),
+		base:        fmt.Sprintf("%s/apis/undolog.io/v1alpha1/namespaces/%s", api.Server(), *namespace),
 		namespace:   *namespace,
 		target:      *target,
 	}
@@ -89,8 +76,8 @@ func (f *floor) watch() {
 	}
 	for { // the apiserver answers 429 while its storage for a new CRD initializes
 		answer, err := f.api.Get(f.base + "/sagas?limit=1")
-		check(err)
-		check(json.NewDecoder(answer.Body).Decode(&listed))
+		apiserver.Check(err)
+		apiserver.Check(json.NewDecoder(answer.Body).Decode(&listed))
 		answer.Body.Close()
 		if answer.StatusCode == http.StatusOK {
 			break
@@ -98,9 +85,9 @@ func (f *floor) watch() {
 		time.Sleep(200 * time.Millisecond)
 	}
 	answer, err := f.api.Get(f.base + "/sagas?watch=1&resourceVersion=" + listed.Metadata.ResourceVersion)
-	check(err)
+	apiserver.Check(err)
 	if answer.StatusCode != http.StatusOK {
-		check(fmt.Errorf("watch: HTTP %d", answer.StatusCode))
+		apiserver.Check(fmt.Errorf("watch: HTTP %d", answer.StatusCode))
 	}
 	fmt.Println("watching")
 	handled := map[string]bool{}
@@ -110,14 +97,14 @@ func (f *floor) watch() {
 		var event struct {
 			Object saga `json:"object"`
 		}
-		check(json.Unmarshal(lines.Bytes(), &event))
+		apiserver.Check(json.Unmarshal(lines.Bytes(), &event))
 		name := event.Object.Metadata.Name
 		if event.Object.Spec.Outcome == "Abort" && !handled[name] {
 			handled[name] = true
 			go f.compensate(name)
 		}
 	}
-	check(fmt.Errorf("watch ended: %v", lines.Err()))
+	apiserver.Check(fmt.Errorf("watch ended: %v", lines.Err()))
 }
 
 func (f *floor) compensate(name string) {
@@ -146,16 +133,16 @@ func (f *floor) call(saga string, e entry) {
 	var compensation struct {
 		Args json.RawMessage `json:"args"`
 	}
-	check(json.Unmarshal(e.Spec.Compensation, &compensation))
+	apiserver.Check(json.Unmarshal(e.Spec.Compensation, &compensation))
 	request, err := http.NewRequest(http.MethodPost, f.target, bytes.NewReader(compensation.Args))
-	check(err)
+	apiserver.Check(err)
 	request.Header.Set("Content-Type", "application/json")
 	request.Header.Set("Idempotency-Key", e.Spec.UndoID)
 	request.Header.Set("Undolog-Saga", f.namespace+"/"+saga)
 	request.Header.Set("Undolog-Step", e.Spec.Step)
 	request.Header.Set("Undolog-Attempt", "1")
 	answer, err := f.participant.Do(request)
-	check(err)
+	apiserver.Check(err)
 	_, _ = io.Copy(io.Discard, answer.Body)
 	answer.Body.Close()
 }
@@ -167,27 +154,20 @@ func (f *floor) patch(path, body string) {
 // request sends one API request and decodes its answer into `into` (nil: discarded).
 func (f *floor) request(method, path string, body []byte, into any) {
 	request, err := http.NewRequest(method, f.base+path, bytes.NewReader(body))
-	check(err)
+	apiserver.Check(err)
 	if body != nil {
 		request.Header.Set("Content-Type", "application/merge-patch+json")
 	}
 	answer, err := f.api.Do(request)
-	check(err)
+	apiserver.Check(err)
 	defer answer.Body.Close()
 	if answer.StatusCode != http.StatusOK {
 		text, _ := io.ReadAll(answer.Body)
-		check(fmt.Errorf("%s %s: HTTP %d: %s", method, path, answer.StatusCode, text))
+		apiserver.Check(fmt.Errorf("%s %s: HTTP %d: %s", method, path, answer.StatusCode, text))
 	}
 	if into != nil {
-		check(json.NewDecoder(answer.Body).Decode(into))
+		apiserver.Check(json.NewDecoder(answer.Body).Decode(into))
 	} else {
 		_, _ = io.Copy(io.Discard, answer.Body)
-	}
-}
-
-func check(err error) {
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
 	}
 }

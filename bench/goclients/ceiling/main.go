@@ -5,8 +5,6 @@ package main
 
 import (
 	"bytes"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -17,33 +15,20 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"undolog.io/bench/goclients/apiserver"
 )
 
 func main() {
-	server := flag.String("server", "", "apiserver URL, e.g. https://127.0.0.1:6443")
-	ca := flag.String("ca", "", "CA file that signed the apiserver's certificate")
-	cert := flag.String("cert", "", "client certificate file")
-	key := flag.String("key", "", "client key file")
+	api := apiserver.Register()
 	namespace := flag.String("namespace", "", "namespace of the entries")
 	names := flag.String("names", "", "comma-separated UndoEntry names to patch, round robin")
 	writes := flag.Int("writes", 1000, "how many patches in all")
 	concurrency := flag.Int("concurrency", 10, "patches in flight at once")
 	flag.Parse()
 
-	pair, err := tls.LoadX509KeyPair(*cert, *key)
-	check(err)
-	pem, err := os.ReadFile(*ca)
-	check(err)
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
-	client := &http.Client{
-		Timeout: 30 * time.Second,
-		Transport: &http.Transport{
-			TLSClientConfig:     &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: roots},
-			ForceAttemptHTTP2:   true,
-			MaxIdleConnsPerHost: *concurrency,
-		},
-	}
+	client := api.Client(*concurrency)
+	client.Timeout = 30 * time.Second
 	entries := strings.Split(*names, ",")
 	var next, failed atomic.Int64
 	var wait sync.WaitGroup
@@ -58,10 +43,10 @@ func main() {
 					return
 				}
 				url := fmt.Sprintf("%s/apis/undolog.io/v1alpha1/namespaces/%s/undoentries/%s/status",
-					*server, *namespace, entries[i%int64(len(entries))])
+					api.Server(), *namespace, entries[i%int64(len(entries))])
 				body := []byte(fmt.Sprintf(`{"status":{"retryCount":%d}}`, i))
 				request, err := http.NewRequest(http.MethodPatch, url, bytes.NewReader(body))
-				check(err)
+				apiserver.Check(err)
 				request.Header.Set("Content-Type", "application/merge-patch+json")
 				answer, err := client.Do(request)
 				if err != nil {
@@ -79,15 +64,8 @@ func main() {
 	wait.Wait()
 	seconds := time.Since(began).Seconds()
 	done := int64(*writes) - failed.Load()
-	check(json.NewEncoder(os.Stdout).Encode(map[string]any{
+	apiserver.Check(json.NewEncoder(os.Stdout).Encode(map[string]any{
 		"writes": done, "failed": failed.Load(), "concurrency": *concurrency,
 		"seconds": seconds, "writes_per_second": float64(done) / seconds,
 	}))
-}
-
-func check(err error) {
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
 }

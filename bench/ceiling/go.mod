@@ -1,3 +1,0 @@
-module undolog.io/bench/ceiling
-
-go 1.26

@@ -1,3 +1,0 @@
-module undolog.io/bench/floor
-
-go 1.26

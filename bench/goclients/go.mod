@@ -1,0 +1,3 @@
+module undolog.io/bench/goclients
+
+go 1.26
