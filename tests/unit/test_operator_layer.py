@@ -208,6 +208,27 @@ async def test_an_aborted_saga_is_compensated_newest_first_with_the_protocols_he
     assert [operator.state(f"s-{p}")[1] for p in (1, 2, 3)] == ["Compensated"] * 3
 
 
+async def test_the_first_compensation_leaves_before_the_failure_is_written(operator: Operator) -> None:
+    """From the decision to compensate to the call, no turn of the event loop: with sagas
+    failing together, each turn waits for all else that is ready (milliseconds a hop, issue 14).
+    The phase is written beside the call, after it has been handed to the transport."""
+    requests, send = operator.kube.requests, operator.transport.send
+
+    async def handed(call: PreparedCall) -> CallOutcome:
+        requests.append(("call", call.target.url))
+        return await send(call)
+
+    operator.transport.send = handed  # type: ignore[method-assign]
+    saga = operator.saga("s", outcome="Abort")
+    for position in (1, 2):
+        operator.entry(saga, position)
+    done = await operator.drive("s")
+    assert done.status.phase == "Compensated"
+    first_call = requests.index(("call", "http://participant.test/undo"))
+    assert ("patch-status", "sagas") not in requests[:first_call], requests
+    assert ("patch-status", "sagas") in requests[first_call:]
+
+
 async def test_an_entry_the_watch_has_not_delivered_is_still_compensated_first(operator: Operator) -> None:
     """Defect 1 at this layer: the index (fed by the watch) lacks the newest entry, as after an
     apiserver outage; the consistent LIST before compensating finds it, so LIFO holds."""

@@ -313,8 +313,22 @@ class SagaDriver:
                 self.context.index.keep(await ledger.entry(*entries[name].key))
                 raise
 
-        results = await asyncio.gather(*(one(name) for name in names), return_exceptions=True)
-        for result in results:
+        if not names:
+            return
+        # The first in this task, the others as tasks beside it: a task starts on the event loop's
+        # next turn, milliseconds later with sagas failing together (LIFO owes one at a time).
+        others = [asyncio.ensure_future(one(name)) for name in names[1:]]
+        try:
+            first: BaseException | None = None
+            try:
+                await one(names[0])
+            except Exception as error:  # the others are waited for all the same
+                first = error
+            results = await asyncio.gather(*others, return_exceptions=True)
+        finally:
+            for task in others:
+                task.cancel()  # nothing when they are over; a driver stopped takes them with it
+        for result in (first, *results):
             if isinstance(result, BaseException):
                 raise result
 
@@ -660,17 +674,21 @@ class SagaDriver:
         names = [e.metadata.name for e in first.entries]
         # Dated now, before the call leaves: its outcome may be recorded before this write returns,
         # and `kubectl describe` must still read Failed first (seen the other way round).
-        writing = self.entered(saga, entered.status, phase, reason, at=now())
-        results = await asyncio.gather(
-            writing, self.compensate(entered, entries, names, outputs), return_exceptions=True
-        )
-        if self.proof == EntryProof.FRESH:
-            self.proof = EntryProof.STALE  # a call was made since the listing
-        written, compensated = results
-        for result in (written, compensated):
-            if isinstance(result, BaseException):
-                raise result
-        assert isinstance(written, Saga)
+        writing = asyncio.ensure_future(self.entered(saga, entered.status, phase, reason, at=now()))
+        calls_failed: BaseException | None = None
+        try:
+            try:  # in this task: the write's task starts on the loop's next turn, the call now
+                await self.compensate(entered, entries, names, outputs)
+            except Exception as error:  # the write is waited for all the same, and said first
+                calls_failed = error
+            finally:
+                if self.proof == EntryProof.FRESH:
+                    self.proof = EntryProof.STALE  # a call was made since the listing
+            written = await writing
+        finally:
+            writing.cancel()
+        if calls_failed is not None:
+            raise calls_failed
         return written
 
     async def active_if_slow(

@@ -143,8 +143,24 @@ class CallRecorder:
             )
 
         left = asyncio.Event()
-        calling = asyncio.create_task(
-            self.runner.call(
+        writing_mark = False
+
+        async def mark_in_flight() -> None:
+            nonlocal writing_mark
+            await left.wait()
+            await asyncio.sleep(IN_FLIGHT_MARK_AFTER)
+            writing_mark = True
+            try:
+                await write(spec.in_flight)
+            except KubeError as error:  # only a mark for people: never cut off a call sent for it
+                log.warning("%s is in flight; that could not be marked: %s", latest.reference, error.message)
+
+        # The call is made in this task and the mark beside it, not the other way round: a task
+        # starts on the event loop's next turn, which with sagas failing together came
+        # milliseconds after the decision to call.
+        marking = None if spec.already_in_flight else asyncio.create_task(mark_in_flight())
+        try:
+            result = await self.runner.call(
                 spec.target,
                 spec.args,
                 spec.headers,
@@ -154,20 +170,11 @@ class CallRecorder:
                 first_attempt=spec.first_attempt,
                 leaving=left.set,
             )
-        )
-        leaving = asyncio.create_task(left.wait())
-        try:
-            await asyncio.wait({calling, leaving}, return_when=asyncio.FIRST_COMPLETED)
-            finished, _ = await asyncio.wait({calling}, timeout=IN_FLIGHT_MARK_AFTER)
-            if not finished and not spec.already_in_flight:
-                try:
-                    await write(spec.in_flight)
-                except KubeError as error:  # only a mark for people: never cut off a call sent for it
-                    log.warning("%s is in flight; that could not be marked: %s", latest.reference, error.message)
-            result = await calling
+            if marking is not None and writing_mark:
+                await marking  # the mark's write is in flight: the next write needs its copy
         finally:
-            calling.cancel()
-            leaving.cancel()
+            if marking is not None:
+                marking.cancel()
         return result, latest
 
 
