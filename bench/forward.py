@@ -107,7 +107,7 @@ async def measure(bench: Bench, n: int) -> dict[str, Any]:
         ledger_writes = writes.get("sagas", 0) + writes.get("undoentries", 0)
         operator_writes = ledger_writes + writes.get("events", 0)
         entries = [e["metadata"]["name"] for e in await kube.list("undoentries", namespace)]
-        go_wps = await go_ceiling(bench, namespace, entries, max(operator_writes, 200), min(n, 100))
+        go = await go_ceiling(bench, namespace, entries, max(operator_writes, 200), min(n, 100))
         operator_wps = operator_writes / elapsed
         return {
             "concurrent_sagas": n,
@@ -119,8 +119,7 @@ async def measure(bench: Bench, n: int) -> dict[str, Any]:
             "saga_writes_per_saga": round(writes.get("sagas", 0) / n, 2),
             "ledger_writes_per_step": round(ledger_writes / (3 * n), 2),
             "operator_writes_per_second": round(operator_wps, 1),
-            "go_ceiling_writes_per_second": round(go_wps, 1),
-            "fraction_of_go_ceiling": round(operator_wps / go_wps, 2),
+            **go.beside(operator_wps),
         }
     finally:
         operator.stop()

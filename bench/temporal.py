@@ -174,6 +174,7 @@ async def idle(client: Client, participant: RemoteParticipant, samples: int) -> 
         "samples": samples,
         "abort_to_first_call_p50_ms": round(percentile(latencies, 0.5), 1),
         "abort_to_first_call_p99_ms": round(percentile(latencies, 0.99), 1),
+        "abort_to_first_call_max_ms": round(max(latencies), 1),
     }
 
 
@@ -225,7 +226,7 @@ async def main(idle_samples: int, sizes: list[int]) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--idle-samples", type=int, default=30)
+    parser.add_argument("--idle-samples", type=int, default=100)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100])
     arguments = parser.parse_args()
     asyncio.run(main(arguments.idle_samples, arguments.sizes))
