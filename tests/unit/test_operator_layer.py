@@ -937,6 +937,37 @@ async def test_a_call_whose_in_flight_mark_cannot_be_written_is_not_cut_off_and_
     assert operator.state("slow-1")[1] == "Compensated"
 
 
+async def test_a_call_that_ends_while_its_in_flight_mark_is_written_keeps_the_marks_copy(
+    operator: Operator,
+) -> None:
+    """The in-flight mark's write has reached the API, unanswered, when the call ends: the outcome
+    waits for that answer and is written on the copy it returns. Cut off, the mark would leave
+    the outcome's write conditional on an older copy: a 409, and the entry decided again."""
+    saga = operator.saga("slow", outcome="Abort")
+    operator.entry(saga, 1)
+    mark_landed, call_over = asyncio.Event(), asyncio.Event()
+    plain = operator.kube.patch_status
+
+    async def answered_after_the_call(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+        written = await plain(plural, namespace, name, patch)
+        if plural == "undoentries" and patch.get("status", {}).get("state") == "Running":
+            mark_landed.set()
+            await call_over.wait()
+        return written
+
+    async def over_once_marked(call: PreparedCall) -> None:
+        async with asyncio.timeout(IN_FLIGHT_MARK_AFTER + 5):
+            await mark_landed.wait()
+        call_over.set()
+
+    operator.kube.patch_status = answered_after_the_call  # type: ignore[method-assign]
+    operator.transport.on_send = over_once_marked
+    done = await operator.drive("slow")
+    assert len(operator.transport.sent) == 1
+    assert done.status.phase == "Compensated"
+    assert operator.state("slow-1")[1] == "Compensated"
+
+
 async def test_the_first_compensation_leaves_while_the_failure_is_being_written(operator: Operator) -> None:
     """Abort to first call: the write of Compensating (an fsync) and the first call go together.
     The saga's status write is held until the call has left; written one after the other, the
