@@ -208,6 +208,44 @@ async def test_an_aborted_saga_is_compensated_newest_first_with_the_protocols_he
     assert [operator.state(f"s-{p}")[1] for p in (1, 2, 3)] == ["Compensated"] * 3
 
 
+async def test_entries_compensated_together_keep_their_outcomes_when_one_write_is_lost(operator: Operator) -> None:
+    """Three independent entries are compensated together (the first in the driver's task, the
+    others beside it). Another writer changes the newest one while its call is made, so its
+    outcome write is refused: the other two outcomes are still written and kept, and only the
+    newest is called again, under its key."""
+    saga = operator.saga("s", outcome="Abort")
+    for position in (1, 2, 3):
+        body = operator.entry(saga, position, indexed=False)
+        body["spec"]["dependsOn"] = []
+        operator.context.index.keep(UndoEntry.model_validate(operator.kube.put("undoentries", body)))
+    plain, lost, refused, older_left = operator.kube.patch_status, [], asyncio.Event(), asyncio.Event()
+
+    async def newest_changed_meanwhile(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+        if name == "s-3" and patch.get("status", {}).get("state") == "Compensated" and not lost:
+            lost.append(name)
+            await plain(plural, namespace, name, {"status": {"state": "Running"}})  # the other writer
+            refused.set()
+        return await plain(plural, namespace, name, patch)
+
+    async def all_three_at_the_participant(call: PreparedCall) -> None:
+        async with asyncio.timeout(5):
+            if call.body["n"] == 3:  # its outcome is refused only once the older two have left
+                await older_left.wait()
+            elif not refused.is_set():
+                if len(operator.transport.sent) == 3:
+                    older_left.set()
+                await refused.wait()
+
+    operator.kube.patch_status = newest_changed_meanwhile  # type: ignore[method-assign]
+    operator.transport.on_send = all_three_at_the_participant
+    await operator.run_until("s", "Compensated", within=5)
+    assert lost == ["s-3"]
+    assert sorted(operator.undone()) == [1, 2, 3, 3]
+    keys = {c.headers["Idempotency-Key"] for c in operator.transport.sent if c.body["n"] == 3}
+    assert len(keys) == 1  # the repeat is under the same key
+    assert [operator.state(f"s-{p}")[1] for p in (1, 2, 3)] == ["Compensated"] * 3
+
+
 async def test_the_first_compensation_leaves_before_the_failure_is_written(operator: Operator) -> None:
     """From the decision to compensate to the call, no turn of the event loop: with sagas
     failing together, each turn waits for all else that is ready (milliseconds a hop, issue 14).
