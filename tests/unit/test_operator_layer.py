@@ -218,7 +218,8 @@ async def test_entries_compensated_together_keep_their_outcomes_when_one_write_i
         body = operator.entry(saga, position, indexed=False)
         body["spec"]["dependsOn"] = []
         operator.context.index.keep(UndoEntry.model_validate(operator.kube.put("undoentries", body)))
-    plain, lost, refused, older_left = operator.kube.patch_status, [], asyncio.Event(), asyncio.Event()
+    plain, refused, older_left = operator.kube.patch_status, asyncio.Event(), asyncio.Event()
+    lost: list[str] = []
 
     async def newest_changed_meanwhile(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
         if name == "s-3" and patch.get("status", {}).get("state") == "Compensated" and not lost:
