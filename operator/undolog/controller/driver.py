@@ -100,6 +100,29 @@ async def woken(wake: asyncio.Event, seconds: float | None) -> None:
             await wake.wait()
 
 
+async def beside(first: Awaitable[Any], *others: Awaitable[Any]) -> list[Any]:
+    """Every outcome, exceptions as values: `first` run in this task, `others` as tasks beside
+    it, waited for all the same when `first` raises, and cancelled with it. A task starts on the
+    event loop's next turn, milliseconds later with sagas failing together: what must leave at
+    once goes first."""
+    tasks = [asyncio.ensure_future(other) for other in others]
+    try:
+        try:
+            outcome = await first
+        except Exception as error:
+            outcome = error
+        return [outcome, *await asyncio.gather(*tasks, return_exceptions=True)]
+    finally:
+        for task in tasks:
+            task.cancel()  # nothing when they are over
+
+
+def raise_first(outcomes: list[Any]) -> None:
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+
 class SagaDriver:
     # One per saga that needs work (10,000 when as many resume): no per-instance dict.
     __slots__ = (
@@ -313,24 +336,8 @@ class SagaDriver:
                 self.context.index.keep(await ledger.entry(*entries[name].key))
                 raise
 
-        if not names:
-            return
-        # The first in this task, the others as tasks beside it: a task starts on the event loop's
-        # next turn, milliseconds later with sagas failing together (LIFO owes one at a time).
-        others = [asyncio.ensure_future(one(name)) for name in names[1:]]
-        try:
-            first: BaseException | None = None
-            try:
-                await one(names[0])
-            except Exception as error:  # the others are waited for all the same
-                first = error
-            results = await asyncio.gather(*others, return_exceptions=True)
-        finally:
-            for task in others:
-                task.cancel()  # nothing when they are over; a driver stopped takes them with it
-        for result in (first, *results):
-            if isinstance(result, BaseException):
-                raise result
+        if names:  # LIFO owes one at a time; independent entries go together
+            raise_first(await beside(one(names[0]), *(one(name) for name in names[1:])))
 
     async def prove(self, saga: Saga, entries: Entries) -> None:
         """The proof that none of the saga's entries is missing, from the cheapest source that
@@ -674,21 +681,12 @@ class SagaDriver:
         names = [e.metadata.name for e in first.entries]
         # Dated now, before the call leaves: its outcome may be recorded before this write returns,
         # and `kubectl describe` must still read Failed first (seen the other way round).
-        writing = asyncio.ensure_future(self.entered(saga, entered.status, phase, reason, at=now()))
-        calls_failed: BaseException | None = None
-        try:
-            try:  # in this task: the write's task starts on the loop's next turn, the call now
-                await self.compensate(entered, entries, names, outputs)
-            except Exception as error:  # the write is waited for all the same, and said first
-                calls_failed = error
-            finally:
-                if self.proof == EntryProof.FRESH:
-                    self.proof = EntryProof.STALE  # a call was made since the listing
-            written = await writing
-        finally:
-            writing.cancel()
-        if calls_failed is not None:
-            raise calls_failed
+        writing = self.entered(saga, entered.status, phase, reason, at=now())
+        compensated, written = await beside(self.compensate(entered, entries, names, outputs), writing)
+        if self.proof == EntryProof.FRESH:
+            self.proof = EntryProof.STALE  # a call was made since the listing
+        raise_first([written, compensated])  # the write's failure first: it says more
+        assert isinstance(written, Saga)
         return written
 
     async def active_if_slow(
