@@ -42,6 +42,16 @@ def row(results: list[dict[str, Any]], key: str, value: int) -> dict[str, Any] |
     return next((r for r in results if r.get(key) == value), None)
 
 
+def abort_first_call(figures: dict[str, Any], prefix: str, idle: dict[str, Any]) -> None:
+    """p50 and p99 of one idle saga, and of 10 at once over several bursts of 10 when they were
+    run (one burst is 10 samples)."""
+    figures[f"{prefix}abort_first_call_p50_ms"] = idle["abort_to_first_call_p50_ms"]
+    figures[f"{prefix}abort_first_call_p99_ms"] = idle["abort_to_first_call_p99_ms"]
+    if bursts := idle.get("bursts_of_10"):
+        figures[f"{prefix}abort_first_call_p50_ms_10"] = bursts["abort_to_first_call_p50_ms"]
+        figures[f"{prefix}abort_first_call_p99_ms_10"] = bursts["abort_to_first_call_p99_ms"]
+
+
 def summarize() -> dict[str, Any]:
     figures: dict[str, Any] = dict.fromkeys(KEYS)
     missing: dict[str, str] = {}
@@ -51,20 +61,11 @@ def summarize() -> dict[str, Any]:
     figures["etcd_fsync"] = all(fsync.values()) if fsync else None
 
     if idle := sources["compensation_idle"]:
-        figures["abort_first_call_p50_ms"] = idle["results"]["abort_to_first_call_p50_ms"]
-        figures["abort_first_call_p99_ms"] = idle["results"]["abort_to_first_call_p99_ms"]
+        abort_first_call(figures, "", idle["results"])
         figures["abort_first_call_max_ms"] = idle["results"].get("abort_to_first_call_max_ms")
-        # 10 at once: over several bursts of 10 when they were run (one burst is 10 samples).
-        if bursts := idle["results"].get("bursts_of_10"):
-            figures["abort_first_call_p50_ms_10"] = bursts["abort_to_first_call_p50_ms"]
-            figures["abort_first_call_p99_ms_10"] = bursts["abort_to_first_call_p99_ms"]
         # The same bursts compensated by bench/goclients/floor, the least any controller does, in the same run.
         if floor := idle["results"].get("floor"):
-            figures["floor_abort_first_call_p50_ms"] = floor["abort_to_first_call_p50_ms"]
-            figures["floor_abort_first_call_p99_ms"] = floor["abort_to_first_call_p99_ms"]
-            if floor_bursts := floor.get("bursts_of_10"):
-                figures["floor_abort_first_call_p50_ms_10"] = floor_bursts["abort_to_first_call_p50_ms"]
-                figures["floor_abort_first_call_p99_ms_10"] = floor_bursts["abort_to_first_call_p99_ms"]
+            abort_first_call(figures, "floor_", floor)
     if compensation := sources["compensation"]:
         if ten := row(compensation["results"], "sagas", 10):
             if figures["abort_first_call_p99_ms_10"] is None:
