@@ -721,6 +721,33 @@ async def test_a_driver_that_finds_the_lease_in_doubt_waits_and_carries_on(opera
     assert len(operator.transport.sent) == 1
 
 
+async def test_an_unexpected_error_is_said_on_its_saga_and_retried_not_the_end_of_its_driver(
+    operator: Operator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A defect, or input nobody foresaw, raised inside a reconcile (here by the transport): the
+    saga says so in a Warning Event, the log has the traceback, and the driver tries again with
+    backoff. Before, the driver's task ended with it and the saga stayed Compensating in silence."""
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1)
+    raised: list[PreparedCall] = []
+
+    def defect(call: PreparedCall) -> None:
+        if not raised:
+            raised.append(call)
+            raise RuntimeError("a defect nobody foresaw")
+
+    operator.transport.on_send = defect
+    driving = asyncio.create_task(SagaDriver(operator.context, NS, "s").run())
+    await asyncio.wait_for(driving, timeout=5)  # the first retry comes after 1 s
+    assert operator.kube.body("sagas", NS, "s")["status"]["phase"] == "Compensated"
+    assert len(operator.transport.sent) == 2  # sent again under the same key
+    assert len({c.headers["Idempotency-Key"] for c in operator.transport.sent}) == 1
+    await operator.timeline.stop(drain_seconds=1)
+    said = [message for _, reason, message in operator.kube.events if reason == EventReason.OPERATOR_ERROR]
+    assert said == ["unexpected RuntimeError in the operator: a defect nobody foresaw; retrying with backoff"]
+    assert any(r.exc_info and r.exc_info[0] is RuntimeError for r in caplog.records)
+
+
 async def test_a_rewind_undoes_the_entries_above_and_hands_the_saga_back(operator: Operator) -> None:
     saga = operator.saga("r")
     for position in range(1, 6):

@@ -47,6 +47,7 @@ log = logging.getLogger("undolog.driver")
 TOOK_CHARGE = "the operator took charge"
 COUNTER_INTERVAL = 5.0  # seconds between progress writes of stackDepth and compensatedCount
 NOT_LEADING_RECHECK = 1.0  # seconds before a driver that found the Lease in doubt looks again
+MAX_UNEXPECTED_TEXT = 1024  # of an unexpected error's text in an Event (its traceback goes to the log)
 WATCH_PROOF_WAIT = 5.0  # seconds a proof waits for the entry watch before it lists instead
 CALLS = (moves.CompensateEntries, moves.ExecuteStep, moves.DeliverEffect)  # moves that take time
 Entries = dict[str, UndoEntry]
@@ -247,7 +248,10 @@ class SagaDriver:
                 # load): wait and look again. If it did lose it, the engine stops every driver;
                 # a driver that quit on its own would leave its saga to no one.
                 wait = moves.Wait(until=now() + timedelta(seconds=NOT_LEADING_RECHECK))
-            except (errors.KubeError, errors.StaleEntry) as error:
+            except Exception as error:
+                # The API's errors, a stale entry, and also a defect or input nobody foresaw: said
+                # on the saga and retried with backoff. A driver task that ended with one would
+                # leave its saga where it stood, with nothing in `kubectl describe` or the log.
                 failures += 1
                 wait = self._backoff(failures, error)
             if wait.finished and not self.wake.is_set():
@@ -255,10 +259,16 @@ class SagaDriver:
             timeout = None if wait.until is None else max((wait.until - now()).total_seconds(), 0.0)
             await woken(self.wake, timeout)
 
-    def _backoff(self, failures: int, error: errors.UndoLogError) -> moves.Wait:
+    def _backoff(self, failures: int, error: Exception) -> moves.Wait:
         delay = operator_retry_seconds(failures)
-        text = error.message if isinstance(error, errors.KubeError) else str(error)
-        log.error("saga %s/%s: %s; retrying in %.0f s", self.namespace, self.name, text, delay)
+        if isinstance(error, errors.KubeError):
+            text = error.message
+        elif isinstance(error, errors.UndoLogError):
+            text = str(error)
+        else:
+            text = f"unexpected {type(error).__name__} in the operator: {error}"[:MAX_UNEXPECTED_TEXT]
+        traceback = error if not isinstance(error, errors.UndoLogError) and text != self.last_error else None
+        log.error("saga %s/%s: %s; retrying in %.0f s", self.namespace, self.name, text, delay, exc_info=traceback)
         if text != self.last_error and self.latest is not None:  # say it once, not at every retry
             self.context.timeline.record(
                 self.latest, EventReason.OPERATOR_ERROR, f"{text}; retrying with backoff", warning=True
