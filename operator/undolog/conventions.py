@@ -23,7 +23,7 @@ from undolog.api import (
     UndoEntry,
     UndoEntrySpec,
 )
-from undolog.api.common import OwnerReference
+from undolog.api.common import MAX_NESTING, OwnerReference, nesting
 
 # -- labels, annotations, finalizer ----------------------------------------------------------------
 
@@ -177,9 +177,16 @@ def creation_body(entry: UndoEntry) -> dict[str, Any]:
 
 
 def kept_output(output: dict[str, Any] | None) -> tuple[dict[str, Any] | None, OmittedOutput | None]:
-    """A forward output as the ledger keeps it: as is, or omitted (with why) when too large."""
+    """A forward output as the ledger keeps it: as is, or omitted (with why) when too large or
+    nested too deep for UndoLog to read back."""
     if output is None:
         return None, None
+    depth = nesting(output)
+    if depth > MAX_NESTING:
+        return None, OmittedOutput(
+            reason=OutputOmission.OUTPUT_TOO_DEEP,
+            message=f"the answer was a JSON object nested {depth} levels deep; the ledger keeps at most {MAX_NESTING}",
+        )
     size = len(json.dumps(output, separators=(",", ":")).encode())
     if size <= MAX_OUTPUT_BYTES:
         return output, None

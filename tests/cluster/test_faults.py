@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 
 from tests.chaos.invariants import check
 from tests.chaos.workload import as_call
-from tests.conftest import OwnCluster, own_control_plane
+from tests.conftest import Cluster, OwnCluster, own_control_plane
 from tests.support.manifests import call, saga, undo_entry, webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Received, Reply
@@ -268,3 +269,46 @@ async def test_an_agents_oversized_reason_and_step_name_do_not_stop_compensation
     assert len(done["status"]["failedStep"]) == 63
     assert done["status"]["failedStep"].endswith("…")
     assert len(participant.received("/undo")) == 1
+
+
+# -- 7. objects nested as deep as the API stores -------------------------------------------------
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+async def test_an_entry_nested_as_deep_as_the_api_stores_is_reported_and_its_namespace_goes_on(
+    kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path, shards: int
+) -> None:
+    """An agent's entry whose args nest 5,000 levels, which the API takes (it stores 10,000).
+    Before, Python's json raised RecursionError on every listing that held it. With one shard
+    the operator took charge of no saga in the namespace ("could not take charge (maximum
+    recursion depth exceeded ...); starting again", forever); with two, kopf's watch of the
+    objects without a bucket label failed and the operator process exited. Now that entry is
+    filed into its bucket and reported lost on its saga, by field, and the namespace's other
+    sagas are compensated as usual."""
+    await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
+    deep = await kube.create("sagas", namespace, saga("deep"))
+    fine = await kube.create("sagas", namespace, saga("fine"))
+    body = undo_entry("deep", 1, owner_uid=deep["metadata"]["uid"], compensation=call("undo", x="ARGS"))
+    cluster.kubectl(
+        "create",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        stdin=json.dumps(body).replace('"ARGS"', '{"a":' * 5000 + "1" + "}" * 5000),
+    )
+    await committed_entry(kube, namespace, fine, 1)
+    for name in ("deep", "fine"):
+        await kube.patch("sagas", namespace, name, {"spec": {"outcome": "Abort"}})
+    operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path, (f"--shards={shards}",))
+    operator.start()
+    try:
+        await saga_phase(kube, namespace, "fine", "Compensated")
+        halted = await saga_phase(kube, namespace, "deep", "Halted")
+    finally:
+        operator.stop()
+    assert [r.headers["undolog-saga"] for r in participant.received()] == [f"{namespace}/fine"]
+    lost = halted["status"]["lostEntries"]
+    assert [entry["name"] for entry in lost] == ["deep-1"]
+    assert lost[0]["why"].startswith("unreadable: spec.compensation.args: ")
+    assert "nests 5001 levels of objects and arrays; UndoLog reads at most 32" in lost[0]["why"]

@@ -1,7 +1,7 @@
 """Replicas share the sagas (--shards): each shard's sagas and entries are driven by the one
 replica holding its Lease; a replica that joins is handed its share, one that is killed has
 its shards taken over within the Lease, and nothing is doubled beyond the key rule. The sagas
-here are made as `kubectl apply` would (no bucket label), so kopf files them first."""
+here are made as `kubectl apply` would (no bucket label), so the operator files them first."""
 
 from __future__ import annotations
 

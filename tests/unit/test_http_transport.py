@@ -89,6 +89,20 @@ async def test_answers_that_are_not_a_json_object_say_so(participant: Participan
     assert sent.headers["idempotency-key"] == "k"
 
 
+async def test_an_answer_nested_deeper_than_python_parses_is_a_success_without_output(
+    participant: Participant, transport: HttpTransport
+) -> None:
+    """100,000 levels in 600 KB: Python's json raises RecursionError past ~1,000, which left the
+    transport as no outcome at all and the driver's task ended with it."""
+    participant.script("/deep", Reply(200, raw=b'{"a":' * 100_000 + b"1" + b"}" * 100_000))
+    outcome = await transport.send(call(participant, "/deep"))
+    assert outcome.status_code == 200  # the effect happened
+    assert outcome.output is None
+    assert outcome.omitted is not None
+    assert outcome.omitted.reason == "OutputTooDeep"
+    assert outcome.omitted.message == "HTTP 200 with a JSON answer nested too deep to parse (600001 bytes): no output"
+
+
 async def test_tls_contexts_per_ca_bundle_are_bounded(transport: HttpTransport) -> None:
     """Webhook authors choose CA bundles; each is a TLS context holding its roots."""
     import base64

@@ -6,8 +6,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 Plural = Literal["sagas", "undoentries", "webhooks"]
 GROUP = "undolog.io"
@@ -25,6 +26,43 @@ LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 MAX_ARGS = 32
 MAX_MESSAGE = 4096
 MAX_SAGA_NAME = 200  # so that <saga>-<position> stays within a name's 253 characters
+# Levels of objects and arrays in a free-form JSON object (a call's args, an entry's output).
+# The API stores up to 10,000; Python's json, pydantic's serializer (~250) and the operator's
+# own walks over them (templating) do not reach that far, so a deeper one is refused as a
+# whole, by name, rather than failing somewhere inside.
+MAX_NESTING = 32
+
+
+def nesting(value: Any) -> int:
+    """How many levels of objects and arrays `value` nests (0 for a scalar), counted without
+    recursion: however deep it goes."""
+    deepest = 0
+    pending = [(value, 1)]
+    while pending:
+        current, level = pending.pop()
+        if isinstance(current, dict):
+            pending.extend((child, level + 1) for child in current.values())
+        elif isinstance(current, list):
+            pending.extend((child, level + 1) for child in current)
+        else:
+            continue
+        deepest = max(deepest, level)
+    return deepest
+
+
+def _nested_within_bound(value: dict[str, Any]) -> dict[str, Any]:
+    depth = nesting(value)
+    if depth > MAX_NESTING:
+        raise PydanticCustomError(
+            "nesting",
+            "nests {depth} levels of objects and arrays; UndoLog reads at most {bound}: flatten it, or send "
+            "the deep part as a string",
+            {"depth": depth, "bound": MAX_NESTING},
+        )
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_nested_within_bound)]
 
 
 class Model(BaseModel):
@@ -55,12 +93,12 @@ class Call(Model):
         pattern=DNS_LABEL,
         description="Which of the Webhook's spec.versions[] to call.",
     )
-    args: dict[str, Any] = Field(
+    args: JsonObject = Field(
         default_factory=dict,
         max_length=MAX_ARGS,
         description=(
-            "JSON object sent as the request body. String values may refer to earlier outputs, "
-            'e.g. "${steps.create_user.output.user_id}".'
+            f"JSON object sent as the request body, nested at most {MAX_NESTING} levels (deeper: the object is "
+            'not read). String values may refer to earlier outputs, e.g. "${steps.create_user.output.user_id}".'
         ),
     )
     max_retries: int | None = Field(

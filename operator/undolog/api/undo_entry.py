@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field, JsonValue
 
@@ -14,6 +14,7 @@ from undolog.api.common import (
     MAX_SAGA_NAME,
     STEP_NAME,
     Call,
+    JsonObject,
     Model,
     Plural,
     Resource,
@@ -77,6 +78,7 @@ class OutputOmission(StrEnum):
     ANSWER_TOO_LARGE = "AnswerTooLarge"
     ANSWER_NOT_JSON = "AnswerNotJson"
     OUTPUT_TOO_LARGE = "OutputTooLarge"
+    OUTPUT_TOO_DEEP = "OutputTooDeep"
 
 
 MAX_ATTEMPTS = 10
@@ -152,7 +154,7 @@ class Attempt(Model):
 class OmittedOutput(Model):
     """A successful answer whose body is not kept as the output, and why."""
 
-    reason: OutputOmission = Field(description="AnswerTooLarge, AnswerNotJson or OutputTooLarge.")
+    reason: OutputOmission = Field(description="AnswerTooLarge, AnswerNotJson, OutputTooLarge or OutputTooDeep.")
     message: str = Field(max_length=1024, description="What was received, for a person.")
     size_bytes: int | None = Field(default=None, ge=0, description="The body's size, where known.")
 
@@ -180,7 +182,9 @@ class UndoEntryStatus(Model):
         description="Settled by a rewind (spec.rewind) at this time: history; its step may have run again above it.",
     )
     skip_reason: str | None = Field(default=None, max_length=MAX_MESSAGE, description="Why a person skipped it.")
-    output: dict[str, Any] | None = Field(default=None, description="The forward call's JSON response (size-capped).")
+    output: JsonObject | None = Field(
+        default=None, description="The forward call's JSON response (capped in size and nesting)."
+    )
     output_omitted: OmittedOutput | None = Field(
         default=None, description="Set when a successful answer is not kept as output: why, and what came back."
     )

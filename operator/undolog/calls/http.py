@@ -283,6 +283,15 @@ def _success(status: int, body: bytes, content_type: str) -> CallOutcome:
         parsed = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         parsed = None
+    except RecursionError:  # deeper than Python parses; the ledger keeps MAX_NESTING levels at most
+        return CallOutcome(
+            status_code=status,
+            omitted=OmittedOutput(
+                reason=OutputOmission.OUTPUT_TOO_DEEP,
+                message=f"HTTP {status} with a JSON answer nested too deep to parse ({len(body)} bytes): no output",
+                size_bytes=len(body),
+            ),
+        )
     if isinstance(parsed, dict):
         return CallOutcome(status_code=status, output=parsed)
     kind = f"a JSON {type(parsed).__name__}" if parsed is not None else f"{content_type or 'no content type'}"

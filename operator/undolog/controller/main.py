@@ -1,6 +1,7 @@
 """The `undolog operator` process: wires the ledger, the calls, an engine and a Lease per shard,
 and runs until told to stop (each shard's engine watches its own Sagas and UndoEntries; kopf
-runs the process's frame and files objects that arrive without a bucket label)."""
+runs the process's frame; with several shards, objects that arrive without a bucket label are
+watched and filed into their bucket)."""
 
 from __future__ import annotations
 
@@ -31,11 +32,11 @@ from undolog.controller.gauges import SagaGauges
 from undolog.controller.leadership import Leadership, LeaseSettings, identity
 from undolog.controller.recorded_call import CallRecorder
 from undolog.controller.replicas import Replicas
-from undolog.controller.shard_labels import ShardLabels
+from undolog.controller.shard_labels import ShardLabels, unfiled_watches
 from undolog.controller.timeline import Timeline
 from undolog.decisions.egress import EgressPolicy
 from undolog.decisions.sharding import all_shards
-from undolog.kube import Body, Kube, Plural
+from undolog.kube import Kube
 from undolog.kube.kopf_runtime import run_kopf
 from undolog.ledger import Ledger
 
@@ -146,12 +147,11 @@ async def run(options: OperatorOptions) -> None:
         ", ".join(leadership.reference for leadership in leaderships),
     )
 
-    def unfiled(plural: Plural, body: Body) -> None:
-        meta = body["metadata"]
-        saga = meta["name"] if plural == "sagas" else (body.get("spec") or {}).get("saga")
-        if isinstance(saga, str) and saga:
-            labels.file(plural, meta["namespace"], meta["name"], saga)
-
+    # With one shard its engine watches every object, labelled or not: nothing to file.
+    filing = [
+        asyncio.create_task(watch.run(), name=f"unfiled {watch.plural} of {watch.namespace or 'all'}")
+        for watch in (unfiled_watches(kube, labels, options.namespaces) if len(shards) > 1 else [])
+    ]
     stopped = False
 
     async def stop_own_work() -> None:
@@ -162,9 +162,9 @@ async def run(options: OperatorOptions) -> None:
         if stopped:
             return
         stopped = True
-        for task in elections:
+        for task in elections + filing:
             task.cancel()
-        await asyncio.gather(*elections, return_exceptions=True)
+        await asyncio.gather(*elections, *filing, return_exceptions=True)
         for engine in engines:
             await engine.stop()
         await labels.stop()
@@ -175,13 +175,7 @@ async def run(options: OperatorOptions) -> None:
         await timeline.stop()
 
     try:
-        await run_kopf(
-            kube,
-            options.namespaces,
-            options.liveness_port,
-            unfiled if len(shards) > 1 else None,
-            stop_own_work,
-        )
+        await run_kopf(kube, options.namespaces, options.liveness_port, stop_own_work)
     finally:
         await stop_own_work()  # when kopf ended before its cleanup
         await runner.close()

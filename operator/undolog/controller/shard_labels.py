@@ -2,16 +2,24 @@
 without it (applied with kubectl, made before there were shards) or with a wrong one (edited
 by hand): a replica lists and watches only its shards' labels, so an object without the right
 one would be driven by nobody. The SDK and the operator label what they create; this is for
-the rest. Any replica may do it (the same label whoever writes it)."""
+the rest. Any replica may do it (the same label whoever writes it): each watches the objects
+that have no bucket label (a server-side label selector).
+
+UndoLog's own watch, not kopf's: kopf parses with Python's json, whose RecursionError on an
+object nested as deep as the API stores ended kopf's watcher and with it the operator process,
+so one such object applied by hand kept every replica in a crash loop."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass, field
 
 from undolog import errors
-from undolog.kube import Plural
+from undolog.conventions import BUCKET_LABEL
+from undolog.kube import Body, Kube, Plural
+from undolog.kube.watch import OrderedWatch, as_body
 from undolog.ledger import Ledger
 
 log = logging.getLogger("undolog.shard_labels")
@@ -52,3 +60,38 @@ class ShardLabels:
         for task in list(self.filing.values()):
             task.cancel()
         await asyncio.gather(*self.filing.values(), return_exceptions=True)
+
+
+def unfiled_watches(kube: Kube, labels: ShardLabels, namespaces: list[str]) -> list[OrderedWatch[Body]]:
+    """Watches of the Sagas and UndoEntries without a bucket label in `namespaces` (all when
+    empty), each object filed as it is listed or changes; run them with `OrderedWatch.run`."""
+
+    def file(plural: Plural, body: Body) -> None:
+        meta = body["metadata"]
+        saga = meta["name"] if plural == "sagas" else (body.get("spec") or {}).get("saga")
+        if isinstance(saga, str) and saga:
+            labels.file(plural, meta["namespace"], meta["name"], saga)
+
+    def changed(plural: Plural, kind: str, body: Body) -> None:
+        if kind != "DELETED":
+            file(plural, body)
+
+    def listed(plural: Plural, bodies: list[Body]) -> None:
+        for body in bodies:
+            file(plural, body)
+
+    plurals: tuple[Plural, ...] = ("sagas", "undoentries")
+    targets: list[str | None] = [*namespaces] or [None]
+    return [
+        OrderedWatch(
+            kube,
+            plural,
+            namespace,
+            as_body,
+            functools.partial(changed, plural),
+            functools.partial(listed, plural),
+            label_selector=f"!{BUCKET_LABEL}",
+        )
+        for plural in plurals
+        for namespace in targets
+    ]

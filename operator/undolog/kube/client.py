@@ -29,6 +29,7 @@ from undolog import errors
 from undolog.api import GROUP, VERSION
 from undolog.api.common import Plural
 from undolog.conventions import MAX_EVENT_MESSAGE, now
+from undolog.kube.decoding import decoded
 from undolog.kube.kubeconfig import (
     Credentials,
     ExecCredential,
@@ -120,13 +121,6 @@ def trimmed(body: Body) -> Body:
     (kubectl hides them too)."""
     body.get("metadata", {}).pop("managedFields", None)
     return body
-
-
-def _decoded(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return None
 
 
 def _custom_path(plural: Plural, namespace: str | None, name: str | None = None, subresource: str = "") -> str:
@@ -279,7 +273,7 @@ class Kube:
                         continue
                     if response.status >= 400:
                         raw = await response.read()
-                        raise status_error(response.status, _decoded(raw), raw.decode(errors="replace")[:200])
+                        raise status_error(response.status, decoded(raw), raw.decode(errors="replace")[:200])
                     yield response
                     return
 
@@ -297,10 +291,10 @@ class Kube:
         async with self._exchange(method, path, params=params, body=body, content_type=content_type) as response:
             with mapped():
                 raw = await response.read()
-        decoded = _decoded(raw)
-        if not isinstance(decoded, dict):
+        answer = decoded(raw)
+        if not isinstance(answer, dict):
             raise errors.Unavailable(f"the API answered {method} {path} with something other than a JSON object")
-        return decoded
+        return answer
 
     # -- UndoLog objects ----------------------------------------------------------------------
 
@@ -384,7 +378,7 @@ class Kube:
         async with self._exchange("GET", _custom_path(plural, namespace), params=params, bound=bound) as stream:
             with mapped():
                 async for line in stream.content:
-                    event = _decoded(line)
+                    event = decoded(line)
                     if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
                         continue  # a blank keep-alive line
                     if event.get("type") == "ERROR":  # a Status, such as 410 Expired

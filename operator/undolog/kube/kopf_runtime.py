@@ -1,10 +1,10 @@
-"""kopf runs the process's frame (signals, the liveness endpoint) and, with several shards,
-watches the Sagas and UndoEntries that have no bucket label (a server-side label selector), so
-that they are filed into their bucket; each shard's engine watches its own buckets itself.
+"""kopf runs the process's frame: signals, the liveness endpoint, log formats, the login.
 
-Only kopf's event handlers are used: they write nothing to the objects (no progress or
-diff-base annotations, no kopf finalizer), so the CRDs' status holds UndoLog's fields alone.
-kopf logs in with exactly the credentials of UndoLog's own client, and uses its timeouts.
+It handles no resource: each shard's engine watches its own Sagas and UndoEntries, and the
+objects without a bucket label are watched by `controller.shard_labels`. So kopf writes
+nothing to the objects (no progress or diff-base annotations, no kopf finalizer), and the
+CRDs' status holds UndoLog's fields alone. kopf logs in with exactly the credentials of
+UndoLog's own client, and uses its timeouts.
 """
 
 from __future__ import annotations
@@ -15,12 +15,7 @@ from typing import Any
 
 import kopf
 
-from undolog.api import GROUP, VERSION
-from undolog.api.common import Plural
-from undolog.conventions import BUCKET_LABEL
-from undolog.kube.client import Body, Kube
-
-Unfiled = Callable[[Plural, Body], None]  # an object without a bucket label
+from undolog.kube.client import Kube
 
 
 def configure_logging(log_format: str, verbose: bool) -> None:
@@ -50,20 +45,7 @@ async def connection_info(kube: Kube) -> kopf.ConnectionInfo:
     )
 
 
-class NoDiffBase(kopf.DiffBaseStorage):
-    """Event handlers need no diff base; kopf would still deep-copy every body to build one."""
-
-    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
-        return kopf.BodyEssence()
-
-    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        return None
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
-        raise AssertionError("UndoLog registers no change handlers, so kopf never stores a diff base")
-
-
-def registry(kube: Kube, unfiled: Unfiled | None, cleanup: Callable[[], Awaitable[None]]) -> kopf.OperatorRegistry:
+def registry(kube: Kube, cleanup: Callable[[], Awaitable[None]]) -> kopf.OperatorRegistry:
     handlers = kopf.OperatorRegistry()
     timeouts = kube.timeouts
 
@@ -74,9 +56,6 @@ def registry(kube: Kube, unfiled: Unfiled | None, cleanup: Callable[[], Awaitabl
         settings.watching.client_timeout = timeouts.watch_client
         settings.watching.connect_timeout = timeouts.connect
         settings.networking.request_timeout = timeouts.request
-        settings.persistence.diffbase_storage = NoDiffBase()
-        for plural in ("sagas", "undoentries"):
-            settings.watching.label_selectors[GROUP, plural] = f"!{BUCKET_LABEL}"
 
     @kopf.on.login(registry=handlers)
     async def login(**_: Any) -> kopf.ConnectionInfo:
@@ -86,31 +65,19 @@ def registry(kube: Kube, unfiled: Unfiled | None, cleanup: Callable[[], Awaitabl
     async def stop(**_: Any) -> None:
         await cleanup()
 
-    if unfiled is not None:
-        register_unfiled(handlers, "sagas", unfiled)
-        register_unfiled(handlers, "undoentries", unfiled)
-
     return handlers
-
-
-def register_unfiled(handlers: kopf.OperatorRegistry, plural: Plural, unfiled: Unfiled) -> None:
-    @kopf.on.event(GROUP, VERSION, plural, registry=handlers)
-    async def changed(event: kopf.RawEvent, **_: Any) -> None:
-        if event.get("type") != "DELETED":
-            unfiled(plural, dict(event["object"]))
 
 
 async def run_kopf(
     kube: Kube,
     namespaces: list[str],
     liveness_port: int | None,
-    unfiled: Unfiled | None,
     cleanup: Callable[[], Awaitable[None]],
 ) -> None:
     """Run until the process is told to stop (SIGTERM, SIGINT); then `cleanup`, before kopf
     looks for tasks left running."""
     await kopf.operator(
-        registry=registry(kube, unfiled, cleanup),
+        registry=registry(kube, cleanup),
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,

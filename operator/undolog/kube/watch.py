@@ -104,10 +104,11 @@ class OrderedWatch(Generic[T]):
         self.progress.advance(self.version)
 
     async def run(self) -> None:
-        """Follow the stream from where `sync` left it, forever: resume after the apiserver
-        closes it, list again when the revision is too old to resume from."""
+        """Follow the stream from where `sync` left it (or list first, never listed), forever:
+        resume after the apiserver closes it, list again when the revision is too old to resume
+        from."""
         failures = 0
-        expired = False
+        expired = not self.version
         while True:
             try:
                 if expired:

@@ -1,0 +1,111 @@
+"""Objects nested deeper than UndoLog reads. The API stores free-form fields (a call's args, an
+entry's output) nested up to 10,000 levels, and Python's json stops near 1,000: one such entry
+in a LIST made every listing of its namespace fail, so the operator took charge of no saga
+there. Now the answer is parsed whatever its depth, and the object that nests too deep is
+refused on its own, by name; the others in the same answer are read as usual."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from tests.support.objects import entry_body
+from undolog import errors
+from undolog.api import MAX_NESTING, Call, OutputOmission, Saga, UndoEntry
+from undolog.api.common import nesting
+from undolog.conventions import kept_output
+from undolog.kube.decoding import DEEPEST, decoded
+from undolog.ledger import Unreadable, parse_entry
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=30,
+)
+
+
+def depth(value: Any) -> int:
+    """The reference: levels of objects and arrays, counted by recursion."""
+    if isinstance(value, dict):
+        return 1 + max(map(depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(depth, value), default=0)
+    return 0
+
+
+def nested(levels: int) -> str:
+    """A JSON object `levels` levels deep, as text (json.dumps itself stops near 1,000)."""
+    return '{"a":' * levels + "1" + "}" * levels
+
+
+def with_args(body: dict[str, Any], args: str) -> str:
+    """`body` as JSON text whose compensation's args are `args`, JSON text."""
+    body["spec"]["compensation"]["args"] = "ARGS"
+    return json.dumps(body).replace('"ARGS"', args)
+
+
+@given(JSON)
+def test_nesting_counts_the_levels_of_objects_and_arrays(value: Any) -> None:
+    assert nesting(value) == depth(value)
+
+
+def test_a_listing_with_an_entry_nested_as_deep_as_the_api_stores_is_read_but_that_entry() -> None:
+    deep = with_args(entry_body("deep", 1), nested(10_000 - 4))  # under the entry, its spec and compensation
+    fine = json.dumps(entry_body("fine", 1))
+    page = decoded(f'{{"kind":"UndoEntryList","items":[{fine},{deep}]}}'.encode())
+    parsed = [parse_entry(item) for item in page["items"]]
+    assert isinstance(parsed[0], UndoEntry)
+    assert isinstance(parsed[1], Unreadable)
+    assert parsed[1].lost.name == "deep-1"
+    assert parsed[1].lost.why.startswith("unreadable: spec.compensation.args: ")
+    assert f"nests 9996 levels of objects and arrays; UndoLog reads at most {MAX_NESTING}" in parsed[1].lost.why
+    # the watch's lines too, one event each
+    event = decoded(f'{{"type":"ADDED","object":{deep}}}')
+    assert isinstance(parse_entry(event["object"]), Unreadable)
+
+
+def test_json_deeper_than_the_api_stores_is_an_answer_that_cannot_be_used() -> None:
+    with pytest.raises(errors.Unavailable, match=f"nested deeper than {DEEPEST} levels"):
+        decoded(nested(2 * DEEPEST))
+    assert decoded(b"not json") is None
+
+
+@pytest.mark.parametrize(("levels", "readable"), [(MAX_NESTING, True), (MAX_NESTING + 1, False)])
+def test_args_are_read_up_to_the_bound(levels: int, readable: bool) -> None:
+    body = json.loads(with_args(entry_body("s", 1), nested(levels)))
+    assert nesting(body["spec"]["compensation"]["args"]) == levels
+    assert isinstance(parse_entry(body), UndoEntry) is readable
+
+
+def test_a_saga_whose_step_args_nest_too_deep_is_refused_by_name() -> None:
+    args = json.loads(nested(MAX_NESTING + 1))
+    step = {"name": "s", "action": {"function": "s-do", "args": args}}
+    body = {"metadata": {"name": "deep", "namespace": "ns"}, "spec": {"steps": [step]}}
+    with pytest.raises(ValidationError) as refused:
+        Saga.model_validate(body)
+    first = refused.value.errors()[0]
+    assert first["loc"] == ("spec", "steps", 0, "action", "args")
+    assert f"UndoLog reads at most {MAX_NESTING}" in first["msg"]
+
+
+def test_an_output_nested_too_deep_is_not_kept_and_says_why() -> None:
+    shallow = json.loads(nested(MAX_NESTING))
+    assert kept_output(shallow) == (shallow, None)
+    output, omitted = kept_output({"deep": json.loads(nested(300))})
+    assert output is None
+    assert omitted is not None
+    assert omitted.reason == OutputOmission.OUTPUT_TOO_DEEP
+    assert (
+        omitted.message
+        == f"the answer was a JSON object nested 301 levels deep; the ledger keeps at most {MAX_NESTING}"
+    )
+
+
+def test_the_sdk_refuses_args_nested_too_deep_before_anything_is_written() -> None:
+    with pytest.raises(ValidationError, match=f"nests {MAX_NESTING + 1} levels"):
+        Call(function="delete-user", args=json.loads(nested(MAX_NESTING + 1)))
