@@ -69,6 +69,7 @@ class CallRefusal(StrEnum):
     FUNCTION_NOT_FOUND = "FunctionNotFound"
     HEADERS_SECRET_NOT_FOUND = "HeadersSecretNotFound"
     HEADERS_SECRET_NOT_OPTED_IN = "HeadersSecretNotOptedIn"
+    HEADERS_SECRET_INVALID = "HeadersSecretInvalid"
     UNRESOLVED_REFERENCE = "UnresolvedReference"
     TARGET_REFUSED = "TargetRefused"
 

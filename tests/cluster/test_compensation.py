@@ -483,6 +483,39 @@ async def test_a_secret_that_has_not_opted_in_is_never_sent(
     assert participant.received("/refund")[0].headers["x-password"] == "hunter2"
 
 
+async def test_a_secret_made_from_a_file_is_sent_and_one_that_cannot_be_sent_halts_with_why(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    """`kubectl create secret --from-file` keeps the file's trailing newline, which no header
+    value may hold: aiohttp raised ValueError ("Forbidden control character"), which was no
+    outcome of the call, and the saga stayed Compensating with nothing said. The value is sent
+    without its surrounding whitespace; a value that still cannot be a header (a line break
+    inside, a header the transport sets) halts the saga, with the Secret and key named."""
+    for name, data in (
+        ("from-file", {"Authorization": "Bearer t0ken\n"}),
+        ("two-lines", {"Authorization": "Bearer a\nX-Injected: 1"}),
+        ("framing", {"Content-Length": "5"}),
+    ):
+        secret = {"metadata": {"name": name, "labels": {"undolog.io/webhook-headers": "true"}}, "stringData": data}
+        await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret)
+        hook = webhook(name, url=participant.url(f"/{name}"))
+        hook["spec"]["headersFrom"] = {"secretRef": {"name": name}}
+        await kube.create("webhooks", namespace, hook)
+        await external_saga(kube, namespace, name, [call(name)])
+        await abort(kube, namespace, name)
+    await saga_phase(kube, namespace, "from-file", "Compensated")
+    assert [r.headers["authorization"] for r in participant.received()] == ["Bearer t0ken"]
+    for name, why in (
+        ("two-lines", "key 'Authorization' holds a line break or another control character"),
+        ("framing", "key 'Content-Length' is a header the operator sets itself"),
+    ):
+        halted = await saga_phase(kube, namespace, name, "Halted")
+        assert f"Secret {namespace}/{name} (spec.headersFrom) {why}" in halted["status"]["message"]
+        entry = await kube.get("undoentries", namespace, f"{name}-1")
+        assert entry["status"]["reason"] == "HeadersSecretInvalid"
+    assert len(participant.received()) == 1  # nothing was sent for the two that halted
+
+
 async def test_https_participant_verified_with_ca_bundle(
     kube: Kube, namespace: str, operator: OperatorProcess, tmp_path: Any
 ) -> None:

@@ -40,7 +40,7 @@ class FakeKube:
     """What the ledger, the registry and the timeline need of the API, in memory."""
 
     objects: dict[tuple[str, str, str], Body] = field(default_factory=dict)
-    secrets: dict[tuple[str, str], tuple[dict[str, str], dict[str, str]]] = field(default_factory=dict)
+    secrets: dict[tuple[str, str], tuple[dict[str, str], dict[str, bytes]]] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (object name, reason, message)
     requests: list[tuple[str, str]] = field(default_factory=list)  # (verb, plural) of every request
     refuse: dict[tuple[str, str], errors.KubeError] = field(default_factory=dict)  # (verb, plural) -> error
@@ -160,7 +160,7 @@ class FakeKube:
         self.objects[(plural, namespace, name)] = self._stamp(updated)
         return copy.deepcopy(updated)
 
-    async def secret(self, namespace: str, name: str) -> tuple[dict[str, str], dict[str, str]]:
+    async def secret(self, namespace: str, name: str) -> tuple[dict[str, str], dict[str, bytes]]:
         try:
             return self.secrets[(namespace, name)]
         except KeyError:

@@ -23,6 +23,7 @@ class EventReason(StrEnum):
     FUNCTION_NOT_FOUND = "FunctionNotFound"
     HEADERS_SECRET_NOT_FOUND = "HeadersSecretNotFound"
     HEADERS_SECRET_NOT_OPTED_IN = "HeadersSecretNotOptedIn"
+    HEADERS_SECRET_INVALID = "HeadersSecretInvalid"
     UNRESOLVED_REFERENCE = "UnresolvedReference"
     TARGET_REFUSED = "TargetRefused"
     # Entries.

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import re
+
+from undolog.errors import CallNotPossible, CallRefusal
 from undolog.version import __version__
 
 USER_AGENT = f"undolog/{__version__}"
 FENCE_HEADER = "Undolog-Fence"  # the sender's fencing token: higher for each new holder of the Lease
 SHARD_HEADER = "Undolog-Shard"  # the shard (`<index>/<count>`) whose Lease the fence belongs to
+# Headers that frame a request or address it, which the transport alone sets: from a Secret,
+# a Content-Length would leave the rest of the body on a keep-alive connection that the next
+# call to the participant reads as its answer, and a Host would address another site.
+TRANSPORT_HEADERS = frozenset(
+    {"content-length", "transfer-encoding", "host", "connection", "keep-alive", "te", "trailer", "upgrade", "expect"}
+)
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a header value is one line: only TAB of the controls
 
 
 def headers(
@@ -32,3 +42,27 @@ def headers(
     if forward:
         sent["Undolog-Forward-Key"] = forward
     return sent
+
+
+def secret_headers(secret: str, data: dict[str, bytes]) -> dict[str, str]:
+    """A Webhook's headers from its Secret (`secret`: <namespace>/<name>, for the message): each
+    value without surrounding whitespace (which a header value never holds, and a file ends
+    with: `kubectl create secret --from-file`). CallNotPossible when one cannot be sent as is."""
+    sendable = {}
+    for key, raw in data.items():
+        try:
+            value = raw.decode().strip()
+        except UnicodeDecodeError:
+            problem = "is not UTF-8 text"
+        else:
+            if key.lower() in TRANSPORT_HEADERS:
+                problem = "is a header the operator sets itself (it frames or addresses the request): remove it"
+            elif _CONTROL.search(value):
+                problem = "holds a line break or another control character: a header value is one line"
+            else:
+                sendable[key] = value
+                continue
+        raise CallNotPossible(
+            CallRefusal.HEADERS_SECRET_INVALID, f"Secret {secret} (spec.headersFrom) key {key!r} {problem}"
+        )
+    return sendable

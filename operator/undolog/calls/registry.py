@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from undolog import errors
 from undolog.api import Call, Webhook, WebhookVersion
+from undolog.calls.protocol import secret_headers
 from undolog.calls.transport import Target
 from undolog.calls.webhook_cache import WebhookCache
 from undolog.conventions import HEADERS_SECRET_LABEL
@@ -107,4 +108,4 @@ class Registry:
                 f"Webhook {webhook.reference} names Secret {namespace}/{secret} in spec.headersFrom, which has not "
                 f"opted in: label it {HEADERS_SECRET_LABEL}=true to let UndoLog send it as headers",
             )
-        return data
+        return secret_headers(f"{namespace}/{secret}", data)

@@ -417,10 +417,10 @@ class Kube:
 
     # -- core objects ------------------------------------------------------------------------
 
-    async def secret(self, namespace: str, name: str) -> tuple[dict[str, str], dict[str, str]]:
-        """A Secret's labels and its values, decoded."""
+    async def secret(self, namespace: str, name: str) -> tuple[dict[str, str], dict[str, bytes]]:
+        """A Secret's labels and its values, base64-decoded (bytes: a Secret may hold any)."""
         secret = await self.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
-        data = {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
         return dict(secret["metadata"].get("labels") or {}), data
 
     async def create_namespace(self, name: str, labels: dict[str, str]) -> None:
