@@ -125,6 +125,13 @@ REFUSED_ON_CREATE: list[tuple[str, Plural, dict[str, Any], list[str]]] = [
         ["spec.undoId", "should match"],
     ),
     (
+        # sent as the Undolog-Forward-Key header of its compensation, which cannot hold a line break
+        "entry effectId with a line break",
+        "undoentries",
+        undo_entry(effectId="charge-1\nX-Injected: 1"),
+        ["spec.effectId", "should match"],
+    ),
+    (
         "entry without registeredAt",
         "undoentries",
         undo_entry(registeredAt=None),

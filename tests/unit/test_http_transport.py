@@ -103,6 +103,22 @@ async def test_an_answer_nested_deeper_than_python_parses_is_a_success_without_o
     assert outcome.omitted.message == "HTTP 200 with a JSON answer nested too deep to parse (600001 bytes): no output"
 
 
+async def test_a_request_that_cannot_be_formed_is_refused_and_nothing_is_sent(
+    participant: Participant, transport: HttpTransport
+) -> None:
+    """aiohttp raises ValueError for a host label over 63 characters (at name resolution) and for
+    a line break in a header value: before, that left the transport as no outcome at all."""
+    long_label = PreparedCall(Target(f"http://{'a' * 64}.test/undo", 2), {"n": 1}, {"Idempotency-Key": "k"})
+    two_lines = PreparedCall(Target(participant.url("/undo"), 2), {"n": 1}, {"Undolog-Forward-Key": "a\nX-Injected: 1"})
+    for refused, why in ((long_label, "too long"), (two_lines, "Forbidden control character")):
+        outcome = await transport.send(refused)
+        assert outcome.refusal == CallRefusal.TARGET_REFUSED
+        assert outcome.error is not None
+        assert outcome.error.startswith(f"{refused.target.url!r} cannot be called: ")
+        assert why in outcome.error
+    assert participant.received() == []
+
+
 async def test_tls_contexts_per_ca_bundle_are_bounded(transport: HttpTransport) -> None:
     """Webhook authors choose CA bundles; each is a TLS context holding its roots."""
     import base64

@@ -115,7 +115,11 @@ class UndoEntrySpec(Model):
         le=1_000_000,
         description="Order in the saga's undo stack; compensations run from the highest down.",
     )
-    effect_id: str = Field(max_length=253, description="Identifies the effect, e.g. the forward Idempotency-Key.")
+    effect_id: str = Field(
+        max_length=253,
+        pattern=r"^[^\x00-\x1f\x7f]*$",  # sent as the Undolog-Forward-Key header: one line
+        description="Identifies the effect, e.g. the forward Idempotency-Key (no control characters).",
+    )
     step: str = Field(max_length=63, pattern=STEP_NAME, description="Name of the step (or tool call).")
     compensation: Call | None = Field(
         default=None, description="How to undo the effect; absent for Pivot and Retriable steps."

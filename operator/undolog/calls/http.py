@@ -225,6 +225,13 @@ class HttpTransport:
             )
         except (aiohttp.ClientError, OSError) as error:
             return CallOutcome(error=f"{type(error).__name__}: {error}"[:MAX_ERROR_TEXT])
+        except ValueError as error:
+            # aiohttp cannot form the request (a host label over 63 characters, a control character
+            # in a header value): raised before any byte is written, and the same every time.
+            return CallOutcome(
+                error=f"{target.url!r} cannot be called: {type(error).__name__}: {error}"[:MAX_ERROR_TEXT],
+                refusal=CallRefusal.TARGET_REFUSED,
+            )
 
     async def _exchange(self, call: PreparedCall, url: URL, payload: bytes, headers: dict[str, str]) -> CallOutcome:
         # The scheme as parsed (lower case): HTTPS:// is https too, verified with its CA bundle.
