@@ -13,12 +13,12 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from undolog import errors
-from undolog.api import Outcome, Rewind, Saga, SagaPhase, UndoEntry, Webhook
+from undolog.api import LostEntry, Outcome, Rewind, Saga, SagaPhase, UndoEntry, Webhook
 from undolog.calls.registry import Registry
 from undolog.conventions import (
     ABORT_REASON_ANNOTATION,
@@ -58,6 +58,9 @@ class SagaDetail:
     saga: Saga
     entries: list[UndoEntry]  # newest first: the undo stack as drawn
     events: list[EventRecord]  # oldest first: the timeline
+    # Entries of the saga the API took and UndoLog cannot read, with why: the operator halts on
+    # them (reported in status.lostEntries once it compensates), so they are shown, not left out.
+    unreadable: list[LostEntry] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -187,10 +190,11 @@ class Inspector:
 
     async def show(self, namespace: str, name: str) -> SagaDetail:
         saga = await self.saga(namespace, name)
-        entries, events = await asyncio.gather(
-            self.entries(saga), self.kube.events_about(namespace, name, saga.metadata.uid)
+        listing, events = await asyncio.gather(
+            self.ledger.entries_of(saga), self.kube.events_about(namespace, name, saga.metadata.uid)
         )
-        return SagaDetail(saga, entries, events)
+        entries = compensation_plan.newest_first(listing.entries)
+        return SagaDetail(saga, entries, events, [u.lost for u in listing.unreadable])
 
     async def plan(self, namespace: str, name: str) -> list[PlannedCompensation]:
         """What a compensation would do now (or after a retry), in order, without doing it."""

@@ -16,10 +16,11 @@ import yaml
 from tests.cluster.test_compensation import abort, external_saga, register
 from tests.conftest import BIN, Cluster
 from tests.support.identities import service_account_kubeconfig
-from tests.support.manifests import call
+from tests.support.manifests import call, undo_entry
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Reply
 from tests.support.waiting import saga_phase
+from undolog.api import MAX_NESTING
 from undolog.kube import Kube
 
 pytestmark = pytest.mark.cluster
@@ -211,6 +212,30 @@ async def test_show_and_plan_of_a_halted_saga(
     ]
     assert participant.url("/revoke") in planned.stdout
     assert len(participant.received("/revoke")) == 1  # plan did not call anything
+
+
+async def test_show_lists_an_entry_undolog_cannot_read_in_its_place(
+    kube: Kube, namespace: str, participant: Participant, cluster: Cluster
+) -> None:
+    """An entry the API took and UndoLog cannot read (here its args nest one level past the
+    bound) was left out of `undolog show`: the stack looked complete while the operator would
+    halt on it. It is a row of its own, with why."""
+    await register(kube, namespace, participant, "undo")
+    created, _ = await external_saga(kube, namespace, "odd", [call("undo"), call("undo")])
+    deep: Any = 1
+    for _ in range(MAX_NESTING):
+        deep = {"a": deep}
+    body = undo_entry("odd", 3, owner_uid=created["metadata"]["uid"], compensation=call("undo", deep=deep))
+    await kube.create("undoentries", namespace, body)
+    shown = undolog(cluster, "show", "odd", "-n", namespace)
+    assert shown.returncode == 0, shown.stderr
+    stack = [line.split() for line in shown.stdout.splitlines() if line.split()[:1] in (["3"], ["2"], ["1"])]
+    assert [row[:5] for row in stack] == [
+        ["3", "step3", "undo", "?", "Unreadable"],
+        ["2", "step2", "undo", "v1", "Committed"],
+        ["1", "step1", "undo", "v1", "Committed"],
+    ]
+    assert f"unreadable: spec.compensation.args: nests {MAX_NESTING + 1} levels" in shown.stdout
 
 
 async def test_retry_skip_abort_wait_and_their_refusals(

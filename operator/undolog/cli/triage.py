@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -221,25 +222,40 @@ def render_detail(detail: SagaDetail, output: Output) -> str:
     if status.failed_step:
         lines.append(f"failed step: {status.failed_step}")
     lines += [f"steps {status.stack_depth}, undone {status.compensated_count}", "", "Undo stack (newest first)"]
-    stack = []
+    stack: list[tuple[int, list[str]]] = []  # by position, newest first
     for entry in detail.entries:
         call = entry.spec.compensation
         stack.append(
-            [
-                str(entry.spec.stack_position),
-                entry.spec.step,
-                f"{call.function} {call.version}" if call else "-",
-                entry.status.effect,
-                entry.status.state,
-                str(entry.status.retry_count),
-                (entry.status.last_error or entry.status.skip_reason or "").replace("\n", " ")[:80],
-                clock(entry.spec.registered_at),
-                clock(entry.status.executed_at),
-                clock(entry.status.compensated_at),
-            ]
+            (
+                entry.spec.stack_position,
+                [
+                    str(entry.spec.stack_position),
+                    entry.spec.step,
+                    f"{call.function} {call.version}" if call else "-",
+                    entry.status.effect,
+                    entry.status.state,
+                    str(entry.status.retry_count),
+                    (entry.status.last_error or entry.status.skip_reason or "").replace("\n", " ")[:80],
+                    clock(entry.spec.registered_at),
+                    clock(entry.status.executed_at),
+                    clock(entry.status.compensated_at),
+                ],
+            )
         )
+    for lost in detail.unreadable:  # the API took them, UndoLog cannot read them: the operator halts on them
+        at = lost.stack_position
+        row = [
+            "?" if at is None else str(at),
+            lost.step or "?",
+            lost.function or "?",
+            "?",
+            "Unreadable",
+            "",
+            lost.why[:80],
+        ]
+        stack.append((at if at is not None else sys.maxsize, [*row, "", "", ""]))
     header = ["POS", "STEP", "FUNCTION", "EFFECT", "STATE", "RETRIES", "LAST ERROR", "REGISTERED", "EXECUTED", "UNDONE"]
-    lines += [table(header, stack), "", "Timeline"]
+    lines += [table(header, [row for _, row in sorted(stack, key=lambda r: -r[0])]), "", "Timeline"]
     events = [[clock(e.time), e.type, e.reason, e.message.replace("\n", " ")] for e in detail.events]
     lines.append(table(["TIME", "TYPE", "REASON", "MESSAGE"], events))
     return "\n".join(lines)
