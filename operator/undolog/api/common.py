@@ -34,20 +34,18 @@ MAX_NESTING = 32
 
 
 def nesting(value: Any) -> int:
-    """How many levels of objects and arrays `value` nests (0 for a scalar), counted without
-    recursion: however deep it goes."""
-    deepest = 0
-    pending = [(value, 1)]
-    while pending:
-        current, level = pending.pop()
-        if isinstance(current, dict):
-            pending.extend((child, level + 1) for child in current.values())
-        elif isinstance(current, list):
-            pending.extend((child, level + 1) for child in current)
-        else:
-            continue
-        deepest = max(deepest, level)
-    return deepest
+    """How many levels of objects and arrays `value` nests (0 for a scalar), counted level by
+    level without recursion: however deep it goes, and cheaply for the flat args most calls have."""
+    depth = 0
+    level = [value] if isinstance(value, (dict, list)) else []
+    while level:
+        depth += 1
+        below: list[Any] = []
+        for container in level:
+            children = container.values() if isinstance(container, dict) else container
+            below += [child for child in children if isinstance(child, (dict, list))]
+        level = below
+    return depth
 
 
 def _nested_within_bound(value: dict[str, Any]) -> dict[str, Any]:
