@@ -187,7 +187,13 @@ def kept_output(output: dict[str, Any] | None) -> tuple[dict[str, Any] | None, O
             reason=OutputOmission.OUTPUT_TOO_DEEP,
             message=f"the answer was a JSON object nested {depth} levels deep; the ledger keeps at most {MAX_NESTING}",
         )
-    size = len(json.dumps(output, separators=(",", ":")).encode())
+    try:
+        size = len(json.dumps(output, separators=(",", ":"), allow_nan=False).encode())
+    except ValueError:  # NaN or an infinity (an SDK step's result): stored, it would become null
+        return None, OmittedOutput(
+            reason=OutputOmission.ANSWER_NOT_JSON,
+            message="the answer holds NaN or an infinity, a number JSON cannot carry",
+        )
     if size <= MAX_OUTPUT_BYTES:
         return output, None
     return None, OmittedOutput(

@@ -230,6 +230,29 @@ async def test_a_forward_answer_that_is_not_json_says_why_the_output_is_missing(
     assert "not a JSON object" in entry["status"]["outputOmitted"]["message"]
 
 
+@pytest.mark.parametrize("answer", [b'{"id": "u-1", "amount": 1e999}', b'{"id": "u-1", "amount": NaN}'])
+async def test_a_forward_answer_with_a_number_json_cannot_carry_is_not_kept_and_the_saga_goes_on(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, answer: bytes
+) -> None:
+    """1e999 is valid JSON that Python reads as inf; NaN is not JSON and Python reads it. Either
+    became `Infinity`/`NaN` in the entry's status write, which the API refuses as invalid JSON,
+    every time: the step's success could not be recorded."""
+    participant.script("/make-do", Reply(200, raw=answer))
+    for function in ("make-do", "make-undo", "next-do", "next-undo"):
+        await kube.create("webhooks", namespace, webhook(function, url=participant.url(f"/{function}")))
+    steps = [
+        {"name": "make", "action": call("make-do"), "compensation": call("make-undo")},
+        {"name": "next", "action": call("next-do"), "compensation": call("next-undo")},
+    ]
+    await kube.create("sagas", namespace, saga("huge-number", steps))
+    await saga_phase(kube, namespace, "huge-number", "Completed")
+    entry = await kube.get("undoentries", namespace, "huge-number-1")
+    assert "output" not in entry["status"]
+    assert entry["status"]["outputOmitted"]["reason"] == "AnswerNotJson"
+    assert "a number JSON cannot carry" in entry["status"]["outputOmitted"]["message"]
+    assert [r.path for r in participant.received()] == ["/make-do", "/next-do"]
+
+
 async def test_an_agent_writing_its_entry_during_compensation_does_not_cause_a_second_call(
     kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
 ) -> None:

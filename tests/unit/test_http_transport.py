@@ -119,6 +119,22 @@ async def test_a_request_that_cannot_be_formed_is_refused_and_nothing_is_sent(
     assert participant.received() == []
 
 
+async def test_an_answer_with_a_number_json_cannot_carry_is_a_success_without_output(
+    participant: Participant, transport: HttpTransport
+) -> None:
+    """Python reads 1e999 as inf and NaN as nan; written back, pydantic makes them null, which
+    the merge patch took as "delete the key": the output lost `amount` without a word."""
+    participant.script("/huge", Reply(200, raw=b'{"id": "u-1", "amount": 1e999}'))
+    participant.script("/nan", Reply(200, raw=b'{"id": "u-1", "amount": -Infinity}'))
+    for path, number in (("/huge", "1e999"), ("/nan", "-Infinity")):
+        outcome = await transport.send(call(participant, path))
+        assert outcome.status_code == 200
+        assert outcome.output is None
+        assert outcome.omitted is not None
+        assert outcome.omitted.reason == "AnswerNotJson"
+        assert f"holding {number}, a number JSON cannot carry" in outcome.omitted.message
+
+
 async def test_tls_contexts_per_ca_bundle_are_bounded(transport: HttpTransport) -> None:
     """Webhook authors choose CA bundles; each is a TLS context holding its roots."""
     import base64

@@ -19,11 +19,13 @@ import asyncio
 import base64
 import contextlib
 import json
+import math
 import socket
 import ssl
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -278,6 +280,22 @@ async def _read(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bo
     return b"".join(chunks), True
 
 
+class _NotCarried(ValueError):
+    """A number Python reads and JSON cannot carry: written back it would be `Infinity` or
+    `NaN`, and pydantic writes those as null, which a merge patch takes as "delete the key"."""
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # 1e999: valid JSON, inf to Python
+        raise _NotCarried(text[:40])
+    return number
+
+
+def _not_a_number(text: str) -> Any:
+    raise _NotCarried(text)  # NaN, Infinity, -Infinity: Python's extensions, not JSON
+
+
 def _length(headers: dict[str, str]) -> int | None:
     value = headers.get("content-length", "")
     return int(value) if value.isascii() and value.isdigit() else None
@@ -287,7 +305,16 @@ def _success(status: int, body: bytes, content_type: str) -> CallOutcome:
     if not body.strip():
         return CallOutcome(status_code=status)
     try:
-        parsed = json.loads(body)
+        parsed = json.loads(body, parse_float=_finite, parse_constant=_not_a_number)
+    except _NotCarried as number:
+        return CallOutcome(
+            status_code=status,
+            omitted=OmittedOutput(
+                reason=OutputOmission.ANSWER_NOT_JSON,
+                message=f"HTTP {status} with a JSON answer holding {number}, a number JSON cannot carry: no output",
+                size_bytes=len(body),
+            ),
+        )
     except (ValueError, UnicodeDecodeError):
         parsed = None
     except RecursionError:  # deeper than Python parses; the ledger keeps MAX_NESTING levels at most

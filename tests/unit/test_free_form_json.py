@@ -1,8 +1,11 @@
-"""Objects nested deeper than UndoLog reads. The API stores free-form fields (a call's args, an
-entry's output) nested up to 10,000 levels, and Python's json stops near 1,000: one such entry
-in a LIST made every listing of its namespace fail, so the operator took charge of no saga
-there. Now the answer is parsed whatever its depth, and the object that nests too deep is
-refused on its own, by name; the others in the same answer are read as usual."""
+"""The free-form JSON fields (a call's args, an entry's output), which no CRD schema bounds.
+
+Nesting: the API stores them nested up to 10,000 levels, and Python's json stops near 1,000:
+one such entry in a LIST made every listing of its namespace fail, so the operator took charge
+of no saga there. Now the answer is parsed whatever its depth, and the object that nests too
+deep is refused on its own, by name; the others in the same answer are read as usual.
+
+Numbers: an output is kept only if JSON can carry it back to the API."""
 
 from __future__ import annotations
 
@@ -109,3 +112,13 @@ def test_an_output_nested_too_deep_is_not_kept_and_says_why() -> None:
 def test_the_sdk_refuses_args_nested_too_deep_before_anything_is_written() -> None:
     with pytest.raises(ValidationError, match=f"nests {MAX_NESTING + 1} levels"):
         Call(function="delete-user", args=json.loads(nested(MAX_NESTING + 1)))
+
+
+def test_an_output_holding_a_number_json_cannot_carry_is_not_kept() -> None:
+    """An SDK step's result with an infinity: stored, pydantic writes it as null, which the
+    merge patch takes as "delete the key" (the output would lose it without a word)."""
+    output, omitted = kept_output({"id": "u-1", "amount": float("inf")})
+    assert output is None
+    assert omitted is not None
+    assert omitted.reason == OutputOmission.ANSWER_NOT_JSON
+    assert "a number JSON cannot carry" in omitted.message
