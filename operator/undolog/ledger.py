@@ -42,6 +42,7 @@ class ObjectStore(Protocol):
     async def create(self, plural: Plural, namespace: str, body: Body) -> Body: ...
     async def patch(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body: ...
     async def patch_status(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body: ...
+    async def replace_status(self, plural: Plural, namespace: str, name: str, version: str, status: Body) -> Body: ...
     async def secret(self, namespace: str, name: str) -> tuple[dict[str, str], dict[str, bytes]]: ...
     def watch(
         self, plural: Plural, namespace: str | None, version: str, *, label_selector: str | None = None
@@ -229,10 +230,7 @@ class Ledger:
         base = entry
         for _ in range(REBASES):
             try:
-                written = await self.entry_writes.written(
-                    base.metadata.namespace,
-                    self.kube.patch_status("undoentries", *base.key, conditional(base, {"status": ours})),
-                )
+                written = await self.entry_writes.written(base.metadata.namespace, self._status_written(base, ours))
                 return UndoEntry.model_validate(written)
             except errors.Conflict:
                 fresh = await self.entry(*base.key)
@@ -249,6 +247,16 @@ class Ledger:
                     ) from None
                 base = fresh
         raise errors.Conflict(f"UndoEntry {entry.reference} kept changing: its status was not written")
+
+    def _status_written(self, base: UndoEntry, ours: Body) -> Awaitable[Body]:
+        """A merge patch of the fields that changed; with an output, the whole status instead: a
+        merge patch takes a null inside an object as "delete the key", so an answer's
+        `"parent": null` was stored without `parent`, and a later step's reference to it failed."""
+        if ours.get("output") is None:
+            return self.kube.patch_status("undoentries", *base.key, conditional(base, {"status": ours}))
+        current = base.status.model_dump(mode="json", by_alias=True)
+        status = {key: value for key, value in {**current, **ours}.items() if value is not None}
+        return self.kube.replace_status("undoentries", *base.key, base.metadata.resource_version, status)
 
     async def drop_annotation(self, resource: R, key: str) -> R:
         written = await self.kube.patch(

@@ -253,6 +253,29 @@ async def test_a_forward_answer_with_a_number_json_cannot_carry_is_not_kept_and_
     assert [r.path for r in participant.received()] == ["/make-do", "/next-do"]
 
 
+async def test_a_null_in_a_forward_answer_is_kept_and_the_next_step_gets_it(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    """The output was written with a merge patch, which takes a null inside an object as "delete
+    the key": `"parent": null` was stored without `parent`, and the next step's reference to
+    it failed the saga ("the output of step 'make' has no 'parent'"), which was compensated."""
+    participant.script("/make-do", Reply(200, {"id": "u-1", "parent": None}))
+    for function in ("make-do", "make-undo", "link-do", "link-undo"):
+        await kube.create("webhooks", namespace, webhook(function, url=participant.url(f"/{function}")))
+    steps = [
+        {"name": "make", "action": call("make-do"), "compensation": call("make-undo")},
+        {
+            "name": "link",
+            "action": call("link-do", parent="${steps.make.output.parent}"),
+            "compensation": call("link-undo"),
+        },
+    ]
+    await kube.create("sagas", namespace, saga("nulls", steps))
+    await saga_phase(kube, namespace, "nulls", "Completed")
+    assert (await kube.get("undoentries", namespace, "nulls-1"))["status"]["output"] == {"id": "u-1", "parent": None}
+    assert participant.received("/link-do")[0].body == {"parent": None}
+
+
 async def test_an_agent_writing_its_entry_during_compensation_does_not_cause_a_second_call(
     kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
 ) -> None:

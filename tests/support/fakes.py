@@ -28,8 +28,8 @@ def merge(target: Body, patch: Body) -> Body:
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
-        elif isinstance(value, dict) and isinstance(result.get(key), dict):
-            result[key] = merge(result[key], value)
+        elif isinstance(value, dict):  # into a new object too: its nulls are dropped as well
+            result[key] = merge(result[key] if isinstance(result.get(key), dict) else {}, value)
         else:
             result[key] = copy.deepcopy(value)
     return result
@@ -146,6 +146,16 @@ class FakeKube:
     async def patch_status(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
         self._refused("patch-status", plural)
         return self._patched(plural, namespace, name, patch, status=True)
+
+    async def replace_status(self, plural: Plural, namespace: str, name: str, version: str, status: Body) -> Body:
+        self._refused("patch-status", plural)
+        current = self._object(plural, namespace, name)
+        if version != current["metadata"]["resourceVersion"]:
+            raise errors.Conflict(f'the object "{name}" has been modified', status=409, reason="Conflict")
+        # top-level nulls are pruned by the API (no status field is nullable); nulls inside stay
+        updated = {**current, "status": {k: v for k, v in copy.deepcopy(status).items() if v is not None}}
+        self.objects[(plural, namespace, name)] = self._stamp(updated)
+        return copy.deepcopy(updated)
 
     def _patched(self, plural: Plural, namespace: str, name: str, patch: Body, *, status: bool) -> Body:
         current = self._object(plural, namespace, name)

@@ -590,6 +590,27 @@ async def test_orchestrated_steps_run_in_order_with_outputs_flowing(operator: Op
     assert operator.kube.body("undoentries", NS, "o-1")["status"]["output"] == {"user_id": "u-7"}
 
 
+async def test_a_null_in_an_output_is_kept_and_flows_to_the_next_step(operator: Operator) -> None:
+    """A merge patch takes a null inside an object as "delete the key": `"parent": null` was
+    stored without `parent`, and the next step's reference to it failed the saga."""
+    operator.webhook("create")
+    operator.webhook("grant")
+    operator.transport.script("/create", CallOutcome(status_code=200, output={"user_id": "u-7", "parent": None}))
+    steps = [
+        {"name": "create", "action": {"function": "create"}, "compensation": {"function": "undo"}},
+        {
+            "name": "grant",
+            "action": {"function": "grant", "args": {"parent": "${steps.create.output.parent}"}},
+            "compensation": {"function": "undo"},
+        },
+    ]
+    operator.saga("o", steps=steps)
+    done = await operator.drive("o")
+    assert done.status.phase == "Completed"
+    assert operator.transport.sent[1].body == {"parent": None}
+    assert operator.kube.body("undoentries", NS, "o-1")["status"]["output"] == {"user_id": "u-7", "parent": None}
+
+
 async def test_a_step_whose_call_never_left_is_not_compensated(operator: Operator) -> None:
     operator.webhook("create")
     steps = [

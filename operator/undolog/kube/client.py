@@ -41,6 +41,7 @@ from undolog.kube.kubeconfig import (
 Body = dict[str, Any]
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 POOL_SIZE = 100  # connections to the apiserver at most; more concurrent requests wait for one
 WATCH_LINE_BYTES = 2**21  # a watch event is one line; objects reach 1.5 MiB in etcd
 
@@ -397,6 +398,16 @@ class Kube:
         """JSON merge patch of the status subresource (conditional like `patch`)."""
         path = _custom_path(plural, namespace, name, "status")
         return trimmed(await self.request("PATCH", path, patch, content_type=MERGE_PATCH))
+
+    async def replace_status(self, plural: Plural, namespace: str, name: str, version: str, status: Body) -> Body:
+        """The whole status replaced by `status`, conditional on resourceVersion `version` (a JSON
+        patch: unlike a merge patch, it keeps a null inside an object, such as an output's)."""
+        path = _custom_path(plural, namespace, name, "status")
+        ops = [
+            {"op": "replace", "path": "/metadata/resourceVersion", "value": version},
+            {"op": "add", "path": "/status", "value": status},
+        ]
+        return trimmed(await self.request("PATCH", path, ops, content_type=JSON_PATCH))
 
     async def delete(self, plural: Plural, namespace: str, name: str) -> None:
         await self.request("DELETE", _custom_path(plural, namespace, name))
