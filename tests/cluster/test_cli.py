@@ -109,6 +109,29 @@ async def test_machine_output_survives_brackets_and_markup(
     assert [(p["order"], p["entry"]) for p in planned["items"]] == [(1, "stuck-2"), (2, "stuck-1")]
 
 
+async def test_text_a_participant_or_an_agent_wrote_cannot_drive_the_terminal(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
+) -> None:
+    """A participant's error answer and an agent's abort reason reach `undolog show` and `list`;
+    an ESC sequence in them was printed raw (restyling or retitling the person's terminal).
+    Every control character is shown as its escape; -o json still carries the text as it is."""
+    hostile = "\x1b]0;pwned\x07\x1b[2J\x1b[31mgone"
+    participant.script("/revoke", Reply(400, raw=f"no such grant {hostile}".encode()))
+    await register(kube, namespace, participant, "revoke")
+    await external_saga(kube, namespace, "odd", [call("revoke")])
+    await kube.patch("sagas", namespace, "odd", {"metadata": {"annotations": {"undolog.io/abort-reason": hostile}}})
+    await abort(kube, namespace, "odd")
+    await saga_phase(kube, namespace, "odd", "Halted")
+    for args in (("show", "odd"), ("list", "-o", "wide")):
+        printed = undolog(cluster, *args, "-n", namespace)
+        assert printed.returncode == 0, printed.stderr
+        assert "\x1b" not in printed.stdout
+        assert "\x07" not in printed.stdout
+        assert "\\x1b]0;pwned\\x07" in printed.stdout
+    shown = json.loads(undolog(cluster, "show", "odd", "-n", namespace, "-o", "json").stdout)
+    assert hostile in shown["items"][1]["status"]["lastError"]
+
+
 async def test_kubeconfig_context_and_impersonation_like_kubectl(
     kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster, tmp_path: Path
 ) -> None:

@@ -123,7 +123,7 @@ def target(
 
 
 def fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {printable(message)}", err=True)
     raise typer.Exit(1)
 
 
@@ -145,8 +145,19 @@ def run(where: Target, command: Callable[[Inspector], Awaitable[T]]) -> T:
 # -- rendering: plain text, never styled or wrapped ---------------------------------------------------
 
 
+# Control characters (C0, DEL, C1) in text others wrote (a participant's error answer, an agent's
+# abort reason): printed raw, an ESC sequence would restyle or rewrite the person's terminal.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with each control character shown as its escape (ESC as \\x1b), never sent as is."""
+    return _UNPRINTABLE.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Columns padded like kubectl's."""
+    """Columns padded like kubectl's; every cell printable."""
+    rows = [[printable(str(cell)) for cell in row] for row in rows]
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = ["   ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in [header, *rows]]
     return "\n".join(line.rstrip() for line in lines)
@@ -218,9 +229,9 @@ def render_detail(detail: SagaDetail, output: Output) -> str:
     status = saga.status
     lines = [f"{saga.reference}  {status.phase or '<none>'}  {status.reason or ''}".rstrip()]
     if status.message:
-        lines.append(status.message)
+        lines.append(printable(status.message))
     if status.failed_step:
-        lines.append(f"failed step: {status.failed_step}")
+        lines.append(f"failed step: {printable(status.failed_step)}")
     lines += [f"steps {status.stack_depth}, undone {status.compensated_count}", "", "Undo stack (newest first)"]
     stack: list[tuple[int, list[str]]] = []  # by position, newest first
     for entry in detail.entries:
@@ -425,7 +436,7 @@ def retry(
         fail("no Halted saga matches")
     for saga_object, refused in results:
         said = f"refused: {refused}" if refused else "retry requested"
-        typer.echo(f"{saga_object.reference}: {said}")
+        typer.echo(f"{saga_object.reference}: {printable(said)}")
     if any(refused for _, refused in results):
         raise typer.Exit(1)
 
