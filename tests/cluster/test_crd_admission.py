@@ -107,6 +107,12 @@ REFUSED_ON_CREATE: list[tuple[str, Plural, dict[str, Any], list[str]]] = [
     ("bad outcome", "sagas", saga("bad", outcome="Rollback"), ["spec.outcome", "Unsupported value"]),
     ("org id not a label value", "sagas", saga("bad", orgId="acme inc"), ["spec.orgId", "should match"]),
     (
+        "deadline past year 9999",
+        "sagas",
+        saga("bad", activeDeadlineSeconds=10**12),
+        ["spec.activeDeadlineSeconds", "should be less than or equal to 3153600000"],
+    ),
+    (
         "bad backoff multiplier",
         "sagas",
         saga("bad", compensationPolicy={"backoff": {"multiplier": 0.5}}),

@@ -22,6 +22,10 @@ from undolog.api.common import (
     StepName,
 )
 
+# A deadline later than this is no deadline: start + 10^12 s is past year 9999, which Python's
+# datetime cannot hold (OverflowError on every event of the saga).
+MAX_DEADLINE_SECONDS = 100 * 365 * 24 * 3600
+
 
 class StepType(StrEnum):
     COMPENSATABLE = "Compensatable"
@@ -329,6 +333,7 @@ class SagaSpec(Model):
     active_deadline_seconds: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_DEADLINE_SECONDS,
         description="An Active saga older than this fails with reason DeadlineExceeded and is compensated.",
     )
     effects: list[Effect] | None = Field(
