@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 
 from undolog import errors
 from undolog.controller.leadership import Leadership, LeaseSettings
+from undolog.controller.main import ends_the_process
 from undolog.controller.replicas import Replicas
 from undolog.decisions.sharding import Shard, all_shards
 from undolog.kube import Body
@@ -386,3 +388,26 @@ async def test_replicas_that_come_and_go_reuse_the_slots_of_those_gone() -> None
         await member.refresh()
     assert sorted(leases.stored) == [f"undolog-operator-replica-{k}" for k in range(3)]
     assert [m.live for m in second] == [3, 3, 3]
+
+
+async def test_a_task_meant_to_run_as_long_as_the_process_that_ends_stops_the_process(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An election that ended with an unforeseen error left its shard driven by no one, with the
+    process up and healthy and nothing in its log until the task was collected. Now the process
+    stops (as SIGTERM stops it) and is started again; a task cancelled on a clean stop does not."""
+    stopped: list[str] = []
+
+    async def broken() -> None:
+        raise RuntimeError("a defect")
+
+    ended = asyncio.create_task(broken(), name="Lease of shard 0/2")
+    cancelled = asyncio.create_task(asyncio.Event().wait(), name="Lease of shard 1/2")
+    for task in (ended, cancelled):
+        stop = functools.partial(stopped.append, task.get_name())
+        task.add_done_callback(functools.partial(ends_the_process, stop=stop))
+    cancelled.cancel()
+    await asyncio.gather(ended, cancelled, return_exceptions=True)
+    await asyncio.sleep(0)  # done callbacks run on the loop's next turn
+    assert stopped == ["Lease of shard 0/2"]
+    assert "Lease of shard 0/2 ended (RuntimeError('a defect')): the operator stops" in caplog.text

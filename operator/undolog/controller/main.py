@@ -12,6 +12,7 @@ import functools
 import gc
 import logging
 import os
+import signal
 import socket
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -152,6 +153,8 @@ async def run(options: OperatorOptions) -> None:
         asyncio.create_task(watch.run(), name=f"unfiled {watch.plural} of {watch.namespace or 'all'}")
         for watch in (unfiled_watches(kube, labels, options.namespaces) if len(shards) > 1 else [])
     ]
+    for task in elections + filing:
+        task.add_done_callback(ends_the_process)
     stopped = False
 
     async def stop_own_work() -> None:
@@ -181,6 +184,23 @@ async def run(options: OperatorOptions) -> None:
         await runner.close()
         await kube.close()
         await leases.close()
+    if any(task.done() and not task.cancelled() for task in elections + filing):
+        raise SystemExit(1)  # one ended on its own (ends_the_process): not a clean stop
+
+
+def terminate() -> None:
+    signal.raise_signal(signal.SIGTERM)  # kopf stops as for `kubectl delete pod`: Leases handed back
+
+
+def ends_the_process(task: asyncio.Task[Any], stop: Callable[[], None] = terminate) -> None:
+    """A task that runs as long as the process (a Lease's election, the replicas' membership, a
+    watch) ended on its own, with an unforeseen error: the process stops, with the error in
+    its log, exits 1 and is started again (by the kubelet), instead of running on without that
+    part: a shard's sagas driven by no one, and nothing said."""
+    if task.cancelled():
+        return
+    log.critical("%s ended (%r): the operator stops, to be started again", task.get_name(), task.exception())
+    stop()
 
 
 async def staggered(delay: float, election: Callable[[], Coroutine[Any, Any, None]]) -> None:
