@@ -44,7 +44,7 @@ def _decoded_deep(raw: bytes | str) -> Any:
         sys.setrecursionlimit(max(limit, DEEPEST + 100))
         try:
             outcome.append(json.loads(raw))
-        except (RecursionError, ValueError) as error:
+        except Exception as error:  # RecursionError, not JSON, out of memory: said, never skipped
             outcome.append(error)
         finally:
             sys.setrecursionlimit(limit)
@@ -57,7 +57,11 @@ def _decoded_deep(raw: bytes | str) -> Any:
         finally:
             threading.stack_size(size)
         thread.join()
-    result = outcome[0] if outcome else None
+    result = outcome[0]
+    if isinstance(result, ValueError):
+        return None
     if isinstance(result, RecursionError):
         raise errors.Unavailable(f"the API answered with JSON nested deeper than {DEEPEST} levels")
-    return None if isinstance(result, ValueError) else result
+    if isinstance(result, Exception):
+        raise errors.Unavailable(f"the API's answer could not be parsed: {result!r}")
+    return result
