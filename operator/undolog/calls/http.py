@@ -270,16 +270,12 @@ class HttpTransport:
                 status_code=status, error=f"HTTP {status}{detail}", retry_after=answer_headers.get("retry-after")
             )
         if not complete:
-            return CallOutcome(
-                status_code=status,
-                omitted=OmittedOutput(
-                    reason=OutputOmission.ANSWER_TOO_LARGE,
-                    message=(
-                        f"HTTP {status} with an answer larger than {MAX_ANSWER_BYTES} bytes: the rest was not read "
-                        "(connection closed), and there is no output"
-                    ),
-                    size_bytes=_length(answer_headers),
-                ),
+            return _without_output(
+                status,
+                OutputOmission.ANSWER_TOO_LARGE,
+                f"an answer larger than {MAX_ANSWER_BYTES} bytes: the rest was not read (connection closed), and "
+                "there is no output",
+                _length(answer_headers),
             )
         return _success(status, body, answer_headers.get("content-type", ""))
 
@@ -323,33 +319,35 @@ def _success(status: int, body: bytes, content_type: str) -> CallOutcome:
     try:
         parsed = json.loads(body, parse_float=_finite, parse_constant=_not_a_number)
     except _NotCarried as number:
-        return CallOutcome(
-            status_code=status,
-            omitted=OmittedOutput(
-                reason=OutputOmission.ANSWER_NOT_JSON,
-                message=f"HTTP {status} with a JSON answer holding {number}, a number JSON cannot carry: no output",
-                size_bytes=len(body),
-            ),
+        return _without_output(
+            status,
+            OutputOmission.ANSWER_NOT_JSON,
+            f"a JSON answer holding {number}, a number JSON cannot carry: no output",
+            len(body),
         )
     except (ValueError, UnicodeDecodeError):
         parsed = None
     except RecursionError:  # deeper than Python parses; the ledger keeps MAX_NESTING levels at most
-        return CallOutcome(
-            status_code=status,
-            omitted=OmittedOutput(
-                reason=OutputOmission.OUTPUT_TOO_DEEP,
-                message=f"HTTP {status} with a JSON answer nested too deep to parse ({len(body)} bytes): no output",
-                size_bytes=len(body),
-            ),
+        return _without_output(
+            status,
+            OutputOmission.OUTPUT_TOO_DEEP,
+            f"a JSON answer nested too deep to parse ({len(body)} bytes): no output",
+            len(body),
         )
     if isinstance(parsed, dict):
         return CallOutcome(status_code=status, output=parsed)
     kind = f"a JSON {type(parsed).__name__}" if parsed is not None else f"{content_type or 'no content type'}"
+    return _without_output(
+        status,
+        OutputOmission.ANSWER_NOT_JSON,
+        f"an answer that is not a JSON object ({kind}, {len(body)} bytes): no output",
+        len(body),
+    )
+
+
+def _without_output(status: int, reason: OutputOmission, what: str, size: int | None) -> CallOutcome:
+    """A successful call whose answer is not kept as its output: `what` came back, and why."""
     return CallOutcome(
         status_code=status,
-        omitted=OmittedOutput(
-            reason=OutputOmission.ANSWER_NOT_JSON,
-            message=f"HTTP {status} with an answer that is not a JSON object ({kind}, {len(body)} bytes): no output",
-            size_bytes=len(body),
-        ),
+        omitted=OmittedOutput(reason=reason, message=f"HTTP {status} with {what}", size_bytes=size),
     )
