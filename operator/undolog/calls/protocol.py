@@ -10,12 +10,16 @@ from undolog.version import __version__
 USER_AGENT = f"undolog/{__version__}"
 FENCE_HEADER = "Undolog-Fence"  # the sender's fencing token: higher for each new holder of the Lease
 SHARD_HEADER = "Undolog-Shard"  # the shard (`<index>/<count>`) whose Lease the fence belongs to
-# Headers that frame a request or address it, which the transport alone sets: from a Secret,
-# a Content-Length would leave the rest of the body on a keep-alive connection that the next
-# call to the participant reads as its answer, and a Host would address another site.
+# Headers the operator sets itself, which a Secret may not: those that frame or address the
+# request (a Content-Length would leave the rest of the body on a keep-alive connection that the
+# next call to the participant reads as its answer; a Host would address another site), and the
+# protocol's own (a second, differently spelled Idempotency-Key or Undolog-Fence would reach the
+# participant beside the operator's).
 TRANSPORT_HEADERS = frozenset(
     {"content-length", "transfer-encoding", "host", "connection", "keep-alive", "te", "trailer", "upgrade", "expect"}
+    | {"content-type", "accept", "user-agent", "idempotency-key"}
 )
+PROTOCOL_PREFIX = "undolog-"
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a header value is one line: only TAB of the controls
 
 
@@ -55,8 +59,8 @@ def secret_headers(secret: str, data: dict[str, bytes]) -> dict[str, str]:
         except UnicodeDecodeError:
             problem = "is not UTF-8 text"
         else:
-            if key.lower() in TRANSPORT_HEADERS:
-                problem = "is a header the operator sets itself (it frames or addresses the request): remove it"
+            if key.lower() in TRANSPORT_HEADERS or key.lower().startswith(PROTOCOL_PREFIX):
+                problem = "is a header the operator sets itself: remove it"
             elif _CONTROL.search(value):
                 problem = "holds a line break or another control character: a header value is one line"
             else:
