@@ -33,7 +33,7 @@ from undolog.decisions.arguments import resolve
 from undolog.decisions.phases import TERMINAL
 from undolog.errors import CallNotPossible, CommandError
 from undolog.kube import EventRecord, Kube
-from undolog.ledger import Ledger
+from undolog.ledger import Ledger, UnreadableSaga, parse_saga
 
 # Halted first (a person is needed), then what is moving, then what is done.
 PHASE_ORDER: dict[SagaPhase | None, int] = {
@@ -51,6 +51,12 @@ PHASE_ORDER: dict[SagaPhase | None, int] = {
 def age_of(saga: Saga, moment: datetime) -> timedelta:
     created = saga.metadata.creation_timestamp
     return moment - created if created else timedelta(0)
+
+
+@dataclass(frozen=True)
+class SagaListing:
+    sagas: list[Saga]  # halted first, then oldest first
+    unreadable: list[UnreadableSaga]  # the API took them, UndoLog cannot read them
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,7 @@ class Inspector:
 
     # -- reading -------------------------------------------------------------------------------
 
-    async def sagas(
+    async def listing(
         self,
         namespace: str | None = None,
         *,
@@ -106,9 +112,10 @@ class Inspector:
         older_than: timedelta | None = None,
         newer_than: timedelta | None = None,
         label_selector: str | None = None,
-    ) -> list[Saga]:
+    ) -> SagaListing:
         """Sagas of a namespace (or all), halted first, then oldest first. `function`: sagas that
-        call it to undo a step; the ages compare with the saga's creation."""
+        call it to undo a step; the ages compare with the saga's creation. With them, the sagas
+        the API took and UndoLog cannot read (whatever the filters: their fields are unknown)."""
         selector = ",".join(
             part
             for part in (
@@ -117,7 +124,9 @@ class Inspector:
             )
             if part
         )
-        listed = await self.ledger.sagas(namespace, label_selector=selector or None)
+        parsed = await self.ledger.sagas(namespace, label_selector=selector or None)
+        listed = [s for s in parsed if isinstance(s, Saga)]
+        unreadable = [s for s in parsed if isinstance(s, UnreadableSaga)]
         if phase:  # from the status: the phase label is written only when a saga waits
             listed = [s for s in listed if s.status.phase == phase]
         moment = now()
@@ -128,7 +137,7 @@ class Inspector:
         if function:
             calling = {key for key, functions in (await self.functions(namespace)).items() if function in functions}
             listed = [s for s in listed if s.key in calling]
-        return sorted(
+        ordered = sorted(
             listed,
             key=lambda s: (
                 PHASE_ORDER.get(s.status.phase, 9),
@@ -136,6 +145,7 @@ class Inspector:
                 s.metadata.name,
             ),
         )
+        return SagaListing(ordered, unreadable)
 
     async def functions(self, namespace: str | None) -> dict[tuple[str, str], set[str]]:
         """The compensation functions each saga's entries call, by (namespace, saga)."""
@@ -147,7 +157,7 @@ class Inspector:
 
     async def halted_on(self, function: str, namespace: str | None = None) -> list[Saga]:
         """Halted sagas that wait on `function`: what to retry once it is fixed."""
-        halted = await self.sagas(namespace, phase=SagaPhase.HALTED)
+        halted = (await self.listing(namespace, phase=SagaPhase.HALTED)).sagas
         waiting = []
         for saga in halted:
             if resolutions.halted_on(saga, await self.entries(saga)) == function:
@@ -177,13 +187,21 @@ class Inspector:
                 version = body["metadata"]["resourceVersion"]
                 if kind == "BOOKMARK" or (name is not None and body["metadata"]["name"] != name):
                     continue
-                yield None if kind == "DELETED" else Saga.model_validate(body)
+                parsed = None if kind == "DELETED" else parse_saga(body)
+                if not isinstance(parsed, UnreadableSaga):  # one that cannot be read has no row to change
+                    yield parsed
 
     async def saga(self, namespace: str, name: str) -> Saga:
         try:
-            return await self.ledger.saga(namespace, name)
+            saga = await self.ledger.saga_as_listed(namespace, name)
         except errors.NotFound:
             raise CommandError(f"saga {name!r} not found in namespace {namespace!r}") from None
+        if isinstance(saga, UnreadableSaga):
+            raise CommandError(
+                f"saga {name!r} in namespace {namespace!r} cannot be read ({saga.why}): the operator leaves it "
+                "alone; fix the manifest, or delete it and apply it again"
+            )
+        return saga
 
     async def entries(self, saga: Saga) -> list[UndoEntry]:
         return compensation_plan.newest_first((await self.ledger.entries_of(saga)).entries)

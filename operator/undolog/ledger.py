@@ -66,12 +66,35 @@ class Unreadable:
     lost: LostEntry
 
 
+@dataclass(frozen=True)
+class UnreadableSaga:
+    """A Saga the API accepted and UndoLog cannot use: the operator leaves it alone and says so
+    in a Warning Event (SagaUnreadable); the CLI and the dashboard list it with why."""
+
+    namespace: str
+    name: str
+    why: str
+
+
+def first_error(error: ValidationError) -> str:
+    """The field and the message of a model's first refusal, for a person."""
+    first = error.errors()[0]
+    return f"{'.'.join(map(str, first['loc']))}: {first['msg']}"
+
+
+def parse_saga(body: Body) -> Saga | UnreadableSaga:
+    try:
+        return Saga.model_validate(body)
+    except ValidationError as error:
+        meta = body["metadata"]
+        return UnreadableSaga(meta["namespace"], meta["name"], first_error(error)[:1024])
+
+
 def parse_entry(body: Body) -> UndoEntry | Unreadable:
     try:
         return UndoEntry.model_validate(body)
     except ValidationError as error:
         spec = body.get("spec") or {}
-        first = error.errors()[0]
         compensation = spec["compensation"] if isinstance(spec.get("compensation"), dict) else {}
         position = spec.get("stackPosition")
         return Unreadable(
@@ -82,7 +105,7 @@ def parse_entry(body: Body) -> UndoEntry | Unreadable:
                 stack_position=position if isinstance(position, int) and position >= 0 else None,
                 step=str(spec["step"])[:63] if spec.get("step") else None,
                 function=str(compensation.get("function"))[:253] if compensation.get("function") else None,
-                why=f"unreadable: {'.'.join(map(str, first['loc']))}: {first['msg']}"[:1024],
+                why=f"unreadable: {first_error(error)}"[:1024],
             ),
         )
 
@@ -158,9 +181,15 @@ class Ledger:
     async def saga(self, namespace: str, name: str) -> Saga:
         return Saga.model_validate(await self.kube.get("sagas", namespace, name))
 
-    async def sagas(self, namespace: str | None = None, *, label_selector: str | None = None) -> list[Saga]:
+    async def saga_as_listed(self, namespace: str, name: str) -> Saga | UnreadableSaga:
+        """The saga, or why UndoLog cannot read it (for people: the CLI, the dashboard)."""
+        return parse_saga(await self.kube.get("sagas", namespace, name))
+
+    async def sagas(
+        self, namespace: str | None = None, *, label_selector: str | None = None
+    ) -> list[Saga | UnreadableSaga]:
         listed = await self.kube.list("sagas", namespace, label_selector=label_selector)
-        return [Saga.model_validate(body) for body in listed]
+        return [parse_saga(body) for body in listed]
 
     async def entry(self, namespace: str, name: str) -> UndoEntry:
         return UndoEntry.model_validate(await self.kube.get("undoentries", namespace, name))

@@ -16,7 +16,7 @@ import yaml
 from tests.cluster.test_compensation import abort, external_saga, register
 from tests.conftest import BIN, Cluster
 from tests.support.identities import service_account_kubeconfig
-from tests.support.manifests import call, undo_entry
+from tests.support.manifests import call, saga, undo_entry
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Reply
 from tests.support.waiting import saga_phase
@@ -259,6 +259,28 @@ async def test_show_lists_an_entry_undolog_cannot_read_in_its_place(
         ["1", "step1", "undo", "v1", "Committed"],
     ]
     assert f"unreadable: spec.compensation.args: nests {MAX_NESTING + 1} levels" in shown.stdout
+
+
+async def test_a_saga_undolog_cannot_read_is_named_and_the_others_are_listed(
+    kube: Kube, namespace: str, cluster: Cluster
+) -> None:
+    """A Saga the API took and UndoLog cannot read (a step's args one level past the bound):
+    `undolog list` of its namespace ended in a pydantic traceback, listing none. Now the others
+    are listed, it is named on stderr with why, and `show` of it says why (exit 1)."""
+    await kube.create("sagas", namespace, saga("fine"))
+    deep: Any = 1
+    for _ in range(MAX_NESTING):
+        deep = {"a": deep}
+    steps = [{"name": "s", "action": call("s-do", deep=deep), "compensation": call("s-undo")}]
+    await kube.create("sagas", namespace, saga("odd", steps))
+    listed = undolog(cluster, "list", "-n", namespace)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[0] for line in listed.stdout.splitlines()[1:]] == ["fine"]
+    why = f"spec.steps.0.action.args: nests {MAX_NESTING + 1} levels of objects and arrays"
+    assert f"warning: saga {namespace}/odd cannot be read ({why}" in listed.stderr
+    shown = undolog(cluster, "show", "odd", "-n", namespace)
+    assert shown.returncode == 1
+    assert f"error: saga 'odd' in namespace '{namespace}' cannot be read ({why}" in shown.stderr
 
 
 async def test_retry_skip_abort_wait_and_their_refusals(

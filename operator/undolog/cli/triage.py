@@ -31,7 +31,7 @@ import yaml
 
 from undolog import errors
 from undolog.api import Saga, SagaPhase
-from undolog.inspect import Inspector, PlannedCompensation, SagaDetail, age
+from undolog.inspect import Inspector, PlannedCompensation, SagaDetail, SagaListing, age
 from undolog.kube import Kube, default_namespace
 
 T = TypeVar("T")
@@ -58,7 +58,7 @@ def _saga_names(ctx: typer.Context, incomplete: str) -> list[str]:
     target = Target(params.get("kubeconfig"), params.get("context"), params.get("namespace"), None, ())
 
     async def names(inspector: Inspector) -> list[str]:
-        return [s.metadata.name for s in await inspector.sagas(target.namespace)]
+        return [s.metadata.name for s in (await inspector.listing(target.namespace)).sagas]
 
     try:
         return [n for n in asyncio.run(target.run(names)) if n.startswith(incomplete)]
@@ -334,16 +334,24 @@ def list_sagas(
     where = target(kubeconfig, context, namespace, as_, as_group, all_namespaces)
     older = duration(older_than)
 
-    async def fetch(inspector: Inspector) -> list[Saga]:
-        return await inspector.sagas(
+    async def fetch(inspector: Inspector) -> SagaListing:
+        return await inspector.listing(
             where.scope, phase=phase, org=org, function=function, older_than=older, label_selector=selector
         )
 
-    sagas = run(where, fetch)
+    listed = run(where, fetch)
+    sagas = listed.sagas
     if sagas or output not in (Output.table, Output.wide):
         typer.echo(render_sagas(sagas, output, all_namespaces))
-    elif not watch:
+    elif not watch and not listed.unreadable:
         typer.echo("No sagas found" + ("." if all_namespaces else f" in {where.namespace} namespace."), err=True)
+    for odd in listed.unreadable:  # on stderr, like kubectl's warnings: the output itself stays parseable
+        typer.echo(
+            printable(
+                f"warning: saga {odd.namespace}/{odd.name} cannot be read ({odd.why}); the operator leaves it alone"
+            ),
+            err=True,
+        )
     if watch:
         run(where, lambda inspector: follow(inspector, where.scope, None, output, all_namespaces))
 
@@ -425,10 +433,10 @@ def retry(
         if function is not None:
             chosen = await inspector.halted_on(function, where.scope)
             if selector is not None:
-                matching = {s.key for s in await inspector.sagas(where.scope, label_selector=selector)}
+                matching = {s.key for s in (await inspector.listing(where.scope, label_selector=selector)).sagas}
                 chosen = [s for s in chosen if s.key in matching]
         else:
-            chosen = await inspector.sagas(where.scope, phase=SagaPhase.HALTED, label_selector=selector)
+            chosen = (await inspector.listing(where.scope, phase=SagaPhase.HALTED, label_selector=selector)).sagas
         return await inspector.retry_all(chosen, reason)
 
     results = run(where, batch)

@@ -12,8 +12,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pydantic import ValidationError
-
 from undolog import metrics
 from undolog.api import EntryReason, EventReason, ObjectMeta, Resource, Saga, SagaPhase, UndoEntry
 from undolog.calls.runner import Fence, fence_this_task
@@ -32,7 +30,7 @@ from undolog.decisions.sharding import Shard
 from undolog.errors import KubeError
 from undolog.kube import Body, Kube
 from undolog.kube.watch import OrderedWatch, Progress, as_body
-from undolog.ledger import Ledger, Unreadable
+from undolog.ledger import Ledger, Unreadable, UnreadableSaga, parse_saga
 
 log = logging.getLogger("undolog.engine")
 
@@ -158,11 +156,9 @@ class Engine:
         if event_type == "DELETED":
             self._gone(key)
             return
-        try:
-            saga = Saga.model_validate(body)
-        except ValidationError as error:  # the API took it, this version cannot use it: say so on it
-            first = error.errors()[0]
-            why = f"{'.'.join(map(str, first['loc']))}: {first['msg']}"
+        saga = parse_saga(body)
+        if isinstance(saga, UnreadableSaga):  # the API took it, this version cannot use it: say so on it
+            why = saga.why
             if self.leading:
                 meta = body["metadata"]
                 reference = Resource(

@@ -145,20 +145,23 @@ async def saga_list(current: Page) -> web.StreamResponse:
     query = current.request.query
     phase = SagaPhase(query["phase"]) if query.get("phase") in set(SagaPhase) else None
     namespace = scope(current)
-    sagas = await current.inspector.sagas(
+    listed = await current.inspector.listing(
         namespace,
         phase=phase,
         org=query.get("org") or None,
         function=query.get("function") or None,
         older_than=duration(query.get("older_than", "")),
     )
+    sagas = listed.sagas
     filters = {k: query.get(k, "") for k in ("phase", "org", "function", "older_than")}
     filters["namespace"] = namespace or ""
     events = "/events?" + urlencode({"namespace": namespace or ""})
     halted = {s.key for s in sagas if s.status.phase == SagaPhase.HALTED}
     called = await current.inspector.functions(namespace) if halted else {}
     functions = sorted({f for key, names in called.items() if key in halted for f in names})
-    return current.render("sagas.html", sagas=sagas, filters=filters, events=events, functions=functions)
+    return current.render(
+        "sagas.html", sagas=sagas, unreadable=listed.unreadable, filters=filters, events=events, functions=functions
+    )
 
 
 @page
