@@ -54,6 +54,14 @@ def age_of(saga: Saga, moment: datetime) -> timedelta:
 
 
 @dataclass(frozen=True)
+class CompensationPlan:
+    steps: list[PlannedCompensation]
+    # Entries UndoLog cannot read that no person has acknowledged yet: the operator halts on them
+    # before it compensates anything (EntryLost), so the steps wait for them.
+    halts_on: list[LostEntry]
+
+
+@dataclass(frozen=True)
 class SagaListing:
     sagas: list[Saga]  # halted first, then oldest first
     unreadable: list[UnreadableSaga]  # the API took them, UndoLog cannot read them
@@ -214,12 +222,15 @@ class Inspector:
         entries = compensation_plan.newest_first(listing.entries)
         return SagaDetail(saga, entries, events, [u.lost for u in listing.unreadable])
 
-    async def plan(self, namespace: str, name: str) -> list[PlannedCompensation]:
+    async def plan(self, namespace: str, name: str) -> CompensationPlan:
         """What a compensation would do now (or after a retry), in order, without doing it."""
         saga = await self.saga(namespace, name)
         if saga.status.phase in TERMINAL:
             raise CommandError(f"saga {name!r} is {saga.status.phase}: there is nothing left to compensate")
-        entries = await self.entries(saga)
+        listing = await self.ledger.entries_of(saga)
+        entries = compensation_plan.newest_first(listing.entries)
+        acknowledged = {lost.name for lost in saga.status.lost_entries if lost.acknowledged}
+        halts_on = [u.lost for u in listing.unreadable if u.lost.name not in acknowledged]
         outputs = rewind.outputs(entries)
         registry = Registry(self.ledger)
         planned = []
@@ -236,7 +247,7 @@ class Inspector:
                 planned.append(PlannedCompensation(order, entry, None, None, str(refused)))
                 continue
             planned.append(PlannedCompensation(order, entry, target.url, args, None))
-        return planned
+        return CompensationPlan(planned, halts_on)
 
     # -- resolutions (annotations the operator consumes) -------------------------------------
 

@@ -398,7 +398,13 @@ def plan(
     """What a compensation would do now (or after a retry), in order, without doing it."""
     where = target(kubeconfig, context, namespace, as_, as_group)
     planned = run(where, lambda inspector: inspector.plan(where.namespace, saga))
-    typer.echo(render_plan(f"{where.namespace}/{saga}", planned, output))
+    typer.echo(render_plan(f"{where.namespace}/{saga}", planned.steps, output))
+    for lost in planned.halts_on:  # on stderr, like kubectl's warnings: the plan itself stays parseable
+        warning = (
+            f"warning: entry {lost.name} cannot be read ({lost.why}): the operator halts on it before it "
+            f"compensates anything; undo its effect by hand, then `undolog retry {saga}` goes on without it"
+        )
+        typer.echo(printable(warning), err=True)
 
 
 # -- resolutions -----------------------------------------------------------------------------
