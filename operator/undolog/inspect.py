@@ -56,8 +56,8 @@ def age_of(saga: Saga, moment: datetime) -> timedelta:
 @dataclass(frozen=True)
 class CompensationPlan:
     steps: list[PlannedCompensation]
-    # Entries UndoLog cannot read that no person has acknowledged yet: the operator halts on them
-    # before it compensates anything (EntryLost), so the steps wait for them.
+    # Entries UndoLog cannot read that no person has acknowledged yet: the operator halts when it
+    # reaches one (EntryLost); under onFailure Halt the steps below it wait until a person retries.
     halts_on: list[LostEntry]
 
 

@@ -243,7 +243,7 @@ async def test_show_lists_an_entry_undolog_cannot_read_in_its_place(
     """An entry the API took and UndoLog cannot read (here its args nest one level past the
     bound) was left out of `undolog show` and `plan`: the stack looked complete while the
     operator would halt on it. It is a row of its own in `show`, with why, and `plan` warns that
-    the operator halts on it first."""
+    the operator halts when it reaches it."""
     await register(kube, namespace, participant, "undo")
     created, _ = await external_saga(kube, namespace, "odd", [call("undo"), call("undo")])
     deep: Any = 1
@@ -265,7 +265,7 @@ async def test_show_lists_an_entry_undolog_cannot_read_in_its_place(
     rows = [line.split()[:3] for line in planned.stdout.splitlines() if line.split()[:1] in (["1"], ["2"])]
     assert rows == [["1", "2", "step2"], ["2", "1", "step1"]]
     assert "warning: entry odd-3 cannot be read (unreadable: spec.compensation.args: nests" in planned.stderr
-    assert "the operator halts on it before it compensates anything" in planned.stderr
+    assert "the operator halts when it reaches it" in planned.stderr
 
 
 async def test_a_saga_undolog_cannot_read_is_named_and_the_others_are_listed(

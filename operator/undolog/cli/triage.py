@@ -401,8 +401,9 @@ def plan(
     typer.echo(render_plan(f"{where.namespace}/{saga}", planned.steps, output))
     for lost in planned.halts_on:  # on stderr, like kubectl's warnings: the plan itself stays parseable
         warning = (
-            f"warning: entry {lost.name} cannot be read ({lost.why}): the operator halts on it before it "
-            f"compensates anything; undo its effect by hand, then `undolog retry {saga}` goes on without it"
+            f"warning: entry {lost.name} cannot be read ({lost.why}): the operator halts when it reaches it (the "
+            "entries above it are compensated first; under onFailure Halt those below it wait); undo its effect "
+            f"by hand, then `undolog retry {saga}` goes on without it"
         )
         typer.echo(printable(warning), err=True)
 
