@@ -14,8 +14,9 @@ import pytest
 
 from tests.chaos.invariants import check
 from tests.chaos.workload import as_call
+from tests.cluster.test_compensation import register
 from tests.conftest import Cluster, OwnCluster, own_control_plane
-from tests.support.manifests import call, saga, undo_entry, webhook
+from tests.support.manifests import call, saga, step, undo_entry, webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Received, Reply
 from tests.support.waiting import eventually, saga_phase
@@ -219,10 +220,8 @@ async def test_a_forward_answer_that_is_not_json_says_why_the_output_is_missing(
     kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
 ) -> None:
     participant.script("/make-do", Reply(200, raw=b"<html>created</html>"))
-    for function in ("make-do", "make-undo"):
-        await kube.create("webhooks", namespace, webhook(function, url=participant.url(f"/{function}")))
-    steps = [{"name": "make", "action": call("make-do"), "compensation": call("make-undo")}]
-    await kube.create("sagas", namespace, saga("html", steps))
+    await register(kube, namespace, participant, "make-do", "make-undo")
+    await kube.create("sagas", namespace, saga("html", [step("make")]))
     await saga_phase(kube, namespace, "html", "Completed")
     entry = await kube.get("undoentries", namespace, "html-1")
     assert "output" not in entry["status"]
@@ -235,16 +234,11 @@ async def test_a_forward_answer_with_a_number_json_cannot_carry_is_not_kept_and_
     kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, answer: bytes
 ) -> None:
     """1e999 is valid JSON that Python reads as inf; NaN is not JSON and Python reads it. Either
-    became `Infinity`/`NaN` in the entry's status write, which the API refuses as invalid JSON,
-    every time: the step's success could not be recorded."""
+    was written back as null (pydantic's JSON for a non-finite float), which the status merge
+    patch takes as "delete the key": the stored output lost `amount` without a word."""
     participant.script("/make-do", Reply(200, raw=answer))
-    for function in ("make-do", "make-undo", "next-do", "next-undo"):
-        await kube.create("webhooks", namespace, webhook(function, url=participant.url(f"/{function}")))
-    steps = [
-        {"name": "make", "action": call("make-do"), "compensation": call("make-undo")},
-        {"name": "next", "action": call("next-do"), "compensation": call("next-undo")},
-    ]
-    await kube.create("sagas", namespace, saga("huge-number", steps))
+    await register(kube, namespace, participant, "make-do", "make-undo", "next-do", "next-undo")
+    await kube.create("sagas", namespace, saga("huge-number", [step("make"), step("next")]))
     await saga_phase(kube, namespace, "huge-number", "Completed")
     entry = await kube.get("undoentries", namespace, "huge-number-1")
     assert "output" not in entry["status"]
@@ -260,17 +254,10 @@ async def test_a_null_in_a_forward_answer_is_kept_and_the_next_step_gets_it(
     the key": `"parent": null` was stored without `parent`, and the next step's reference to
     it failed the saga ("the output of step 'make' has no 'parent'"), which was compensated."""
     participant.script("/make-do", Reply(200, {"id": "u-1", "parent": None}))
-    for function in ("make-do", "make-undo", "link-do", "link-undo"):
-        await kube.create("webhooks", namespace, webhook(function, url=participant.url(f"/{function}")))
-    steps = [
-        {"name": "make", "action": call("make-do"), "compensation": call("make-undo")},
-        {
-            "name": "link",
-            "action": call("link-do", parent="${steps.make.output.parent}"),
-            "compensation": call("link-undo"),
-        },
-    ]
-    await kube.create("sagas", namespace, saga("nulls", steps))
+    await register(kube, namespace, participant, "make-do", "make-undo", "link-do", "link-undo")
+    link = step("link")
+    link["action"]["args"] = {"parent": "${steps.make.output.parent}"}
+    await kube.create("sagas", namespace, saga("nulls", [step("make"), link]))
     await saga_phase(kube, namespace, "nulls", "Completed")
     assert (await kube.get("undoentries", namespace, "nulls-1"))["status"]["output"] == {"id": "u-1", "parent": None}
     assert participant.received("/link-do")[0].body == {"parent": None}
