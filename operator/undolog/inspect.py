@@ -72,8 +72,8 @@ class SagaDetail:
     saga: Saga
     entries: list[UndoEntry]  # newest first: the undo stack as drawn
     events: list[EventRecord]  # oldest first: the timeline
-    # Entries of the saga the API took and UndoLog cannot read, with why: the operator halts on
-    # them (reported in status.lostEntries once it compensates), so they are shown, not left out.
+    # Entries of the saga the API took and UndoLog cannot read, with why: the operator halts when
+    # its compensation reaches one (reported in status.lostEntries), so they are shown, not left out.
     unreadable: list[LostEntry] = field(default_factory=list)
 
 
