@@ -3,6 +3,7 @@ loopback, a real apiserver. External sagas: entries written as an agent would.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from datetime import datetime
@@ -18,6 +19,7 @@ from tests.support.manifests import call, saga, undo_entry, webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Received, Reply, https_participant
 from tests.support.waiting import eventually, saga_phase
+from undolog.api import MAX_LOST_ENTRIES
 from undolog.errors import KubeError
 from undolog.kube import Body, Kube
 
@@ -566,3 +568,26 @@ async def test_an_entry_deleted_by_hand_mid_compensation_is_reported_not_skipped
     done = await saga_phase(kube, namespace, "lost", "Compensated")
     assert done["status"]["lostEntries"][0]["acknowledged"] is True
     assert [r.path for r in participant.received()] == called  # nothing more was sent
+
+
+async def test_more_entries_deleted_by_hand_than_the_status_lists_halt_the_saga_and_are_counted(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    """Someone deletes 105 of a saga's 107 entries at once. The status lists the 100 highest
+    (the API refuses a longer list) and counts the rest; the saga halts on them. It was left
+    with none listed, and then compensated the two that remained and said Compensated."""
+    deleted = MAX_LOST_ENTRIES + 5
+    await register(kube, namespace, participant, "undo")
+    await external_saga(kube, namespace, "many", [call("undo", n=n) for n in range(1, deleted + 3)])
+    await saga_phase(kube, namespace, "many", "Active")
+    await asyncio.gather(*(kube.delete("undoentries", namespace, f"many-{n}") for n in range(1, deleted + 1)))
+    await abort(kube, namespace, "many")
+    halted = await saga_phase(kube, namespace, "many", "Halted")
+    status = halted["status"]
+    assert status["reason"] == "EntryLost"
+    assert sorted(e["stackPosition"] for e in status["lostEntries"]) == list(range(6, deleted + 1))
+    assert status["lostEntriesOmitted"] == 5
+    assert re.search(
+        r"and 90 more in status.lostEntries, and 5 more not listed .*their effects may remain", status["message"]
+    )
+    assert [r.body["n"] for r in participant.received()] == [deleted + 2, deleted + 1]  # those above, newest first

@@ -1258,3 +1258,30 @@ async def test_a_step_that_outlasts_the_moment_shows_its_saga_active_meanwhile(
     assert done.status.phase == "Completed"
     assert operator.transport.paths() == ["/slow", "/work"]
     assert SagaPhase.ACTIVE in [reason for _, reason, _ in operator.kube.events]
+
+
+async def test_a_lost_entry_whose_report_loses_to_another_writer_is_reported_again(operator: Operator) -> None:
+    """An entry deleted by hand is reported on its saga; when that status write loses to another
+    writer (a person annotating the saga at that moment), the report is made again on the newer
+    copy, and the saga halts on it instead of compensating as though the entry never was."""
+    saga = operator.saga("s", outcome="Abort")
+    entries = [operator.entry(saga, position) for position in (1, 2, 3)]
+    gone = UndoEntry.model_validate(entries[0])
+    del operator.kube.objects[("undoentries", NS, gone.metadata.name)]
+    operator.context.index.deleted(gone)
+    conflicts = operator.saga_write_lost_once(lambda patch: "lostEntries" in patch.get("status", {}))
+    driver = SagaDriver(operator.context, NS, "s")
+    driver.lose(driver_module.lost_entry(gone, "deleted by hand"))
+    driver.task = asyncio.create_task(driver.run())
+
+    async def phase() -> str:
+        return str(operator.kube.body("sagas", NS, "s")["status"].get("phase"))
+
+    await eventually(phase, lambda now: now in ("Halted", "Compensated"), 5, "saga s settled")
+    driver.notify(None)
+    await driver.task
+    status = operator.kube.body("sagas", NS, "s")["status"]
+    assert conflicts == ["s"]
+    assert (status["phase"], status["reason"]) == ("Halted", "EntryLost")
+    assert [e["name"] for e in status["lostEntries"]] == ["s-1"]
+    assert operator.undone() == [3, 2]

@@ -20,6 +20,7 @@ from undolog.api.common import (
 )
 from undolog.api.events import EventReason
 from undolog.api.saga import (
+    MAX_LOST_ENTRIES,
     Backoff,
     CompensationPolicy,
     Effect,
@@ -63,6 +64,7 @@ from undolog.api.webhook import (
 __all__ = [
     "API_VERSION",
     "GROUP",
+    "MAX_LOST_ENTRIES",
     "MAX_MESSAGE",
     "MAX_NESTING",
     "VERSION",

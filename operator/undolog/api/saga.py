@@ -87,6 +87,7 @@ class SagaReason(StrEnum):
 
 
 MAX_STEPS = 50
+MAX_LOST_ENTRIES = 100  # named in status.lostEntries; more are counted (lostEntriesOmitted)
 
 
 # CEL on spec.steps. Ranks Compensatable=0, Pivot=1, Retriable=2 must never go down. Each rule
@@ -425,8 +426,16 @@ class SagaStatus(Model):
     rewind: RewindStatus | None = Field(default=None, description="The last rewind (spec.rewind) and its progress.")
     lost_entries: list[LostEntry] = Field(
         default_factory=list,
-        max_length=100,
-        description="Entries deleted by hand or unreadable before they were compensated: their effects may remain.",
+        max_length=MAX_LOST_ENTRIES,
+        description=(
+            "Entries deleted by hand or unreadable before they were compensated: their effects may remain. "
+            "At most 100; past that, acknowledged and then the lowest entries are left out (lostEntriesOmitted)."
+        ),
+    )
+    lost_entries_omitted: int = Field(
+        default=0,
+        ge=0,
+        description="Lost entries left out of lostEntries (past its 100); each was named in an EntryLost Event.",
     )
     compensated_count: int = Field(default=0, ge=0, description="UndoEntries compensated or skipped.")
     start_time: datetime | None = Field(default=None, description="When the operator first saw the saga.")

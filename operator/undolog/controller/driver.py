@@ -37,7 +37,7 @@ from undolog.api import (
 )
 from undolog.controller.context import DriverContext, Slot
 from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, now, owned_by
-from undolog.decisions import compensation_plan, moves, phases, rewind
+from undolog.decisions import compensation_plan, lost_entries, moves, phases, rewind
 from undolog.decisions.moves import EntryProof
 from undolog.decisions.retry import operator_retry_seconds
 from undolog.kube.watch import Progress
@@ -557,20 +557,25 @@ class SagaDriver:
         return saga
 
     async def report_lost(self, saga: Saga) -> Saga:
+        """Record the entries lost since the last report on the saga. They are let go only once
+        written: a write lost to another writer (409) left the saga compensated as though they
+        had never been."""
         known = {e.name for e in saga.status.lost_entries}
         new = [e for e in self.lost if e.name not in known]
-        self.lost = []
-        if not new:
-            return saga
-        for entry in new:
-            self.context.timeline.record(
-                saga,
-                EventReason.ENTRY_LOST,
-                f"{entry.name} (step {entry.step}) {entry.why} before it was compensated",
-                warning=True,
-            )
-        status = saga.status.model_copy(update={"lost_entries": [*saga.status.lost_entries, *new]})
-        return await self.write_status(saga, status)
+        if new:
+            listed, omitted = lost_entries.recorded(saga.status.lost_entries, saga.status.lost_entries_omitted, new)
+            status = saga.status.model_copy(update={"lost_entries": listed, "lost_entries_omitted": omitted})
+            saga = await self.write_status(saga, status)
+            for entry in new:
+                self.context.timeline.record(
+                    saga,
+                    EventReason.ENTRY_LOST,
+                    f"{entry.name} (step {entry.step}) {entry.why} before it was compensated",
+                    warning=True,
+                )
+        reported = {e.name for e in new} | known
+        self.lost = [e for e in self.lost if e.name not in reported]  # those noticed meanwhile wait
+        return saga
 
     async def retry(self, saga: Saga, entries: Entries, request: str, resume: SagaPhase) -> Saga:
         """A person's retry: what failed goes back to Pending, and the saga resumes."""

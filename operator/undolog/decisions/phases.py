@@ -25,6 +25,7 @@ from undolog.api import (
     ConditionType,
     EntryReason,
     EntryState,
+    LostEntry,
     OnFailure,
     Outcome,
     Rewind,
@@ -308,13 +309,7 @@ def compensating_move(
     if ready:
         return CompensateEntries(tuple(ready[: compensation_plan.PARALLEL]))
     if lost:
-        names = ", ".join(f"{e.name} ({e.why})" for e in lost)
-        return Transition(
-            SagaPhase.HALTED,
-            SagaReason.ENTRY_LOST,
-            f"cannot compensate {names}: its effect may remain. Undo it by hand, then "
-            f"`kubectl annotate saga {saga.metadata.name} {RETRY_ANNOTATION}=<what you did>` to go on without it",
-        )
+        return Transition(SagaPhase.HALTED, SagaReason.ENTRY_LOST, lost_message(saga, lost))
     if failure is not None:
         return Transition(SagaPhase.HALTED, *halt_reason(saga, failure, in_scope))
     if proof != EntryProof.FRESH:
@@ -442,6 +437,25 @@ CONDITIONS: dict[SagaPhase, tuple[ConditionStatus, ...]] = {
     SagaPhase.HALTED: (_F, _F, _T, _F, _F, _T),
     SagaPhase.REWINDING: (_U, _U, _F, _F, _T, _F),
 }
+
+
+MAX_LOST_NAMED = 10  # in the halt message; status.lostEntries lists them all (up to its bound)
+
+
+def lost_message(saga: Saga, lost: Sequence[LostEntry]) -> str:
+    named = ", ".join(f"{e.name} ({e.why})" for e in lost[:MAX_LOST_NAMED])
+    if len(lost) == 1 and not saga.status.lost_entries_omitted:
+        what, them, it = named, "its effect may remain", "it"
+    else:
+        more = len(lost) - MAX_LOST_NAMED
+        listed = f", and {more} more in status.lostEntries" if more > 0 else ""
+        omitted = saga.status.lost_entries_omitted
+        unlisted = f", and {omitted} more not listed (their EntryLost Events name them)" if omitted else ""
+        what, them, it = f"{named}{listed}{unlisted}", "their effects may remain", "them"
+    return (
+        f"cannot compensate {what}: {them}. Undo {it} by hand, then "
+        f"`kubectl annotate saga {saga.metadata.name} {RETRY_ANNOTATION}=<what you did>` to go on without {it}"
+    )
 
 
 def with_phase(
