@@ -68,6 +68,7 @@ def generated_name(prefix: str) -> str:
 
 MAX_OUTPUT_BYTES = 16 * 1024  # a forward output kept in the ledger
 MAX_ANSWER_BYTES = 1024 * 1024  # read from a participant at most; the rest is never read
+MAX_CALL_BYTES = 1024 * 1024  # a call's arguments sent to a participant, their references resolved
 MAX_ERROR_TEXT = 300  # of an error answer's body, in lastError
 MAX_EVENT_MESSAGE = 1024
 MAX_NAME = 63  # a step's name, and status.failedStep

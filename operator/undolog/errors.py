@@ -71,6 +71,7 @@ class CallRefusal(StrEnum):
     HEADERS_SECRET_NOT_OPTED_IN = "HeadersSecretNotOptedIn"
     HEADERS_SECRET_INVALID = "HeadersSecretInvalid"
     UNRESOLVED_REFERENCE = "UnresolvedReference"
+    ARGUMENTS_TOO_LARGE = "ArgumentsTooLarge"
     TARGET_REFUSED = "TargetRefused"
 
 
@@ -88,6 +89,13 @@ class UnresolvedReference(CallNotPossible, ValueError):
 
     def __init__(self, message: str) -> None:
         super().__init__(CallRefusal.UNRESOLVED_REFERENCE, message)
+
+
+class ArgumentsTooLarge(CallNotPossible):
+    """A Call's args, their references resolved, are larger than a participant is sent."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(CallRefusal.ARGUMENTS_TOO_LARGE, message)
 
 
 # -- the operator --------------------------------------------------------------------------------

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from undolog.decisions.arguments import referenced_steps, resolve
-from undolog.errors import UnresolvedReference
+from undolog.decisions.arguments import referenced_steps, resolve, within
+from undolog.errors import ArgumentsTooLarge, UnresolvedReference
 
 OUTPUTS: dict[str, Any] = {
     "create_user": {"user_id": "u-42", "profile": {"tags": ["a", "b"]}, "quota": 5},
@@ -63,3 +64,26 @@ json_values = st.recursive(
 def test_values_without_references_are_unchanged(value: Any) -> None:
     assert resolve(value, OUTPUTS) == value
     assert referenced_steps(value) == []
+
+
+plain_text = st.text(alphabet=st.characters(codec="ascii", min_codepoint=32, blacklist_characters='"\\$'))
+plain_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | plain_text,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(plain_text, children, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(plain_values, st.integers(0, 300))
+def test_the_bound_is_the_size_of_the_compact_json(value: Any, limit: int) -> None:
+    size = len(json.dumps(value, separators=(",", ":")))
+    assert within(value, limit) == (size <= limit)
+
+
+def test_one_output_named_many_times_is_refused_without_being_written_out() -> None:
+    outputs = {"big": {"blob": "x" * 1000}}
+    with pytest.raises(ArgumentsTooLarge, match="more than 10000 bytes"):
+        resolve({"copies": ["${steps.big.output}"] * 1_000_000}, outputs, limit=10_000)
+    with pytest.raises(ArgumentsTooLarge):
+        resolve("${steps.big.output.blob}" * 1_000, outputs, limit=10_000)
+    assert resolve({"copies": ["${steps.big.output}"] * 9}, outputs, limit=10_000)["copies"][8] == {"blob": "x" * 1000}

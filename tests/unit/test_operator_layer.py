@@ -1285,3 +1285,54 @@ async def test_a_lost_entry_whose_report_loses_to_another_writer_is_reported_aga
     assert (status["phase"], status["reason"]) == ("Halted", "EntryLost")
     assert [e["name"] for e in status["lostEntries"]] == ["s-1"]
     assert operator.undone() == [3, 2]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"copies": ["${steps.create.output}"] * 100},  # one output, a hundred times
+        {"text": "${steps.create.output.blob}" * 100},  # spliced into one string
+    ],
+    ids=["values", "text"],
+)
+async def test_arguments_that_resolve_past_the_bound_are_refused_and_nothing_is_sent(
+    operator: Operator, args: dict[str, Any]
+) -> None:
+    """A saga of a few KiB whose references multiply a 16 KiB output: 1.6 MB to send here, and
+    with 50,000 of them (the API takes that much) gigabytes held by the operator, which its
+    memory limit ends, at every restart. Refused like a reference that cannot be resolved."""
+    operator.webhook("create")
+    operator.webhook("grant")
+    blob = "x" * 15_000
+    operator.transport.script("/create", CallOutcome(status_code=200, output={"blob": blob}))
+    steps = [
+        {"name": "create", "action": {"function": "create"}, "compensation": {"function": "undo", "args": {"n": 1}}},
+        {"name": "grant", "action": {"function": "grant", "args": args}, "compensation": {"function": "undo"}},
+    ]
+    operator.saga("o", steps=steps)
+    done = await operator.drive("o")
+    assert (done.status.phase, done.status.failed_step) == ("Compensated", "grant")
+    assert operator.transport.paths() == ["/create", "/undo"]
+    never = operator.kube.body("undoentries", NS, "o-2")["status"]
+    assert (never["effect"], never["state"]) == ("NotSent", "Skipped")
+    assert "resolved, come to more than 1048576 bytes" in never["skipReason"]
+    assert ("o", "ArgumentsTooLarge") in [(name, reason) for name, reason, _ in operator.kube.events]
+
+
+async def test_a_compensation_whose_arguments_resolve_past_the_bound_halts_and_says_why(operator: Operator) -> None:
+    operator.webhook("create")
+    operator.webhook("grant")
+    operator.transport.script("/create", CallOutcome(status_code=200, output={"blob": "x" * 15_000}))
+    operator.transport.script("/grant", CallOutcome(status_code=400, error="HTTP 400"))
+    copies = {"copies": ["${steps.create.output}"] * 100}
+    steps = [
+        {"name": "create", "action": {"function": "create"}, "compensation": {"function": "undo", "args": copies}},
+        {"name": "grant", "action": {"function": "grant"}, "compensation": {"function": "undo", "args": {"n": 2}}},
+    ]
+    operator.saga("o", steps=steps)
+    done = await operator.drive("o")
+    assert (done.status.phase, done.status.reason) == ("Halted", "CompensationFailed")
+    assert "come to more than 1048576 bytes" in (done.status.message or "")
+    assert operator.transport.paths() == ["/create", "/grant", "/undo"]  # the second step's undo only
+    entry = operator.kube.body("undoentries", NS, "o-1")["status"]
+    assert (entry["state"], entry["reason"]) == ("Failed", "ArgumentsTooLarge")

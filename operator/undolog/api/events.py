@@ -25,6 +25,7 @@ class EventReason(StrEnum):
     HEADERS_SECRET_NOT_OPTED_IN = "HeadersSecretNotOptedIn"
     HEADERS_SECRET_INVALID = "HeadersSecretInvalid"
     UNRESOLVED_REFERENCE = "UnresolvedReference"
+    ARGUMENTS_TOO_LARGE = "ArgumentsTooLarge"
     TARGET_REFUSED = "TargetRefused"
     # Entries.
     ENTRY_SKIPPED = "EntrySkipped"

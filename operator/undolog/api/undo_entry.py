@@ -60,6 +60,7 @@ class EntryReason(StrEnum):
     HEADERS_SECRET_NOT_OPTED_IN = "HeadersSecretNotOptedIn"
     HEADERS_SECRET_INVALID = "HeadersSecretInvalid"
     UNRESOLVED_REFERENCE = "UnresolvedReference"
+    ARGUMENTS_TOO_LARGE = "ArgumentsTooLarge"
     TARGET_REFUSED = "TargetRefused"
     # The call was made and failed.
     PERMANENT_FAILURE = "PermanentFailure"
