@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -325,3 +329,41 @@ async def test_a_target_that_is_no_url_is_refused_and_nothing_is_sent(transport:
     outcome = await transport.send(PreparedCall(Target("http://[::1", 2.0), {}, {}))
     assert outcome.refusal == CallRefusal.TARGET_REFUSED
     assert "is not a URL the operator calls" in (outcome.error or "")
+
+
+async def test_names_whose_lookup_hangs_hold_neither_the_default_executor_nor_more_than_one_thread_each(
+    participant: Participant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Webhook author's host name whose resolver never answers (glibc tries every nameserver
+    and search domain: up to a minute in a pod) held a thread of asyncio's default executor past
+    its call's timeout, one per call. A few such names stalled the API client's token re-read
+    (a thread of that executor, once a minute), and with it every API request and the Lease."""
+    release = threading.Event()
+    real = socket.getaddrinfo
+    hung: list[str] = []
+
+    def lookup(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(host).endswith(".hangs.test"):
+            hung.append(str(host))
+            release.wait(30)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    transport = HttpTransport(EgressPolicy.build(allow_loopback=True))
+    try:
+        names = [f"n{i}.hangs.test" for i in range(min(32, (os.cpu_count() or 1) + 4) + 2)]  # the default's threads, +2
+        hanging = [
+            transport.send(PreparedCall(Target(f"http://{name}:{participant.port}/x", 0.5), {}, {}))
+            for name in names
+            for _ in range(3)
+        ]
+        assert {o.error for o in await asyncio.gather(*hanging)} == {"timed out after 0.5 s"}
+        # The lookups still hang, and the rest of the process does not wait for them:
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "read"), 2) == "read"
+        named = PreparedCall(Target(f"http://localhost:{participant.port}/named", 2), {}, {})
+        assert (await transport.send(named)).status_code == 200
+        assert sorted(hung) == sorted(names)  # one lookup per name at a time, whoever asks
+    finally:
+        release.set()
+        await transport.close()

@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import math
 import socket
 import ssl
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -46,6 +48,7 @@ MAX_CONTEXTS = 32  # TLS contexts kept, one per CA bundle (each holds its roots)
 # attempt's clock starts. A slow or hostile participant then holds only its own calls and
 # connections, never all of them.
 CALLS_PER_PARTICIPANT = 32
+DNS_THREADS = 64  # lookups at once, each of another name (more than asyncio's default executor has)
 
 
 @dataclass
@@ -86,17 +89,53 @@ class EgressRefused(OSError):
     """No address of the target may be called; nothing was sent."""
 
 
+Resolved = list[tuple[Any, Any, int, str, Any]]  # what getaddrinfo returns
+
+
+class Lookups:
+    """getaddrinfo in threads of the transport's own, one lookup per name at a time whoever asks.
+
+    A lookup cannot be cut off: a name whose resolver never answers (glibc tries every nameserver
+    and search domain, up to a minute in a pod) holds its thread past the call's timeout. In
+    asyncio's default executor (6 threads on 2 cores) a few such names, chosen by any Webhook's
+    author, stalled everything else run there: the API client's token re-read, and with it every
+    API request and the Lease. Here they hold at most one thread per name, of these."""
+
+    def __init__(self, threads: int = DNS_THREADS) -> None:
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="undolog-dns")
+        self._pending: dict[tuple[str, int, int], asyncio.Future[Resolved]] = {}
+
+    async def __call__(self, host: str, port: int, family: int) -> Resolved:
+        key = (host, port, family)
+        pending = self._pending.get(key)
+        if pending is None:
+            lookup = functools.partial(socket.getaddrinfo, host, port, family, socket.SOCK_STREAM)
+            pending = self._pending[key] = asyncio.get_running_loop().run_in_executor(self._pool, lookup)
+            pending.add_done_callback(functools.partial(self._done, key))
+        return await asyncio.shield(pending)  # a call that times out leaves the lookup to the others
+
+    def _done(self, key: tuple[str, int, int], lookup: asyncio.Future[Resolved]) -> None:
+        if self._pending.get(key) is lookup:
+            del self._pending[key]
+        if not lookup.cancelled():
+            lookup.exception()  # retrieved: its callers (if any are left) have it
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 class PolicyResolver(AbstractResolver):
     """Resolves a name and keeps the addresses the egress policy allows: aiohttp connects to
     one of those, or to none."""
 
-    def __init__(self, policy: EgressPolicy) -> None:
+    def __init__(self, policy: EgressPolicy, lookups: Lookups) -> None:
         self.policy = policy
+        self.lookups = lookups
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
-        resolved = await asyncio.get_running_loop().getaddrinfo(host, port, family=family, type=socket.SOCK_STREAM)
+        resolved = await self.lookups(host, port, family)
         allowed: dict[str, ResolveResult] = {}
         refusals: dict[str, None] = {}
         for found_family, _, proto, _, address in resolved:
@@ -174,8 +213,12 @@ class HttpTransport:
         # authors choose the bundles, and must not grow the operator's memory without bound.
         self._contexts: OrderedDict[str | None, ssl.SSLContext] = OrderedDict()
         self._context(None)  # the system roots are loaded now, not on the first call
+        self._lookups = Lookups()
         connector = aiohttp.TCPConnector(
-            limit=max_connections, resolver=PolicyResolver(policy), use_dns_cache=False, keepalive_timeout=30.0
+            limit=max_connections,
+            resolver=PolicyResolver(policy, self._lookups),
+            use_dns_cache=False,
+            keepalive_timeout=30.0,
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
@@ -204,6 +247,7 @@ class HttpTransport:
 
     async def close(self) -> None:
         await self._session.close()
+        self._lookups.close()
 
     async def send(self, call: PreparedCall) -> CallOutcome:
         target = call.target
