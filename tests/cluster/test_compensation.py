@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -302,6 +303,49 @@ async def test_deleting_an_active_saga_compensates_before_it_goes(
 
     await eventually(saga_exists, lambda exists: not exists, 30, "saga deleted")
     assert [r.path for r in participant.received()] == ["/refund", "/release"]
+
+
+async def test_deleting_the_namespace_of_an_active_saga_waits_for_a_person_and_then_goes(
+    cluster: Cluster, kube: Kube, participant: Participant, tmp_path: Path
+) -> None:
+    """The namespace controller deletes a saga's entries and Webhooks while the saga waits on its
+    finalizer: what was not undone by then is said on the saga, which halts and keeps the
+    namespace until a person has dealt with it, never goes quietly with the effects in place."""
+    doomed, leases = (f"t-{uuid.uuid4().hex[:10]}" for _ in range(2))
+    for name in (doomed, leases):
+        await kube.create_namespace(name, {})
+    operator = OperatorProcess(cluster.kubeconfig, doomed, tmp_path, lease_namespace=leases)
+    operator.start()
+    try:
+        participant.script("/refund", Reply(200, delay=1.0))
+        await register(kube, doomed, participant, "refund", "release")
+        await external_saga(kube, doomed, "gone", [call("release"), call("refund")])
+        await saga_phase(kube, doomed, "gone", "Active")
+        await kube.delete_namespace(doomed)
+        halted = await saga_phase(kube, doomed, "gone", "Halted")
+        assert halted["metadata"]["deletionTimestamp"]
+        status = halted["status"]
+        assert status["reason"] in ("EntryLost", "FunctionNotFound"), status["message"]  # whichever went first
+        lost = [e["name"] for e in status.get("lostEntries", [])]
+        assert len(lost) == len(set(lost)), lost  # each once
+        assert set(lost) <= {"gone-1", "gone-2"}
+        await kube.patch(
+            "sagas", doomed, "gone", {"metadata": {"annotations": {"undolog.io/retry": "released by hand"}}}
+        )
+
+        async def namespace_gone() -> bool:
+            try:
+                await kube.get("sagas", doomed, "gone")
+            except KubeError as error:
+                if error.status == 404:
+                    return True
+                raise
+            return False
+
+        await eventually(namespace_gone, bool, 60, "the saga, and its namespace, gone")
+    finally:
+        operator.stop()
+        await kube.delete_namespace(leases)
 
 
 def entry_proofs(operator: OperatorProcess) -> dict[str, int]:

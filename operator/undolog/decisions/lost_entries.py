@@ -20,10 +20,13 @@ def _keep_first(entry: LostEntry) -> tuple[bool, int]:
 
 
 def recorded(listed: Sequence[LostEntry], omitted: int, new: Sequence[LostEntry]) -> tuple[list[LostEntry], int]:
-    """`listed` (and `omitted` more) with `new` added: the entries to list, in the order they
+    """`listed` (and `omitted` more) with `new` added: the entries to list, each once (as first
+    reported: the watch and a write that found it gone may both report one), in the order they
     were lost, and how many are left out."""
-    names = {entry.name for entry in listed}
-    merged = [*listed, *(entry for entry in new if entry.name not in names)]
+    first: dict[str, LostEntry] = {}
+    for entry in [*listed, *new]:
+        first.setdefault(entry.name, entry)
+    merged = list(first.values())
     if len(merged) <= MAX_LOST_ENTRIES:
         return merged, omitted
     kept = {entry.name for entry in sorted(merged, key=_keep_first)[:MAX_LOST_ENTRIES]}
