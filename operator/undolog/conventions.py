@@ -23,7 +23,7 @@ from undolog.api import (
     UndoEntry,
     UndoEntrySpec,
 )
-from undolog.api.common import MAX_NESTING, OwnerReference, nesting
+from undolog.api.common import MAX_NESTING, OwnerReference, nesting, shown_integer, wide_integer
 
 # -- labels, annotations, finalizer ----------------------------------------------------------------
 
@@ -178,8 +178,8 @@ def creation_body(entry: UndoEntry) -> dict[str, Any]:
 
 
 def kept_output(output: dict[str, Any] | None) -> tuple[dict[str, Any] | None, OmittedOutput | None]:
-    """A forward output as the ledger keeps it: as is, or omitted (with why) when too large or
-    nested too deep for UndoLog to read back."""
+    """A forward output as the ledger keeps it: as is, or omitted (with why) when too large,
+    nested too deep for UndoLog to read back, or holding a number the API would not store as it is."""
     if output is None:
         return None, None
     depth = nesting(output)
@@ -187,6 +187,12 @@ def kept_output(output: dict[str, Any] | None) -> tuple[dict[str, Any] | None, O
         return None, OmittedOutput(
             reason=OutputOmission.OUTPUT_TOO_DEEP,
             message=f"the answer was a JSON object nested {depth} levels deep; the ledger keeps at most {MAX_NESTING}",
+        )
+    wide = wide_integer(output)
+    if wide is not None:  # the API would store it as a float64, rounded
+        return None, OmittedOutput(
+            reason=OutputOmission.ANSWER_NOT_JSON,
+            message=f"the answer holds {shown_integer(wide)}, an integer beyond 64 bits the API stores rounded",
         )
     try:
         size = len(json.dumps(output, separators=(",", ":"), allow_nan=False).encode())

@@ -247,6 +247,27 @@ async def test_a_forward_answer_with_a_number_json_cannot_carry_is_not_kept_and_
     assert [r.path for r in participant.received()] == ["/make-do", "/next-do"]
 
 
+async def test_an_integer_the_api_would_round_is_not_kept_and_never_reaches_a_compensation_rounded(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    """The API stores an integer beyond 64 bits as a float64: a participant's id
+    123456789012345678901234567890 was kept as 1.2345678901234568e+29, and the compensation
+    that names it was sent that number, the id of something else or of nothing."""
+    participant.script("/make-do", Reply(200, raw=b'{"id": 123456789012345678901234567890}'))
+    participant.script("/fail-do", Reply(400))
+    await register(kube, namespace, participant, "make-do", "make-undo", "fail-do", "fail-undo")
+    make = step("make")
+    make["compensation"]["args"] = {"id": "${steps.make.output.id}"}
+    await kube.create("sagas", namespace, saga("big-id", [make, step("fail")]))
+    await saga_phase(kube, namespace, "big-id", "Compensated")
+    entry = await kube.get("undoentries", namespace, "big-id-1")
+    assert "output" not in entry["status"]
+    assert entry["status"]["outputOmitted"]["reason"] == "AnswerNotJson"
+    assert "123456789012345678901234567890, an integer beyond 64 bits" in entry["status"]["outputOmitted"]["message"]
+    # Sent as a step never answered: null, with the Undolog-Forward-Key to find the effect by.
+    assert participant.received("/make-undo")[0].body == {"id": None}
+
+
 async def test_a_null_in_a_forward_answer_is_kept_and_the_next_step_gets_it(
     kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
 ) -> None:

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from tests.support.objects import entry_body
 from undolog import errors
 from undolog.api import MAX_NESTING, Call, OutputOmission, Saga, UndoEntry
-from undolog.api.common import nesting
+from undolog.api.common import nesting, wide_integer
 from undolog.conventions import kept_output
 from undolog.kube.decoding import DEEPEST, decoded
 from undolog.ledger import Unreadable, parse_entry
@@ -122,3 +122,29 @@ def test_an_output_holding_a_number_json_cannot_carry_is_not_kept() -> None:
     assert omitted is not None
     assert omitted.reason == OutputOmission.ANSWER_NOT_JSON
     assert "a number JSON cannot carry" in omitted.message
+
+
+def test_an_integer_the_api_would_round_is_refused_in_args_and_not_kept_in_an_output() -> None:
+    """The API stores an integer beyond 64 bits as a float64 (123456789012345678901234567890
+    came back 1.2345678901234568e+29): an id sent rounded to a compensation names something else."""
+    with pytest.raises(ValidationError, match="holds 123456789012345678901234567890, an integer beyond 64 bits"):
+        Call(function="refund", args={"charges": [{"id": 123456789012345678901234567890}]})
+    assert Call(function="refund", args={"id": 2**63 - 1, "low": -(2**63), "ok": True}).args["id"] == 2**63 - 1
+    output, omitted = kept_output({"id": -(2**63) - 1})
+    assert output is None
+    assert omitted is not None
+    assert omitted.reason == OutputOmission.ANSWER_NOT_JSON
+    assert omitted.message == "the answer holds -9223372036854775809, an integer beyond 64 bits the API stores rounded"
+    assert kept_output({"id": 10**5000})[1] is not None  # past Python's own 4,300 digits too
+
+
+@given(JSON)
+def test_wide_integers_are_found_wherever_they_are(value: Any) -> None:
+    def widest(v: Any) -> list[int]:
+        if isinstance(v, dict):
+            return [w for child in v.values() for w in widest(child)]
+        if isinstance(v, list):
+            return [w for child in v for w in widest(child)]
+        return [v] if isinstance(v, int) and not -(2**63) <= v < 2**63 else []
+
+    assert (wide_integer(value) is None) == (widest(value) == [])

@@ -139,6 +139,28 @@ async def test_an_answer_with_a_number_json_cannot_carry_is_a_success_without_ou
         assert f"holding {number}, a number JSON cannot carry" in outcome.omitted.message
 
 
+async def test_an_answer_with_an_integer_the_api_would_round_is_a_success_without_output(
+    participant: Participant, transport: HttpTransport
+) -> None:
+    """The API stores an integer beyond 64 bits as a float64 (123456789012345678901234567890
+    came back 1.2345678901234568e+29); 64-bit integers are kept as they are."""
+    edges = b'{"max": 9223372036854775807, "min": -9223372036854775808}'
+    participant.script("/edges", Reply(200, raw=edges))
+    assert (await transport.send(call(participant, "/edges"))).output == {"max": 2**63 - 1, "min": -(2**63)}
+    for answer, said in (
+        (b'{"id": 9223372036854775808}', "holding 9223372036854775808, an integer beyond 64 bits"),
+        (b'{"id": -9223372036854775809}', "holding -9223372036854775809, an integer beyond 64 bits"),
+        (b'{"id": ' + b"7" * 5000 + b"}", "holding " + "7" * 40 + "…, an integer beyond 64 bits"),
+    ):
+        participant.script("/big", Reply(200, raw=answer))
+        outcome = await transport.send(call(participant, "/big"))
+        assert outcome.status_code == 200
+        assert outcome.output is None
+        assert outcome.omitted is not None
+        assert outcome.omitted.reason == "AnswerNotJson"
+        assert said in outcome.omitted.message
+
+
 async def test_tls_contexts_per_ca_bundle_are_bounded(transport: HttpTransport) -> None:
     """Webhook authors choose CA bundles; each is a TLS context holding its roots."""
     import base64

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
@@ -48,6 +49,30 @@ def nesting(value: Any) -> int:
     return depth
 
 
+INT64 = range(-(2**63), 2**63)  # the integers the API stores as they are; others become float64, rounded
+
+
+def wide_integer(value: Any) -> int | None:
+    """An integer in `value` that the API would store rounded, if any (walked without recursion)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, int) and item not in INT64:
+            return item
+    return None
+
+
+def shown_integer(number: int) -> str:
+    """The integer as text, or its size when long (Python refuses to write past 4,300 digits)."""
+    if number.bit_length() <= 256:
+        return str(number)
+    return f"a number of about {int(number.bit_length() * math.log10(2)) + 1} digits"
+
+
 def _nested_within_bound(value: dict[str, Any]) -> dict[str, Any]:
     depth = nesting(value)
     if depth > MAX_NESTING:
@@ -56,6 +81,14 @@ def _nested_within_bound(value: dict[str, Any]) -> dict[str, Any]:
             "nests {depth} levels of objects and arrays; UndoLog reads at most {bound}: flatten it, or send "
             "the deep part as a string",
             {"depth": depth, "bound": MAX_NESTING},
+        )
+    wide = wide_integer(value)
+    if wide is not None:
+        raise PydanticCustomError(
+            "wide_integer",
+            "holds {number}, an integer beyond 64 bits, which the Kubernetes API stores as a float64, rounded: "
+            "send it as a string",
+            {"number": shown_integer(wide)},
         )
     return value
 

@@ -48,6 +48,7 @@ MAX_CONTEXTS = 32  # TLS contexts kept, one per CA bundle (each holds its roots)
 # attempt's clock starts. A slow or hostile participant then holds only its own calls and
 # connections, never all of them.
 CALLS_PER_PARTICIPANT = 32
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the integers the API stores as they are
 DNS_THREADS = 64  # lookups at once, each of another name (more than asyncio's default executor has)
 
 
@@ -337,19 +338,31 @@ async def _read(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bo
 
 
 class _NotCarried(ValueError):
-    """A number Python reads and JSON cannot carry: written back it would be `Infinity` or
-    `NaN`, and pydantic writes those as null, which a merge patch takes as "delete the key"."""
+    """A number Python reads that would not come back from the ledger as it was: written back
+    `Infinity` or `NaN` would be null (pydantic), which a merge patch takes as "delete the
+    key"; an integer beyond 64 bits the API stores as a float64, rounded."""
 
 
 def _finite(text: str) -> float:
     number = float(text)
     if not math.isfinite(number):  # 1e999: valid JSON, inf to Python
-        raise _NotCarried(text[:40])
+        raise _NotCarried(f"{text[:40]}, a number JSON cannot carry")
+    return number
+
+
+def _int64(text: str) -> int:
+    if len(text) > 20:  # longer than any 64-bit integer: not parsed (Python refuses past 4,300 digits)
+        raise _NotCarried(
+            f"{text[:40]}{'…' if len(text) > 40 else ''}, an integer beyond 64 bits the API stores rounded"
+        )
+    number = int(text)
+    if not INT64_MIN <= number <= INT64_MAX:
+        raise _NotCarried(f"{text}, an integer beyond 64 bits the API stores rounded")
     return number
 
 
 def _not_a_number(text: str) -> Any:
-    raise _NotCarried(text)  # NaN, Infinity, -Infinity: Python's extensions, not JSON
+    raise _NotCarried(f"{text}, a number JSON cannot carry")  # NaN, Infinity: Python's extensions, not JSON
 
 
 def _length(headers: dict[str, str]) -> int | None:
@@ -361,13 +374,10 @@ def _success(status: int, body: bytes, content_type: str) -> CallOutcome:
     if not body.strip():
         return CallOutcome(status_code=status)
     try:
-        parsed = json.loads(body, parse_float=_finite, parse_constant=_not_a_number)
+        parsed = json.loads(body, parse_float=_finite, parse_int=_int64, parse_constant=_not_a_number)
     except _NotCarried as number:
         return _without_output(
-            status,
-            OutputOmission.ANSWER_NOT_JSON,
-            f"a JSON answer holding {number}, a number JSON cannot carry: no output",
-            len(body),
+            status, OutputOmission.ANSWER_NOT_JSON, f"a JSON answer holding {number}: no output", len(body)
         )
     except (ValueError, UnicodeDecodeError):
         parsed = None
