@@ -5,7 +5,9 @@ filters live in the URL, a batch retry after a fix. Screenshots go to docs/."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from devtools.control_plane.local import free_port
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
 from tests.cluster.test_cli import halted_saga
 from tests.cluster.test_compensation import abort, external_saga, register
@@ -235,3 +237,38 @@ async def test_the_filters_live_in_the_url_and_a_batch_retry_after_a_fix(
     await expect(page.get_by_role("status").first).to_contain_text("retry requested for 2 saga(s) halted on refund")
     for name in ("pay-1", "pay-2"):
         await saga_phase(kube, namespace, name, "Compensated")
+
+
+async def test_a_live_page_never_has_more_than_one_refresh_in_flight_however_fast_sagas_change(
+    kube: Kube, namespace: str, dashboard: Dashboard, page: Page
+) -> None:
+    """Each change refreshed the page 100 ms later, whether or not the last refresh had come back:
+    with a listing that takes longer than that (thousands of sagas) and sagas changing all the
+    time, one open page kept several LISTs of everything in flight, without end."""
+    await kube.create("sagas", namespace, saga("busy"))
+    in_flight, most, fetched = 0, 0, 0
+
+    async def slow(route: Route) -> None:  # a listing that takes 600 ms, as a large one does
+        nonlocal in_flight, most, fetched
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            await asyncio.sleep(0.6)
+            await route.continue_()
+        finally:
+            in_flight -= 1
+            fetched += 1
+
+    await page.route(re.compile(r".*[?&]fragment=1"), slow)
+    await page.goto(f"{dashboard.url}/sagas?namespace={namespace}")
+    await expect(page.locator("body[data-live=ready]")).to_be_attached()
+    for n in range(30):  # a change every 50 ms for 1.5 s
+        await kube.patch("sagas", namespace, "busy", {"metadata": {"annotations": {"example.com/n": str(n)}}})
+        await asyncio.sleep(0.05)
+
+    async def refreshes() -> int:
+        return fetched
+
+    await eventually(refreshes, lambda n: n >= 2, 10, "the page refreshed")
+    await page.get_by_role("link", name="busy").wait_for()
+    assert most == 1, f"{most} refreshes in flight at once"

@@ -1,23 +1,36 @@
 // Live pages: when the API says a saga in view changed, fetch this page's live region again and
 // swap it in, unless the reader is typing in it (then say the page changed instead).
+// One fetch at a time, and after one that took long a pause as long: each change used to fetch
+// 100 ms later whatever was in flight, and with a listing slower than that (thousands of sagas)
+// and sagas changing all the time, an open page kept several LISTs of everything going.
 (function () {
   const source = document.body.dataset.events;
   const live = document.getElementById("live");
   if (!source || !live || !window.EventSource) return;
-  let queued = false;
+  let timer = null, running = false, changed = false, took = 0;
+  function schedule() {
+    if (running) { changed = true; return; }
+    if (!timer) timer = setTimeout(refresh, Math.max(100, took));
+  }
   async function refresh() {
-    queued = false;
+    timer = null;
     const busy = live.contains(document.activeElement) && document.activeElement.tagName === "INPUT";
     const typed = Array.from(live.querySelectorAll("input[name=reason]")).some((i) => i.value);
     if (busy || typed) { document.getElementById("stale").hidden = false; return; }
     const url = new URL(window.location.href);
     url.searchParams.set("fragment", "1");
-    const answer = await fetch(url, { credentials: "same-origin" });
-    if (answer.ok) live.innerHTML = await answer.text();
+    running = true;
+    const began = performance.now();
+    try {
+      const answer = await fetch(url, { credentials: "same-origin" });
+      if (answer.ok) live.innerHTML = await answer.text();
+    } finally {
+      took = performance.now() - began;
+      running = false;
+      if (changed) { changed = false; schedule(); }
+    }
   }
   const events = new EventSource(source);
   events.addEventListener("ready", function () { document.body.dataset.live = "ready"; });
-  events.addEventListener("change", function () {
-    if (!queued) { queued = true; setTimeout(refresh, 100); }
-  });
+  events.addEventListener("change", schedule);
 })();
