@@ -411,3 +411,29 @@ async def test_a_task_meant_to_run_as_long_as_the_process_that_ends_stops_the_pr
     await asyncio.sleep(0)  # done callbacks run on the loop's next turn
     assert stopped == ["Lease of shard 0/2"]
     assert "Lease of shard 0/2 ended (RuntimeError('a defect')): the operator stops" in caplog.text
+
+
+async def test_a_replica_that_could_not_count_the_others_takes_no_shard_until_it_has() -> None:
+    """Its first count failed (the API had a blip as it started): it took every free shard as
+    though it were alone. With an older replica started with another number of shards (a
+    rolling upgrade that changes it), both then drove the same sagas: their shards' Leases
+    differ, so only this count keeps them apart."""
+    leases, wall = FakeLeases(), Wall()
+    old = replica(leases, "old", 1, wall)
+    await old.refresh()
+    wall.now += timedelta(seconds=1)
+    new = replica(leases, "new", 4, wall)
+    listing = leases.list_leases
+
+    async def blip(namespace: str, label_selector: str) -> list[Body]:
+        raise errors.Unavailable("connection refused")
+
+    leases.list_leases = blip  # type: ignore[method-assign]
+    await new.refresh()
+    assert not new.may_take()
+    leases.list_leases = listing  # type: ignore[method-assign]
+    await new.refresh()
+    assert (new.waiting_for, new.may_take()) == ("old", False)
+    await old.leave()
+    await new.refresh()
+    assert new.may_take()

@@ -5,10 +5,12 @@ ever ran at once) and, from the live ones, knows its fair share.
 
 The shards' Leases decide who drives what (safety); this only spreads them (balance): a
 replica stands for a free shard while it holds less than its share and hands one back while it
-holds more (a replica joined). Membership is judged on wall clocks, which only skews the
-balance, never the safety. A replica started with another number of shards (a rolling
-upgrade that changes it) would cut the buckets differently, so a replica takes no shard while
-an older one with another number is alive: the new ones wait for the old ones to go.
+holds more (a replica joined). A replica started with another number of shards (a rolling
+upgrade that changes it) would cut the buckets differently, and stand for Leases of other
+names: so a replica takes no shard while an older one with another number is alive (the new
+ones wait for the old ones to go), nor before it has counted the others once. That case alone
+rests on membership, judged on wall clocks: replicas of different numbers of shards whose
+clocks differ by more than a Lease's duration could both drive.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Replicas:
     wall: Callable[[], datetime] = now
     live: int = 1  # replicas alive with the same number of shards, this one included
     waiting_for: str | None = None  # an older replica with another number of shards
+    counted: bool = False  # the last count succeeded: until one has, no shard is taken
     _lease: Body | None = field(default=None, repr=False)
 
     async def run(self) -> None:
@@ -59,8 +62,12 @@ class Replicas:
             members = await self.kube.list_leases(self.settings.namespace, f"{REPLICA_OF_LABEL}={self.settings.name}")
             await self._renew(members)
         except errors.KubeError as error:
+            # Not known to be alone: an older replica with another number of shards holds Leases
+            # of other names, so nothing but this count keeps the two from driving the same sagas.
             log.warning("the replicas of %s could not be counted: %s", self.settings.name, error.message)
+            self.counted = False
             return
+        self.counted = True
         count, mine = len(self.shards), self._acquired(self._lease or {})
         alive = [m for m in members if self._alive(m) and _holder(m) != self.me]
         self.live = 1 + sum(1 for m in alive if _shards(m) == count)
@@ -79,7 +86,11 @@ class Replicas:
         return [index for index, shard in enumerate(self.shards) if shard.leading]
 
     def may_take(self) -> bool:
-        return self.waiting_for is None and sharding.may_take(len(self.held()), len(self.shards), self.live)
+        return (
+            self.counted
+            and self.waiting_for is None
+            and sharding.may_take(len(self.held()), len(self.shards), self.live)
+        )
 
     def hand_back(self, index: int) -> Callable[[], bool]:
         return lambda: sharding.to_hand_back(self.held(), len(self.shards), self.live) == index
