@@ -9,6 +9,9 @@ import asyncio
 import contextlib
 import copy
 import functools
+import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -437,3 +440,19 @@ async def test_a_replica_that_could_not_count_the_others_takes_no_shard_until_it
     await old.leave()
     await new.refresh()
     assert new.may_take()
+
+
+@pytest.mark.parametrize("name", ["l" * 64, "Undolog", "undolog_operator", "-undolog"])
+def test_a_lease_name_that_cannot_label_the_replicas_leases_is_refused_at_start(name: str) -> None:
+    """A 64-character name is a valid Lease name, not a label value: every count of the replicas
+    failed ("must be no more than 63 bytes"), and a replica that never counts takes no shard."""
+    started = subprocess.run(
+        [sys.executable, "-m", "undolog.cli", "operator", f"--lease-name={name}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "COLUMNS": "500"},  # the error on one line
+    )
+    assert started.returncode == 2, started.stderr
+    assert "at most 63 lower-case letters" in started.stderr

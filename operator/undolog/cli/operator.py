@@ -3,6 +3,7 @@ the HTTP transport) are imported only when it runs: `undolog[cli]` works without
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated
 
@@ -26,6 +27,17 @@ def _cidr(value: str) -> str:
     return value
 
 
+def _lease_name(value: str) -> str:
+    # It names Leases (<name>-shard-<i>, <name>-replica-<k>) and is the label value that finds
+    # the replicas' ones: a longer name made every count of the replicas fail.
+    if len(value) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value):
+        raise typer.BadParameter(
+            f"{value!r}: at most 63 lower-case letters, digits, '-' and '.', beginning and ending with a letter "
+            "or digit (it names the Leases, and labels the replicas' ones)"
+        )
+    return value
+
+
 def operator(
     namespace: Annotated[
         list[str] | None,
@@ -43,7 +55,11 @@ def operator(
         typer.Option(envvar="POD_NAMESPACE", help="Namespace of the Lease (default: the kubeconfig's namespace)."),
     ] = None,
     lease_name: Annotated[
-        str, typer.Option(help="The Lease every operator of one installation stands for: one of them drives sagas.")
+        str,
+        typer.Option(
+            callback=_lease_name,
+            help="The Lease every operator of one installation stands for: one of them drives sagas.",
+        ),
     ] = "undolog-operator",
     identity: Annotated[
         str | None,
