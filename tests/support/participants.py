@@ -123,7 +123,8 @@ class Participant:
                     self.send_response(reply.status)
                     for name, value in reply.headers.items():
                         self.send_header(name, value)
-                    self.send_header("Content-Type", "application/json")
+                    if "content-type" not in {name.lower() for name in reply.headers}:
+                        self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(payload)))
                     self.end_headers()
                     self.wfile.write(payload)

@@ -93,6 +93,24 @@ async def test_answers_that_are_not_a_json_object_say_so(participant: Participan
     assert sent.headers["idempotency-key"] == "k"
 
 
+async def test_what_a_participant_says_of_its_answer_is_cut_to_what_the_ledger_keeps(
+    participant: Participant, transport: HttpTransport
+) -> None:
+    """A Content-Type of 8,000 characters (aiohttp reads header lines up to 8,190) was quoted
+    whole in outputOmitted's message, whose bound is 1,024: the transport raised pydantic's
+    ValidationError, and the call was made again, and again, with the same answer."""
+    content_type = "text/html; charset=" + "x" * 8000
+    participant.script("/long", Reply(200, raw=b"<html>ok</html>", headers={"Content-Type": content_type}))
+    outcome = await transport.send(call(participant, "/long"))
+    assert outcome.status_code == 200
+    assert outcome.omitted is not None
+    assert outcome.omitted.reason == "AnswerNotJson"
+    assert outcome.omitted.message.startswith(
+        "HTTP 200 with an answer that is not a JSON object (text/html; charset=xxx"
+    )
+    assert len(outcome.omitted.message) <= 1024
+
+
 async def test_an_answer_nested_deeper_than_python_parses_is_a_success_without_output(
     participant: Participant, transport: HttpTransport
 ) -> None:

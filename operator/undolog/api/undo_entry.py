@@ -84,6 +84,7 @@ class OutputOmission(StrEnum):
 
 
 MAX_ATTEMPTS = 10
+MAX_OMISSION_MESSAGE = 1024  # outputOmitted.message
 UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 # string(int) has no size bound for CEL's cost estimate, so the position is parsed out of the
@@ -161,7 +162,7 @@ class OmittedOutput(Model):
     """A successful answer whose body is not kept as the output, and why."""
 
     reason: OutputOmission = Field(description="AnswerTooLarge, AnswerNotJson, OutputTooLarge or OutputTooDeep.")
-    message: str = Field(max_length=1024, description="What was received, for a person.")
+    message: str = Field(max_length=MAX_OMISSION_MESSAGE, description="What was received, for a person.")
     size_bytes: int | None = Field(default=None, ge=0, description="The body's size, where known.")
 
 

@@ -35,8 +35,9 @@ from aiohttp.abc import AbstractResolver, AbstractStreamWriter, ResolveResult
 from yarl import URL
 
 from undolog.api import OmittedOutput, OutputOmission
+from undolog.api.undo_entry import MAX_OMISSION_MESSAGE
 from undolog.calls.transport import PreparedCall
-from undolog.conventions import MAX_ANSWER_BYTES, MAX_ERROR_TEXT
+from undolog.conventions import MAX_ANSWER_BYTES, MAX_ERROR_TEXT, clip
 from undolog.decisions.egress import EgressPolicy
 from undolog.decisions.retry import CallOutcome
 from undolog.errors import CallRefusal, NotLeading
@@ -288,20 +289,21 @@ class HttpTransport:
             )
         except (aiohttp.ClientError, OSError) as error:
             return CallOutcome(error=f"{type(error).__name__}: {error}"[:MAX_ERROR_TEXT])
-        except ValueError as error:
-            # aiohttp cannot form the request (a host label over 63 characters, a control character
-            # in a header value): raised before any byte is written, and the same every time.
-            return CallOutcome(
-                error=f"{target.url!r} cannot be called: {type(error).__name__}: {error}"[:MAX_ERROR_TEXT],
-                refusal=CallRefusal.TARGET_REFUSED,
-            )
 
     async def _exchange(self, call: PreparedCall, url: URL, payload: bytes, headers: dict[str, str]) -> CallOutcome:
-        # The scheme as parsed (lower case): HTTPS:// is https too, verified with its CA bundle.
-        context = self._context(call.target.ca_bundle) if url.scheme == "https" else True
-        async with self._session.post(
-            url, data=payload, headers=headers, ssl=context, allow_redirects=False
-        ) as response:
+        try:
+            # The scheme as parsed (lower case): HTTPS:// is https too, verified with its CA bundle.
+            context = self._context(call.target.ca_bundle) if url.scheme == "https" else True
+            response = await self._session.post(url, data=payload, headers=headers, ssl=context, allow_redirects=False)
+        except ValueError as error:
+            # aiohttp cannot form the request (a host label over 63 characters, a control character
+            # in a header value): raised before any byte is written, and the same every time. Only
+            # here: once an answer came back, the participant may have acted on the call.
+            return CallOutcome(
+                error=f"{call.target.url!r} cannot be called: {type(error).__name__}: {error}"[:MAX_ERROR_TEXT],
+                refusal=CallRefusal.TARGET_REFUSED,
+            )
+        async with response:
             status = response.status
             answer_headers = {k.lower(): v for k, v in response.headers.items()}
             succeeded = 200 <= status < 300
@@ -400,8 +402,7 @@ def _success(status: int, body: bytes, content_type: str) -> CallOutcome:
 
 
 def _without_output(status: int, reason: OutputOmission, what: str, size: int | None) -> CallOutcome:
-    """A successful call whose answer is not kept as its output: `what` came back, and why."""
-    return CallOutcome(
-        status_code=status,
-        omitted=OmittedOutput(reason=reason, message=f"HTTP {status} with {what}", size_bytes=size),
-    )
+    """A successful call whose answer is not kept as its output: `what` came back, and why (cut
+    to its field's bound: it may quote the participant's Content-Type)."""
+    message = clip(f"HTTP {status} with {what}", MAX_OMISSION_MESSAGE)
+    return CallOutcome(status_code=status, omitted=OmittedOutput(reason=reason, message=message, size_bytes=size))
