@@ -1336,3 +1336,23 @@ async def test_a_compensation_whose_arguments_resolve_past_the_bound_halts_and_s
     assert operator.transport.paths() == ["/create", "/grant", "/undo"]  # the second step's undo only
     entry = operator.kube.body("undoentries", NS, "o-1")["status"]
     assert (entry["state"], entry["reason"]) == ("Failed", "ArgumentsTooLarge")
+
+
+async def test_an_effect_that_cannot_be_sent_says_why_within_the_fields_bound(operator: Operator) -> None:
+    """Why an effect cannot be sent quotes the reference that failed, which an author can make as
+    long as the API takes: past lastError's bound the status could not even be built (pydantic's
+    ValidationError), so the saga kept failing in the operator instead of recording the effect."""
+    operator.webhook("create")
+    operator.webhook("mail")
+    operator.transport.script("/create", CallOutcome(status_code=200, output={"id": 1}))
+    path = "a" * 5000
+    steps = [{"name": "create", "action": {"function": "create"}, "compensation": {"function": "undo"}}]
+    effects = [{"name": "thanks", "call": {"function": "mail", "args": {"x": f"${{steps.create.output.{path}}}"}}}]
+    operator.saga("o", steps=steps, effects=effects)
+    done = await operator.drive("o")
+    assert done.status.phase == "Completed"
+    (effect,) = done.status.effects
+    assert effect.state == "Failed"
+    assert effect.last_error is not None
+    assert effect.last_error.startswith("UnresolvedReference: ${steps.create.output.aaa")
+    assert operator.transport.paths() == ["/create"]

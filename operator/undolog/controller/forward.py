@@ -161,7 +161,7 @@ class Forwarder:
             saga, call, outputs, label, missing_as_null=True, kind=AttemptKind.EFFECT
         )
         if isinstance(prepared, CallNotPossible):
-            return EffectStatus(name=effect.name, state=EffectDeliveryState.FAILED, last_error=str(prepared))
+            return EffectStatus(name=effect.name, state=EffectDeliveryState.FAILED, last_error=clip(str(prepared)))
         args, target = prepared
 
         async def on_attempt(record: AttemptRecord, delay: float | None) -> None:
