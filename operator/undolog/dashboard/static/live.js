@@ -31,6 +31,8 @@
     }
   }
   const events = new EventSource(source);
-  events.addEventListener("ready", function () { document.body.dataset.live = "ready"; });
+  // Ready: the watch is up. What changed between this page's render and then was never
+  // streamed (a page loaded by a retry's redirect kept showing the saga Halted), so fetch once.
+  events.addEventListener("ready", function () { document.body.dataset.live = "ready"; schedule(); });
   events.addEventListener("change", schedule);
 })();
