@@ -65,6 +65,7 @@ class CompensationPlan:
 class SagaListing:
     sagas: list[Saga]  # halted first, then oldest first
     unreadable: list[UnreadableSaga]  # the API took them, UndoLog cannot read them
+    version: str = ""  # what the listing is consistent at: `changes(since=version)` misses nothing after it
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class Inspector:
             )
             if part
         )
-        parsed = await self.ledger.sagas(namespace, label_selector=selector or None)
+        parsed, version = await self.ledger.sagas(namespace, label_selector=selector or None)
         listed = [s for s in parsed if isinstance(s, Saga)]
         unreadable = [s for s in parsed if isinstance(s, UnreadableSaga)]
         if phase:  # from the status: the phase label is written only when a saga waits
@@ -153,7 +154,7 @@ class Inspector:
                 s.metadata.name,
             ),
         )
-        return SagaListing(ordered, unreadable)
+        return SagaListing(ordered, unreadable, version)
 
     async def functions(self, namespace: str | None) -> dict[tuple[str, str], set[str]]:
         """The compensation functions each saga's entries call, by (namespace, saga)."""
@@ -187,8 +188,9 @@ class Inspector:
         self, namespace: str | None, name: str | None = None, since: str | None = None
     ) -> AsyncIterator[Saga | None]:
         """Each change of the sagas in scope (or of one), as it happens, from now on (or since a
-        resourceVersion from `current_version`): the saga, or None when it was deleted. For live pages and
-        `--watch`."""
+        resourceVersion: of a listing, or from `current_version`): the saga, or None when it was
+        deleted. For live pages and `--watch`, which go on from what they showed: a watch begun
+        later misses what changed in between."""
         version = since or await self.current_version(namespace)
         while True:
             async for kind, body in self.kube.watch("sagas", namespace, version):

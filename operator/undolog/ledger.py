@@ -187,9 +187,11 @@ class Ledger:
 
     async def sagas(
         self, namespace: str | None = None, *, label_selector: str | None = None
-    ) -> list[Saga | UnreadableSaga]:
-        listed = await self.kube.list("sagas", namespace, label_selector=label_selector)
-        return [parse_saga(body) for body in listed]
+    ) -> tuple[list[Saga | UnreadableSaga], str]:
+        """The sagas, and the resourceVersion the listing is consistent at (a watch from it
+        misses nothing that changed after)."""
+        listed, version = await self.kube.list_versioned("sagas", namespace, label_selector=label_selector)
+        return [parse_saga(body) for body in listed], version
 
     async def entry(self, namespace: str, name: str) -> UndoEntry:
         return UndoEntry.model_validate(await self.kube.get("undoentries", namespace, name))

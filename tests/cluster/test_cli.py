@@ -21,6 +21,7 @@ from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Reply
 from tests.support.waiting import saga_phase
 from undolog.api import MAX_NESTING
+from undolog.inspect import Inspector
 from undolog.kube import Kube
 
 pytestmark = pytest.mark.cluster
@@ -367,3 +368,20 @@ def test_installed_as_a_kubectl_plugin(cluster: Cluster, namespace: str) -> None
     )
     assert result.returncode == 0, result.stderr
     assert f"No sagas found in {namespace} namespace." in result.stderr  # as kubectl says it
+
+
+async def test_a_watch_goes_on_from_what_was_listed_not_from_when_it_began(kube: Kube, namespace: str) -> None:
+    """`list --watch` and `show --watch` (and the dashboard) print a listing, then watch: a watch
+    begun from "now" missed whatever changed in between (the dashboard showed a saga Halted for
+    good after a retry). They go on from the listing's resourceVersion."""
+    await kube.create("sagas", namespace, saga("moving"))
+    inspector = Inspector(kube)
+    listed = await inspector.listing(namespace)
+    shown = await inspector.show(namespace, "moving")
+    await kube.patch("sagas", namespace, "moving", {"metadata": {"annotations": {"example.com/n": "1"}}})
+    for since in (listed.version, shown.saga.metadata.resource_version):
+        changes = inspector.changes(namespace, "moving", since)
+        changed = await asyncio.wait_for(anext(changes), 10)
+        await changes.aclose()  # type: ignore[attr-defined]
+        assert changed is not None
+        assert changed.metadata.annotations["example.com/n"] == "1"

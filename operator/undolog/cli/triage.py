@@ -353,12 +353,15 @@ def list_sagas(
             err=True,
         )
     if watch:
-        run(where, lambda inspector: follow(inspector, where.scope, None, output, all_namespaces))
+        run(where, lambda inspector: follow(inspector, where.scope, None, output, all_namespaces, listed.version))
 
 
-async def follow(inspector: Inspector, scope: str | None, name: str | None, output: Output, with_ns: bool) -> None:
-    """kubectl's --watch: a line (or document) per change, until interrupted."""
-    async for saga in inspector.changes(scope, name):
+async def follow(
+    inspector: Inspector, scope: str | None, name: str | None, output: Output, with_ns: bool, since: str | None
+) -> None:
+    """kubectl's --watch: a line (or document) per change after what was shown (`since`), until
+    interrupted."""
+    async for saga in inspector.changes(scope, name, since):
         if saga is None:
             continue
         if name is not None:
@@ -381,9 +384,11 @@ def show(
 ) -> None:
     """The undo stack (newest first) and the event timeline of one saga."""
     where = target(kubeconfig, context, namespace, as_, as_group)
-    typer.echo(render_detail(run(where, lambda inspector: inspector.show(where.namespace, saga)), output))
+    detail = run(where, lambda inspector: inspector.show(where.namespace, saga))
+    typer.echo(render_detail(detail, output))
     if watch:
-        run(where, lambda inspector: follow(inspector, where.namespace, saga, output, False))
+        since = detail.saga.metadata.resource_version
+        run(where, lambda inspector: follow(inspector, where.namespace, saga, output, False, since))
 
 
 def plan(
