@@ -37,33 +37,33 @@ MAX_NESTING = 32
 def nesting(value: Any) -> int:
     """How many levels of objects and arrays `value` nests (0 for a scalar), counted level by
     level without recursion: however deep it goes, and cheaply for the flat args most calls have."""
-    depth = 0
+    return shape(value)[0]
+
+
+def wide_integer(value: Any) -> int | None:
+    """An integer in `value` that the API would store rounded, if any."""
+    return shape(value)[1]
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the integers the API stores as they are; others become float64, rounded
+
+
+def shape(value: Any) -> tuple[int, int | None]:
+    """Its levels of objects and arrays, and an integer in it the API would round (if any), in
+    one walk level by level: every entry parsed from a watch event is walked."""
+    depth, wide = 0, None
     level = [value] if isinstance(value, (dict, list)) else []
     while level:
         depth += 1
         below: list[Any] = []
         for container in level:
-            children = container.values() if isinstance(container, dict) else container
-            below += [child for child in children if isinstance(child, (dict, list))]
+            for child in container.values() if isinstance(container, dict) else container:
+                if isinstance(child, (dict, list)):
+                    below.append(child)
+                elif type(child) is int and wide is None and not INT64_MIN <= child <= INT64_MAX:
+                    wide = child
         level = below
-    return depth
-
-
-INT64 = range(-(2**63), 2**63)  # the integers the API stores as they are; others become float64, rounded
-
-
-def wide_integer(value: Any) -> int | None:
-    """An integer in `value` that the API would store rounded, if any (walked without recursion)."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, dict):
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-        elif isinstance(item, int) and item not in INT64:
-            return item
-    return None
+    return depth, wide
 
 
 def shown_integer(number: int) -> str:
@@ -74,7 +74,7 @@ def shown_integer(number: int) -> str:
 
 
 def _nested_within_bound(value: dict[str, Any]) -> dict[str, Any]:
-    depth = nesting(value)
+    depth, wide = shape(value)
     if depth > MAX_NESTING:
         raise PydanticCustomError(
             "nesting",
@@ -82,7 +82,6 @@ def _nested_within_bound(value: dict[str, Any]) -> dict[str, Any]:
             "the deep part as a string",
             {"depth": depth, "bound": MAX_NESTING},
         )
-    wide = wide_integer(value)
     if wide is not None:
         raise PydanticCustomError(
             "wide_integer",

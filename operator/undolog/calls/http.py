@@ -35,6 +35,7 @@ from aiohttp.abc import AbstractResolver, AbstractStreamWriter, ResolveResult
 from yarl import URL
 
 from undolog.api import OmittedOutput, OutputOmission
+from undolog.api.common import INT64_MAX, INT64_MIN
 from undolog.api.undo_entry import MAX_OMISSION_MESSAGE
 from undolog.calls.transport import PreparedCall
 from undolog.conventions import MAX_ANSWER_BYTES, MAX_ERROR_TEXT, clip
@@ -49,7 +50,6 @@ MAX_CONTEXTS = 32  # TLS contexts kept, one per CA bundle (each holds its roots)
 # attempt's clock starts. A slow or hostile participant then holds only its own calls and
 # connections, never all of them.
 CALLS_PER_PARTICIPANT = 32
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the integers the API stores as they are
 DNS_THREADS = 64  # lookups at once, each of another name (more than asyncio's default executor has)
 
 
