@@ -23,7 +23,7 @@ from undolog.api import (
     UndoEntry,
     UndoEntrySpec,
 )
-from undolog.api.common import MAX_NESTING, OwnerReference, nesting, shown_integer, wide_integer
+from undolog.api.common import MAX_NESTING, OwnerReference, shape, shown_integer
 
 # -- labels, annotations, finalizer ----------------------------------------------------------------
 
@@ -182,13 +182,12 @@ def kept_output(output: dict[str, Any] | None) -> tuple[dict[str, Any] | None, O
     nested too deep for UndoLog to read back, or holding a number the API would not store as it is."""
     if output is None:
         return None, None
-    depth = nesting(output)
+    depth, wide = shape(output)
     if depth > MAX_NESTING:
         return None, OmittedOutput(
             reason=OutputOmission.OUTPUT_TOO_DEEP,
             message=f"the answer was a JSON object nested {depth} levels deep; the ledger keeps at most {MAX_NESTING}",
         )
-    wide = wide_integer(output)
     if wide is not None:  # the API would store it as a float64, rounded
         return None, OmittedOutput(
             reason=OutputOmission.ANSWER_NOT_JSON,

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from tests.support.objects import entry_body
 from undolog import errors
 from undolog.api import MAX_NESTING, Call, OutputOmission, Saga, UndoEntry
-from undolog.api.common import nesting, wide_integer
+from undolog.api.common import shape
 from undolog.conventions import kept_output
 from undolog.kube.decoding import DEEPEST, decoded
 from undolog.ledger import Unreadable, parse_entry
@@ -54,7 +54,7 @@ def with_args(body: dict[str, Any], args: str) -> str:
 
 @given(JSON)
 def test_nesting_counts_the_levels_of_objects_and_arrays(value: Any) -> None:
-    assert nesting(value) == depth(value)
+    assert shape(value)[0] == depth(value)
 
 
 def test_a_listing_with_an_entry_nested_as_deep_as_the_api_stores_is_read_but_that_entry() -> None:
@@ -81,7 +81,7 @@ def test_json_deeper_than_the_api_stores_is_an_answer_that_cannot_be_used() -> N
 @pytest.mark.parametrize(("levels", "readable"), [(MAX_NESTING, True), (MAX_NESTING + 1, False)])
 def test_args_are_read_up_to_the_bound(levels: int, readable: bool) -> None:
     body = json.loads(with_args(entry_body("s", 1), nested(levels)))
-    assert nesting(body["spec"]["compensation"]["args"]) == levels
+    assert shape(body["spec"]["compensation"]["args"])[0] == levels
     assert isinstance(parse_entry(body), UndoEntry) is readable
 
 
@@ -147,4 +147,4 @@ def test_wide_integers_are_found_wherever_they_are(value: Any) -> None:
             return [w for child in v for w in widest(child)]
         return [v] if isinstance(v, int) and not -(2**63) <= v < 2**63 else []
 
-    assert (wide_integer(value) is None) == (widest(value) == [])
+    assert (shape(value)[1] is None) == (widest(value) == [])

@@ -34,23 +34,14 @@ MAX_SAGA_NAME = 200  # so that <saga>-<position> stays within a name's 253 chara
 MAX_NESTING = 32
 
 
-def nesting(value: Any) -> int:
-    """How many levels of objects and arrays `value` nests (0 for a scalar), counted level by
-    level without recursion: however deep it goes, and cheaply for the flat args most calls have."""
-    return shape(value)[0]
-
-
-def wide_integer(value: Any) -> int | None:
-    """An integer in `value` that the API would store rounded, if any."""
-    return shape(value)[1]
-
-
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the integers the API stores as they are; others become float64, rounded
 
 
 def shape(value: Any) -> tuple[int, int | None]:
-    """Its levels of objects and arrays, and an integer in it the API would round (if any), in
-    one walk level by level: every entry parsed from a watch event is walked."""
+    """How many levels of objects and arrays `value` nests (0 for a scalar), and an integer in it
+    the API would round (if any): one walk, level by level without recursion, however deep it
+    goes and cheaply for the flat args most calls have (every entry parsed from a watch event is
+    walked)."""
     depth, wide = 0, None
     level = [value] if isinstance(value, (dict, list)) else []
     while level:
