@@ -212,8 +212,14 @@ async def test_an_entry_registered_after_completion_is_recorded_never_compensate
     assert entry["status"]["reason"] == "RegisteredAfterCompletion"
     assert "Completed" in entry["status"]["skipReason"]
     assert participant.received() == []
-    reasons = [e.reason for e in await events_of(kube, namespace, "done")]
-    assert "EntryAfterCompletion" in reasons
+    # Events are posted from a queue after the write: waited for, not read at once (which saw
+    # only ['Active'] in a clean-clone make test).
+    await eventually(
+        lambda: events_of(kube, namespace, "done"),
+        lambda events: "EntryAfterCompletion" in [e.reason for e in events],
+        10,
+        "the EntryAfterCompletion Event",
+    )
 
 
 async def test_a_forward_answer_that_is_not_json_says_why_the_output_is_missing(

@@ -43,6 +43,8 @@ def shape(value: Any) -> tuple[int, int | None]:
     goes and cheaply for the flat args most calls have (every entry parsed from a watch event is
     walked)."""
     depth, wide = 0, None
+    if type(value) is int and not INT64_MIN <= value <= INT64_MAX:
+        wide = value
     level = [value] if isinstance(value, (dict, list)) else []
     while level:
         depth += 1
