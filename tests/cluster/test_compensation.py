@@ -21,7 +21,7 @@ from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Received, Reply, https_participant
 from tests.support.waiting import eventually, saga_phase
 from undolog.api import MAX_LOST_ENTRIES
-from undolog.errors import KubeError
+from undolog.errors import NotFound
 from undolog.kube import Body, Kube
 
 pytestmark = pytest.mark.cluster
@@ -60,6 +60,14 @@ async def register(kube: Kube, namespace: str, participant: Participant, *functi
 
 async def abort(kube: Kube, namespace: str, name: str) -> None:
     await kube.patch("sagas", namespace, name, {"spec": {"outcome": "Abort"}})
+
+
+async def saga_exists(kube: Kube, namespace: str, name: str) -> bool:
+    try:
+        await kube.get("sagas", namespace, name)
+    except NotFound:
+        return False
+    return True
 
 
 async def entry_states(kube: Kube, namespace: str, name: str) -> dict[int, str]:
@@ -291,17 +299,7 @@ async def test_deleting_an_active_saga_compensates_before_it_goes(
     await external_saga(kube, namespace, "gone", [call("release"), call("refund")])
     await saga_phase(kube, namespace, "gone", "Active")
     await kube.delete("sagas", namespace, "gone")
-
-    async def saga_exists() -> bool:
-        try:
-            await kube.get("sagas", namespace, "gone")
-        except KubeError as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
-
-    await eventually(saga_exists, lambda exists: not exists, 30, "saga deleted")
+    await eventually(lambda: saga_exists(kube, namespace, "gone"), lambda exists: not exists, 30, "saga deleted")
     assert [r.path for r in participant.received()] == ["/refund", "/release"]
 
 
@@ -332,17 +330,12 @@ async def test_deleting_the_namespace_of_an_active_saga_waits_for_a_person_and_t
         await kube.patch(
             "sagas", doomed, "gone", {"metadata": {"annotations": {"undolog.io/retry": "released by hand"}}}
         )
-
-        async def namespace_gone() -> bool:
-            try:
-                await kube.get("sagas", doomed, "gone")
-            except KubeError as error:
-                if error.status == 404:
-                    return True
-                raise
-            return False
-
-        await eventually(namespace_gone, bool, 60, "the saga, and its namespace, gone")
+        await eventually(
+            lambda: saga_exists(kube, doomed, "gone"),
+            lambda exists: not exists,
+            60,
+            "the saga, and its namespace, gone",
+        )
     finally:
         operator.stop()
         await kube.delete_namespace(leases)
