@@ -10,6 +10,7 @@ Requests are annotations the operator consumes; it stays the only writer of phas
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -101,6 +102,23 @@ def age(moment: datetime | None) -> str:
     return f"{max(seconds, 0)}s"
 
 
+DURATION = re.compile(r"(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
+
+
+def duration(text: str) -> timedelta:
+    """A kubectl-style age (90s, 15m, 2h, 3d, 1h30m), for the CLI's --older-than and the
+    dashboard's filter alike. ValueError names the text: a typo is said, never read as "no filter"."""
+    shown = repr(text[:40] + ("…" if len(text) > 40 else ""))
+    parts = DURATION.fullmatch(text.strip())
+    if not text.strip() or parts is None:
+        raise ValueError(f"{shown} is not a duration such as 90s, 15m, 2h or 1h30m")
+    try:  # Python's own bounds: 4,300 digits per integer, 999,999,999 days
+        days, hours, minutes, seconds = (int(part or 0) for part in parts.groups())
+        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    except (ValueError, OverflowError):
+        raise ValueError(f"{shown} is longer than any age (at most {timedelta.max.days} days)") from None
+
+
 @dataclass
 class Inspector:
     kube: Kube
@@ -119,7 +137,6 @@ class Inspector:
         org: str | None = None,
         function: str | None = None,
         older_than: timedelta | None = None,
-        newer_than: timedelta | None = None,
         label_selector: str | None = None,
     ) -> SagaListing:
         """Sagas of a namespace (or all), halted first, then oldest first. `function`: sagas that
@@ -141,8 +158,6 @@ class Inspector:
         moment = now()
         if older_than is not None:
             listed = [s for s in listed if age_of(s, moment) >= older_than]
-        if newer_than is not None:
-            listed = [s for s in listed if age_of(s, moment) < newer_than]
         if function:
             calling = {key for key, functions in (await self.functions(namespace)).items() if function in functions}
             listed = [s for s in listed if s.key in calling]

@@ -10,8 +10,10 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -147,17 +149,8 @@ async def test_a_halted_saga_appears_live_and_a_retry_from_the_page_compensates_
     await expect(page.locator("code")).to_contain_text(participant.url("/revoke"))
 
 
-async def test_a_viewer_without_patch_sees_the_apis_refusal(
-    kube: Kube,
-    namespace: str,
-    participant: Participant,
-    operator: OperatorProcess,
-    cluster: Cluster,
-    tmp_path: Path,
-    page: Page,
-) -> None:
-    """In-cluster mode: the dashboard acts with the token the viewer signs in with, never its own."""
-    await halted_saga(kube, namespace, participant)
+async def reader_token(kube: Kube, namespace: str) -> str:
+    """A token of a ServiceAccount that may read sagas, entries, Webhooks and Events, and no more."""
     rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
     read = ["get", "list", "watch"]
     rules = [
@@ -172,7 +165,12 @@ async def test_a_viewer_without_patch_sees_the_apis_refusal(
         "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": namespace}],
     }
     await kube.request("POST", f"{rbac}/rolebindings", binding)
-    token = await service_account_token(kube, namespace, "viewer")
+    return await service_account_token(kube, namespace, "viewer")
+
+
+@pytest.fixture
+def token_dashboard(cluster: Cluster, kube: Kube, tmp_path: Path) -> Iterator[Dashboard]:
+    """In-cluster mode: the dashboard acts with the token the viewer signs in with, never its own."""
     assert cluster.local is not None
     served = Dashboard(
         cluster,
@@ -181,24 +179,83 @@ async def test_a_viewer_without_patch_sees_the_apis_refusal(
         f"--api-server={kube.server}",
         f"--api-ca-file={cluster.local.pki / 'serving-ca.crt'}",
     )
-    try:
-        await page.goto(f"{served.url}/sagas/{namespace}/stuck")
-        await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
-        await page.get_by_label("Bearer token").fill(token)
-        await page.get_by_role("button", name="Sign in").click()
-        await expect(page.get_by_text(f"Signed in as system:serviceaccount:{namespace}:viewer")).to_be_visible()
-        await page.get_by_label("Reason for the retry").fill("trying")
-        await page.get_by_role("button", name="Retry").click()
-        refusal = page.get_by_role("alert")
-        await expect(refusal).to_contain_text(f'User "system:serviceaccount:{namespace}:viewer" cannot patch')
-        await expect(refusal).to_contain_text("forbidden")
-        print(f"\nshown to the viewer: {await refusal.inner_text()}")
-        # Their view is theirs: another namespace is not listed for them.
-        await page.goto(f"{served.url}/sagas?namespace=default")
-        await expect(page.get_by_role("alert")).to_contain_text("forbidden")
-    finally:
-        served.stop()
+    yield served
+    served.stop()
+
+
+async def sign_in(page: Page, token: str) -> None:
+    await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    await page.get_by_label("Bearer token").fill(token)
+    await page.get_by_role("button", name="Sign in").click()
+
+
+async def test_a_viewer_without_patch_sees_the_apis_refusal(
+    kube: Kube,
+    namespace: str,
+    participant: Participant,
+    operator: OperatorProcess,
+    token_dashboard: Dashboard,
+    page: Page,
+) -> None:
+    await halted_saga(kube, namespace, participant)
+    token = await reader_token(kube, namespace)
+    await page.goto(f"{token_dashboard.url}/sagas/{namespace}/stuck")
+    await sign_in(page, token)
+    await expect(page.get_by_text(f"Signed in as system:serviceaccount:{namespace}:viewer")).to_be_visible()
+    await page.get_by_label("Reason for the retry").fill("trying")
+    await page.get_by_role("button", name="Retry").click()
+    refusal = page.get_by_role("alert")
+    await expect(refusal).to_contain_text(f'User "system:serviceaccount:{namespace}:viewer" cannot patch')
+    await expect(refusal).to_contain_text("forbidden")
+    print(f"\nshown to the viewer: {await refusal.inner_text()}")
+    # Their view is theirs: another namespace is not listed for them.
+    await page.goto(f"{token_dashboard.url}/sagas?namespace=default")
+    await expect(page.get_by_role("alert")).to_contain_text("forbidden")
     assert (await kube.get("sagas", namespace, "stuck"))["status"]["phase"] == "Halted"  # nothing was changed
+
+
+@pytest.fixture
+def other_site() -> Iterator[tuple[int, list[str]]]:
+    """Another site on loopback, made to look like the dashboard: its port, and the paths asked of it."""
+    asked: list[str] = []
+
+    class Phish(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<h1>Sign in again</h1>")
+
+        def log_message(self, format: str, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Phish)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1], asked
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("elsewhere", ["/%09/127.0.0.1:{port}/", "//127.0.0.1:{port}/", "/%5C127.0.0.1:{port}/"])
+async def test_a_sign_in_link_never_leads_to_another_site(
+    kube: Kube,
+    namespace: str,
+    token_dashboard: Dashboard,
+    other_site: tuple[int, list[str]],
+    page: Page,
+    elsewhere: str,
+) -> None:
+    """Anyone can send a link to the login page with a `next` of their choosing. A tab in it
+    ("/<tab>/host") passed the check on the text and was written "//host": the viewer, just
+    signed in, landed on another site made to look like this one."""
+    port, asked = other_site
+    token = await reader_token(kube, namespace)
+    await page.goto(f"{token_dashboard.url}/login?next=" + elsewhere.format(port=port))
+    await sign_in(page, token)
+    await expect(page).not_to_have_url(re.compile(r".*/login"))  # the sign-in's redirect was followed
+    assert page.url.startswith(token_dashboard.url + "/"), page.url
+    assert asked == []
 
 
 async def test_the_filters_live_in_the_url_and_a_batch_retry_after_a_fix(
@@ -226,6 +283,9 @@ async def test_the_filters_live_in_the_url_and_a_batch_retry_after_a_fix(
         f"{dashboard.url}/sagas?namespace={namespace}&phase=Halted&org=&function=&older_than="
     )
     await expect(rows).to_have_count(2)
+    for typed, said in (("15x", "is not a duration such as 90s"), ("1000000000d", "is longer than any age")):
+        await page.goto(f"{dashboard.url}/sagas?namespace={namespace}&older_than={typed}")
+        await expect(page.get_by_role("alert")).to_contain_text(f"older than: '{typed}' {said}")
     await page.goto(f"{dashboard.url}/sagas?namespace={namespace}&org=other")
     await expect(rows).to_have_count(1)
     await expect(rows.first).to_contain_text("open")

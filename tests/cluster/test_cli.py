@@ -359,6 +359,17 @@ def test_missing_saga_and_rbac_refusal_are_clear(cluster: Cluster, namespace: st
     )
 
 
+def test_an_age_filter_that_is_no_age_is_refused_naming_the_option(cluster: Cluster, namespace: str) -> None:
+    for text, said in (("1000000000d", "is longer than any age"), ("\u0661\u0662m", "is not a duration such as 90s")):
+        refused = undolog(cluster, "list", "-n", namespace, "--older-than", text)
+        assert refused.returncode == 2, refused.stderr  # a usage error, as click reports one
+        assert "--older-than" in refused.stderr
+        assert said in refused.stderr
+        assert "Traceback" not in refused.stderr
+    listed = undolog(cluster, "list", "-n", namespace, "--older-than", "1h30m")
+    assert listed.returncode == 0, listed.stderr
+
+
 def test_installed_as_a_kubectl_plugin(cluster: Cluster, namespace: str) -> None:
     plugin_dir = Path(sys.executable).parent
     assert (plugin_dir / "kubectl-undolog").exists()

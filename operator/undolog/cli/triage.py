@@ -31,7 +31,7 @@ import yaml
 
 from undolog import errors
 from undolog.api import Saga, SagaPhase
-from undolog.inspect import Inspector, PlannedCompensation, SagaDetail, SagaListing, age
+from undolog.inspect import Inspector, PlannedCompensation, SagaDetail, SagaListing, age, duration
 from undolog.kube import Kube, default_namespace
 
 T = TypeVar("T")
@@ -167,15 +167,13 @@ def clock(moment: datetime | None) -> str:
     return moment.strftime("%H:%M:%S.%f")[:-3] if moment else ""
 
 
-def duration(text: str | None) -> timedelta | None:
-    """kubectl-style durations: 90s, 15m, 2h, 3d, 1h30m."""
+def older(text: str | None) -> timedelta | None:
     if text is None:
         return None
-    parts = re.fullmatch(r"((\d+)d)?((\d+)h)?((\d+)m)?((\d+)s)?", text.strip())
-    if not text.strip() or parts is None:
-        raise typer.BadParameter(f"{text!r} is not a duration such as 90s, 15m, 2h or 1h30m")
-    days, hours, minutes, seconds = (int(parts.group(i) or 0) for i in (2, 4, 6, 8))
-    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    try:
+        return duration(text)
+    except ValueError as bad:
+        raise typer.BadParameter(str(bad), param_hint="--older-than") from None
 
 
 def document(items: list[dict[str, Any]], output: Output) -> str:
@@ -332,11 +330,11 @@ def list_sagas(
 ) -> None:
     """Sagas, halted first: phase, steps, undone, reason, age."""
     where = target(kubeconfig, context, namespace, as_, as_group, all_namespaces)
-    older = duration(older_than)
+    minimum_age = older(older_than)
 
     async def fetch(inspector: Inspector) -> SagaListing:
         return await inspector.listing(
-            where.scope, phase=phase, org=org, function=function, older_than=older, label_selector=selector
+            where.scope, phase=phase, org=org, function=function, older_than=minimum_age, label_selector=selector
         )
 
     listed = run(where, fetch)

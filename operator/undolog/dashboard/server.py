@@ -17,20 +17,20 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
 
 import jinja2
 from aiohttp import web
+from yarl import URL
 
 from undolog import errors
 from undolog.api import SagaPhase
 from undolog.dashboard.viewers import TOKEN_COOKIE, TokenViewers, Viewers
 from undolog.decisions import compensation_plan, resolutions
 from undolog.decisions.phases import TERMINAL
-from undolog.inspect import Inspector, age
+from undolog.inspect import Inspector, age, duration
 from undolog.kube import Kube
 
 log = logging.getLogger("undolog.dashboard")
@@ -122,14 +122,6 @@ def page(handler: Callable[[Page], Awaitable[web.StreamResponse]]) -> Handler:
     return wrapped
 
 
-def duration(text: str) -> timedelta | None:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    text = text.strip()
-    if len(text) < 2 or text[-1] not in units or not text[:-1].isdigit():
-        return None
-    return timedelta(seconds=int(text[:-1]) * units[text[-1]])
-
-
 def scope(current: Page) -> str | None:
     namespace = current.request.query.get("namespace")
     if namespace is None:
@@ -145,12 +137,16 @@ async def saga_list(current: Page) -> web.StreamResponse:
     query = current.request.query
     phase = SagaPhase(query["phase"]) if query.get("phase") in set(SagaPhase) else None
     namespace = scope(current)
+    try:
+        older_than = duration(query["older_than"]) if query.get("older_than", "").strip() else None
+    except ValueError as bad:
+        return current.render("error.html", status=400, message=f"older than: {bad}")
     listed = await current.inspector.listing(
         namespace,
         phase=phase,
         org=query.get("org") or None,
         function=query.get("function") or None,
-        older_than=duration(query.get("older_than", "")),
+        older_than=older_than,
     )
     sagas = listed.sagas
     filters = {k: query.get(k, "") for k in ("phase", "org", "function", "older_than")}
@@ -308,14 +304,24 @@ async def login_form(request: web.Request) -> web.StreamResponse:
     return web.Response(text=body, content_type="text/html")
 
 
+def here(target: str) -> str:
+    """`target` if it is a page of this dashboard, else "/": judged as the redirect will write it.
+    A sign-in link's `next` is anyone's to choose, and yarl drops tabs and newlines, so "/\t/host"
+    passed a check on the text as given and left as "//host": another site, with the viewer
+    believing they had just signed in to this one."""
+    try:
+        written = str(URL(target))
+    except ValueError:
+        return "/"
+    return written if written.startswith("/") and not written.startswith("//") else "/"
+
+
 def signing_in(viewers: TokenViewers) -> Handler:
     async def login(request: web.Request) -> web.StreamResponse:
         """A pasted token is checked against the API (who is it?) before it is kept."""
         form = await request.post()
         token = str(form.get("token", "")).strip()
-        target = str(form.get("next", "/"))
-        if not target.startswith("/") or target.startswith("//"):
-            target = "/"
+        target = here(str(form.get("next", "/")))
         kube = Kube.with_token(viewers.server, viewers.ca_file, token)
         try:
             await kube.whoami()
@@ -357,7 +363,7 @@ def application(viewers: Viewers) -> web.Application:
             web.get("/sagas/{namespace}/{name}", saga_page),
             web.post("/sagas/{namespace}/{name}/retry", retry),
             web.post("/sagas/{namespace}/{name}/abort", abort),
-            web.post("/sagas/{namespace}/{name}/entries/{position:\\d+}/skip", skip),
+            web.post("/sagas/{namespace}/{name}/entries/{position:[0-9]{1,10}}/skip", skip),
             web.post("/retry-halted", retry_halted),
             web.get("/webhooks/{namespace}/{name}", webhook_page),
             web.get("/events", events),
