@@ -19,6 +19,7 @@ from tests.support.manifests import call
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Received, Reply
 from tests.support.waiting import eventually, saga_phase
+from undolog.conventions import BUCKET_LABEL, bucket_of
 from undolog.decisions.sharding import all_shards
 from undolog.kube import Kube
 
@@ -120,3 +121,37 @@ def assert_one_holder_at_a_time(received: list[Received], killed_at: float) -> N
         fences = sorted({int(r.headers["undolog-fence"]) for r in calls})
         old = [r for r in calls if int(r.headers["undolog-fence"]) == fences[0] and len(fences) > 1]
         assert all(r.at < killed_at + ON_THE_WIRE for r in old)
+
+
+async def test_a_saga_and_entries_labelled_into_no_shard_are_filed_and_compensated(
+    kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path
+) -> None:
+    """A bucket label no shard selects (edited by hand, copied by a tool, written `07` for 7):
+    every replica watches only its shards' values, and the filing watch only objects without
+    the label, so such a saga was driven by nobody: aborted, it was never compensated."""
+    participant.handle("/undo", lambda request: Reply(200))
+    await register(kube, namespace, participant, "undo")
+    names = ["off-the-map", "zero-padded", "words"]
+    for name in names:
+        await external_saga(kube, namespace, name, [call("undo", n=p, saga=name) for p in (1, 2)])
+    wrong = {"off-the-map": "64", "zero-padded": "", "words": "none"}
+    for name, label in wrong.items():
+        if not label:  # its own bucket, written with a leading zero
+            label = f"0{bucket_of(namespace, name)}"
+        await kube.patch("sagas", namespace, name, {"metadata": {"labels": {BUCKET_LABEL: label}}})
+        for entry in await kube.list("undoentries", namespace, field_selector=f"spec.saga={name}"):
+            await kube.patch(
+                "undoentries", namespace, entry["metadata"]["name"], {"metadata": {"labels": {BUCKET_LABEL: label}}}
+            )
+        await abort(kube, namespace, name)
+    operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "op", ("--shards=2",), lease_seconds=4)
+    operator.start()
+    try:
+        for name in names:
+            await saga_phase(kube, namespace, name, "Compensated", within=30)
+    finally:
+        operator.stop()
+    for name in names:
+        labels = (await kube.get("sagas", namespace, name))["metadata"]["labels"]
+        assert labels[BUCKET_LABEL] == str(bucket_of(namespace, name))
+        assert [r.body["n"] for r in participant.received("/undo") if r.body["saga"] == name] == [2, 1]

@@ -3,7 +3,8 @@ without it (applied with kubectl, made before there were shards) or with a wrong
 by hand): a replica lists and watches only its shards' labels, so an object without the right
 one would be driven by nobody. The SDK and the operator label what they create; this is for
 the rest. Any replica may do it (the same label whoever writes it): each watches the objects
-that have no bucket label (a server-side label selector).
+whose label is no bucket at all (`notin` every bucket: missing, `64`, `07`, `none`), and each
+shard refiles what it sees labelled into it by mistake.
 
 UndoLog's own watch, not kopf's: kopf parses with Python's json, whose RecursionError on an
 object nested as deep as the API stores ended kopf's watcher and with it the operator process,
@@ -17,7 +18,7 @@ import logging
 from dataclasses import dataclass, field
 
 from undolog import errors
-from undolog.conventions import BUCKET_LABEL
+from undolog.conventions import BUCKET_LABEL, BUCKETS
 from undolog.kube import Body, Kube, Plural
 from undolog.kube.watch import OrderedWatch, as_body
 from undolog.ledger import Ledger
@@ -63,8 +64,8 @@ class ShardLabels:
 
 
 def unfiled_watches(kube: Kube, labels: ShardLabels, namespaces: list[str]) -> list[OrderedWatch[Body]]:
-    """Watches of the Sagas and UndoEntries without a bucket label in `namespaces` (all when
-    empty), each object filed as it is listed or changes; run them with `OrderedWatch.run`."""
+    """Watches of the Sagas and UndoEntries in no bucket in `namespaces` (all when empty), each
+    object filed as it is listed or changes; run them with `OrderedWatch.run`."""
 
     def file(plural: Plural, body: Body) -> None:
         meta = body["metadata"]
@@ -90,7 +91,7 @@ def unfiled_watches(kube: Kube, labels: ShardLabels, namespaces: list[str]) -> l
             as_body,
             functools.partial(changed, plural),
             functools.partial(listed, plural),
-            label_selector=f"!{BUCKET_LABEL}",
+            label_selector=f"{BUCKET_LABEL} notin ({','.join(str(b) for b in range(BUCKETS))})",
         )
         for plural in plurals
         for namespace in targets
