@@ -141,3 +141,35 @@ async def test_a_stopped_operator_hands_its_lease_back_with_nothing_left_running
     assert await holder(kube, namespace) == ""
     log = operator.log()
     assert "Hung tasks stopping is skipped: no tasks given" in log, log[-3000:]
+
+
+async def test_a_lease_deleted_by_hand_gives_a_higher_fence_not_zero_again(
+    kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path
+) -> None:
+    """`kubectl delete lease` started the transition count (the fence) again at 0: the holder
+    after it sent with a lower fence than the one before, which a participant keeping the
+    highest fence refuses for good."""
+    await register(kube, namespace, participant, "undo")
+    operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path)
+    fences: list[int] = []
+
+    async def compensated(name: str) -> None:
+        await external_saga(kube, namespace, name, [call("undo", saga=name)])
+        await abort(kube, namespace, name)
+        await saga_phase(kube, namespace, name, "Compensated", within=30)
+        fences.append(int(next(r for r in participant.received() if r.body["saga"] == name).headers["undolog-fence"]))
+
+    operator.start()
+    try:
+        await compensated("first")
+        operator.stop()
+        operator.start()  # the same pod's new process: a new fence
+        await compensated("restarted")
+        lease = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/undolog-operator"
+        await kube.request("DELETE", lease)
+        await eventually(lambda: holder(kube, namespace), lambda held: held == operator.identity, 30, "the Lease again")
+        await compensated("after-the-delete")
+    finally:
+        operator.stop()
+    print(f"\nfences: {fences}")
+    assert fences[0] < fences[1] < fences[2]

@@ -77,34 +77,65 @@ async def test_one_holder_a_standby_waits_out_the_lease_then_holds_with_a_higher
     first = Leadership(leases, SETTINGS, "a", clock)
     second = Leadership(leases, SETTINGS, "b", clock)
     assert await first._acquire_or_renew()
-    assert first.token() == 0
+    fence = first.token()
+    assert fence is not None
     assert not await second._acquire_or_renew()  # held, renewed just now
     clock.now += 5
     assert not await second._acquire_or_renew()  # 5 s of 6 since it first saw that record
     clock.now += 1.5
     assert await second._acquire_or_renew()  # not renewed for the Lease's duration: taken
-    assert second.token() == 1
+    assert (second.token() or 0) > fence
     assert not await first._acquire_or_renew()  # the old holder sees it is someone else's
     assert leases.stored["undolog-operator"]["spec"]["holderIdentity"] == "b"
+
+
+async def test_a_lease_deleted_by_hand_is_taken_with_a_higher_fence_than_any_before() -> None:
+    """`kubectl delete lease` (a known cure for a stuck election) started the transition count
+    again: the next holder's fence was 0, lower than that of the holder it replaced, so a
+    participant keeping the highest fence refused every call of the new holder and took the
+    late ones of the old."""
+    leases, clock = FakeLeases(), Clock()
+    assert await Leadership(leases, SETTINGS, "a", clock)._acquire_or_renew()
+    holder = Leadership(leases, SETTINGS, "a", clock)  # a's process restarted: a new fence
+    assert await holder._acquire_or_renew()
+    replaced = holder.token()
+    assert replaced is not None
+    del leases.stored["undolog-operator"]
+    standby = Leadership(leases, SETTINGS, "b", clock)
+    assert await standby._acquire_or_renew()
+    taken = standby.token()
+    assert taken is not None
+    assert taken > replaced
+    clock.now += 1
+    assert not await holder._acquire_or_renew()  # b's now
+    assert await standby._acquire_or_renew()
+    assert standby.token() == taken  # a renewal keeps the fence
+    del leases.stored["undolog-operator"]
+    assert await standby._acquire_or_renew()  # made again by its own holder: someone may have held it between
+    again = standby.token()
+    assert again is not None
+    assert again > taken
 
 
 async def test_a_renewal_keeps_the_standby_out() -> None:
     leases, clock = FakeLeases(), Clock()
     holder, standby = Leadership(leases, SETTINGS, "a", clock), Leadership(leases, SETTINGS, "b", clock)
     assert await holder._acquire_or_renew()
+    fence = holder.token()
     for _ in range(5):
         clock.now += 3
         assert await holder._acquire_or_renew()
         assert not await standby._acquire_or_renew()
-    assert holder.token() == 0
+    assert holder.token() == fence  # renewals keep it
 
 
 async def test_a_restarted_process_of_the_same_pod_takes_its_lease_back_at_once_with_a_new_fence() -> None:
     leases, clock = FakeLeases(), Clock()
-    assert await Leadership(leases, SETTINGS, "pod-0", clock)._acquire_or_renew()
+    before = Leadership(leases, SETTINGS, "pod-0", clock)
+    assert await before._acquire_or_renew()
     restarted = Leadership(leases, SETTINGS, "pod-0", clock)  # kill -9, the container restarts
     assert await restarted._acquire_or_renew()
-    assert restarted.token() == 1  # participants can tell the old process from the new one
+    assert (restarted.token() or 0) > (before.token() or 0)  # participants can tell the old process from the new one
 
 
 async def test_a_holder_whose_renewal_is_older_than_the_deadline_may_not_send() -> None:
@@ -130,7 +161,7 @@ async def test_a_released_lease_is_taken_at_once() -> None:
     holder.leading = True
     await holder.release()
     assert await standby._acquire_or_renew()  # no need to wait out the Lease
-    assert standby.token() == 1
+    assert (standby.token() or 0) > (holder.token() or 0)
 
 
 async def test_the_lease_is_renewed_while_the_new_holder_takes_charge() -> None:
@@ -302,8 +333,7 @@ async def test_a_shard_handed_back_is_free_at_once_for_another_replica() -> None
     assert followed == ["a"]  # a stopped driving before the Lease was given up
     assert (a.leading, b.leading) == (False, True)
     assert leases.stored["undolog-operator"]["spec"]["holderIdentity"] == "b"
-    assert b.token() == 1
-    assert a.token() == 0
+    assert (b.token() or 0) > (a.token() or 0)
 
 
 def test_each_shard_has_a_lease_of_its_own_and_one_shard_keeps_the_operators_lease() -> None:

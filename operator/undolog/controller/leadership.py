@@ -2,16 +2,20 @@
 
 One operator holds the Lease and drives sagas; any other started with the same Lease (by
 mistake, or as a standby) waits. kopf's peering freezes peers of equal priority, so a Lease
-(as client-go's leader election) decides instead, written here so that its transition count
-can serve as a fencing token:
+(as client-go's leader election) decides instead, written here so that it can give a fencing
+token:
 
 - the holder renews every retry period; a standby takes the Lease once it has seen no renewal
   for the Lease's duration (measured on its own clock, so clocks need not agree);
 - the holder stops sending anything as soon as its last renewal is older than the renew
   deadline (shorter than the Lease): a holder frozen by SIGSTOP or a long pause finds on waking
   that it may not send, before any standby could have taken over;
-- every call carries the Lease's transition count as `Undolog-Fence`, higher for each new
-  holder, so a participant can refuse a call from a holder that was replaced.
+- every call carries `Undolog-Fence`, the revision of the write that made its sender the
+  holder, higher for each new holder, so a participant can refuse a call from a holder that
+  was replaced. Not the transition count: a Lease deleted by hand (a known cure for a stuck
+  election) starts that again at 0, and the next holder's fence was lower than the one it
+  replaced. Revisions only grow, whatever is deleted (resourceVersions of one resource are
+  comparable, KEP-5504).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from undolog import errors
+from undolog.api.common import revision_of
 from undolog.conventions import timestamp
 from undolog.decisions.sharding import Shard
 from undolog.kube import Body
@@ -220,7 +225,7 @@ class Leadership:
         transitions = int(spec.get("leaseTransitions") or 0)
         now = timestamp()
         if holder != self.me or self._fence is None:  # a new holder, or this identity's new process
-            transitions += 1
+            transitions += 1  # kept for people (kubectl, client-go's convention), not as the fence
             spec["acquireTime"] = now
         spec.update(
             holderIdentity=self.me,
@@ -229,11 +234,13 @@ class Leadership:
             leaseTransitions=transitions,
         )
         lease["spec"] = spec
+        taking = holder != self.me or self._fence is None
         try:
-            await self.kube.replace_lease(settings.namespace, settings.name, lease)
+            written = await self.kube.replace_lease(settings.namespace, settings.name, lease)
         except errors.Conflict:
             return False
-        self._fence = transitions
+        if taking:
+            self._fence = _fence_of(written)
         return True
 
     async def _create(self) -> bool:
@@ -251,11 +258,18 @@ class Leadership:
             },
         }
         try:
-            await self.kube.create_lease(self.settings.namespace, body)
+            written = await self.kube.create_lease(self.settings.namespace, body)
         except errors.AlreadyExists:
             return False
-        self._fence = 0
+        self._fence = _fence_of(written)
         return True
+
+
+def _fence_of(lease: Body) -> int:
+    revision = revision_of(str(lease["metadata"].get("resourceVersion", "")))
+    if revision is None:  # no storage Kubernetes ships gives one that is not a revision
+        raise errors.KubeError(f"the Lease came back with resourceVersion {lease['metadata'].get('resourceVersion')!r}")
+    return revision
 
 
 def failed(task: asyncio.Task[None]) -> bool:
