@@ -407,6 +407,21 @@ async def test_a_replica_restarted_under_its_name_takes_its_membership_lease_ove
     assert len(leases.stored) == 1
 
 
+async def test_a_membership_lease_deleted_by_hand_is_taken_again() -> None:
+    """`kubectl delete leases --all` in the operator's namespace: each replica kept renewing the
+    slot it had, which no longer existed, so every count failed from then on and no replica took
+    a free shard again (those of a replica that died later were driven by no one)."""
+    leases, wall = FakeLeases(), Wall()
+    a, b = replica(leases, "a", 4, wall), replica(leases, "b", 4, wall)
+    for member in (a, b, a):
+        await member.refresh()
+    leases.stored.clear()
+    for member in (a, b, a):
+        await member.refresh()
+    assert (a.counted, a.live, b.counted, b.live) == (True, 2, True, 2)
+    assert sorted(leases.stored) == [f"undolog-operator-replica-{k}" for k in range(2)]
+
+
 async def test_replicas_that_come_and_go_reuse_the_slots_of_those_gone() -> None:
     """Pods get new names on every rollout: their membership Leases are slots taken over once
     emptied or expired, never one more Lease per pod that ever ran."""

@@ -114,7 +114,7 @@ class Replicas:
                     self.settings.namespace, self._lease["metadata"]["name"], self._lease
                 )
                 return
-            except errors.Conflict:  # another replica found it expired and took it: take a slot again
+            except (errors.Conflict, errors.NotFound):  # taken by another (found expired), or deleted by hand
                 self._lease = None
         spec = {
             "holderIdentity": self.me,
