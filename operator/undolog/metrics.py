@@ -8,13 +8,22 @@ replica holds (the replicas' sum is every saga, none twice); a standby reports
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import TypeVar
+
 import prometheus_client
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from undolog.api import AttemptKind
+from undolog.calls.runner import AttemptRecord
 
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
+IDLE_SECONDS = 3600.0  # a namespace's series go once none was touched and it had no saga for this long
+SWEEP_SECONDS = 60.0
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 leader = Gauge("undolog_leader", "1 while this operator holds a Lease (of one shard or more) and drives sagas, else 0.")
@@ -91,5 +100,51 @@ def attempts(kind: AttemptKind) -> Counter:
     return BY_KIND[kind][0]
 
 
-def seconds(kind: AttemptKind) -> Histogram:
-    return BY_KIND[kind][1]
+def attempted(kind: AttemptKind, namespace: str, function: str, record: AttemptRecord) -> None:
+    """One attempt of a call: counted by outcome, and its wall time."""
+    counted, timed = BY_KIND[kind]
+    series.of(counted, namespace, function, record.verdict.lower()).inc()
+    series.of(timed, namespace, function).observe(record.duration_milliseconds / 1000)
+
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+class Series:
+    """Every series is made here, by namespace, so that those of a namespace go once it has had
+    no saga driven by this replica, and no series touched, for IDLE_SECONDS: clusters that make a
+    namespace per CI run kept every series of every namespace ever seen, in memory and in each
+    scrape, for the life of the process (a few KiB per namespace and function). The hour lets
+    scrapes see a series' last value; a counter that comes back starts again, which rate() and
+    increase() read as a reset."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.busy: Callable[[str], bool] = lambda namespace: False  # it has sagas (the gauges say)
+        self._made: defaultdict[str, set[tuple[MetricWrapperBase, tuple[str, ...]]]] = defaultdict(set)
+        self._touched: dict[str, float] = {}
+        self._swept = clock()
+
+    def of(self, metric: M, namespace: str, *labels: str) -> M:
+        """`metric.labels(namespace, *labels)`, remembered for its namespace."""
+        now = self.clock()
+        if now - self._swept >= SWEEP_SECONDS:
+            self.sweep(now)
+        values = (namespace, *labels)
+        self._made[namespace].add((metric, values))
+        self._touched[namespace] = now
+        return metric.labels(*values)
+
+    def sweep(self, now: float) -> None:
+        self._swept = now
+        for namespace, touched in list(self._touched.items()):
+            if now - touched >= IDLE_SECONDS and not self.busy(namespace):
+                for metric, values in self._made.pop(namespace, set()):
+                    metric.remove(*values)
+                del self._touched[namespace]
+
+    def namespaces(self) -> set[str]:
+        return set(self._made)
+
+
+series = Series()

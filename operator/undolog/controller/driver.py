@@ -368,11 +368,11 @@ class SagaDriver:
             and saga.metadata.resource_version == listed.resource_version
             and phases.proof_due_by(saga, listed.at)
         ):
-            metrics.entry_proofs.labels(self.namespace, ProofSource.TAKING_CHARGE).inc()
+            metrics.series.of(metrics.entry_proofs, self.namespace, ProofSource.TAKING_CHARGE).inc()
             self.proof = EntryProof.STALE
             return
         if self.proof == EntryProof.STALE and await self.watched_past(entries):
-            metrics.entry_proofs.labels(self.namespace, ProofSource.WATCH).inc()
+            metrics.series.of(metrics.entry_proofs, self.namespace, ProofSource.WATCH).inc()
             self.take_indexed(saga, entries)
             return
         ledger = self.context.ledger
@@ -380,10 +380,10 @@ class SagaDriver:
         mark = ledger.entry_writes.mark()
         listing = asyncio.ensure_future(ledger.entries_of(saga))
         if progress is not None and await self.echoed_before(listing, progress, mark):
-            metrics.entry_proofs.labels(self.namespace, ProofSource.WRITE_ECHO).inc()
+            metrics.series.of(metrics.entry_proofs, self.namespace, ProofSource.WRITE_ECHO).inc()
             self.take_indexed(saga, entries)
             return
-        metrics.entry_proofs.labels(self.namespace, ProofSource.LIST).inc()
+        metrics.series.of(metrics.entry_proofs, self.namespace, ProofSource.LIST).inc()
         answer = await listing
         for gone in self.context.index.replace(self.key, answer.entries):
             if owned_by(gone, saga.metadata.uid) and gone.status.state not in compensation_plan.SETTLED:
@@ -669,7 +669,7 @@ class SagaDriver:
         """Write the new phase's status (from `entering`), then post the Event (dated `at`, when
         the phase was entered, if not now)."""
         written = await self.write_status(saga, status)
-        metrics.saga_transitions.labels(self.namespace, phase, reason).inc()
+        metrics.series.of(metrics.saga_transitions, self.namespace, phase, reason).inc()
         self.context.phase_changed(written)
         failed = reason in phases.FAILURE_REASONS  # the failure shares this write: say it as such
         warning = failed or phase in (SagaPhase.FAILED, SagaPhase.HALTED)

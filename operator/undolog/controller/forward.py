@@ -165,9 +165,7 @@ class Forwarder:
         args, target = prepared
 
         async def on_attempt(record: AttemptRecord, delay: float | None) -> None:
-            namespace = saga.metadata.namespace
-            metrics.effect_attempts.labels(namespace, call.function, record.verdict.lower()).inc()
-            metrics.effect_seconds.labels(namespace, call.function).observe(record.duration_milliseconds / 1000)
+            metrics.attempted(AttemptKind.EFFECT, saga.metadata.namespace, call.function, record)
             if delay is not None:
                 timeline.record(
                     saga,

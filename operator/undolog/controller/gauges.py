@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from undolog import metrics
 from undolog.api import SagaPhase
@@ -18,15 +19,31 @@ State = tuple[SagaPhase | None, str | None]  # a saga's phase, and the function 
 class SagaGauges:
     by_phase: Counter[tuple[str, SagaPhase]] = field(default_factory=Counter)
     halted: Counter[tuple[str, str]] = field(default_factory=Counter)
+    sagas: Counter[str] = field(default_factory=Counter)  # by namespace: while any, its series stay
 
     def moved(self, namespace: str, before: State, after: State) -> None:
         """One saga went from `before` to `after` (None phases: not counted)."""
         for (phase, function), change in ((before, -1), (after, 1)):
             if phase is None:
                 continue
-            self.by_phase[(namespace, phase)] += change
-            metrics.sagas_by_phase.labels(namespace, phase).set(self.by_phase[(namespace, phase)])
+            _add(self.sagas, namespace, change)
+            count = _add(self.by_phase, (namespace, phase), change)
+            metrics.series.of(metrics.sagas_by_phase, namespace, phase).set(count)
             if phase == SagaPhase.HALTED:
                 key = (namespace, function or "")
-                self.halted[key] += change
-                metrics.halted_sagas.labels(*key).set(self.halted[key])
+                metrics.series.of(metrics.halted_sagas, *key).set(_add(self.halted, key, change))
+
+    def busy(self, namespace: str) -> bool:
+        return self.sagas[namespace] > 0
+
+
+K = TypeVar("K")
+
+
+def _add(counted: Counter[K], key: K, change: int) -> int:
+    """The count after `change`; a zero is not kept (namespaces come and go)."""
+    counted[key] += change
+    if counted[key]:
+        return counted[key]
+    del counted[key]
+    return 0

@@ -20,6 +20,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
+from undolog import metrics
 from undolog.api.events import SUCCESSES
 from undolog.calls.http import HttpTransport
 from undolog.calls.registry import Registry
@@ -97,6 +98,7 @@ async def run(options: OperatorOptions) -> None:
     recorder = CallRecorder(ledger, Registry(ledger, options.cross_namespace_services, webhooks), runner, timeline)
     labels = ShardLabels(ledger)
     slots, gauges = asyncio.Semaphore(options.max_concurrent_sagas), SagaGauges()
+    metrics.series.busy = gauges.busy  # a namespace's series stay while this replica drives a saga there
     shards = all_shards(options.shards)
     leases = kube.apart()
     leaderships = [Leadership(leases, options.lease.of_shard(shard), me) for shard in shards]

@@ -95,7 +95,7 @@ class CallRecorder:
             args = resolve(call.args, outputs, missing_as_null=missing_as_null)
             return args, await self.registry.target(saga.metadata.namespace, call)
         except CallNotPossible as refused:
-            metrics.attempts(kind).labels(saga.metadata.namespace, call.function, "permanent").inc()
+            metrics.series.of(metrics.attempts(kind), saga.metadata.namespace, call.function, "permanent").inc()
             self.timeline.record(
                 saga, EventReason(refused.reason), f"{label}: {refused.message}; nothing was sent", warning=True
             )
@@ -129,9 +129,7 @@ class CallRecorder:
         async def on_attempt(record: AttemptRecord, delay: float | None) -> None:
             spec.attempts.append(attempt_of(record, spec.kind))
             del spec.attempts[:-MAX_ATTEMPTS]
-            namespace, function = saga.metadata.namespace, spec.call.function
-            metrics.seconds(spec.kind).labels(namespace, function).observe(record.duration_milliseconds / 1000)
-            metrics.attempts(spec.kind).labels(namespace, function, record.verdict.lower()).inc()
+            metrics.attempted(spec.kind, saga.metadata.namespace, spec.call.function, record)
             if delay is None:
                 return
             await write({**spec.in_flight, **spec.retried(record, list(spec.attempts))})
