@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Cluster
+from tests.conftest import Cluster, own_control_plane
 from tests.support.manifests import webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant
 from tests.support.waiting import eventually, saga_phase
+from undolog.errors import Unavailable
 from undolog.kube import Kube
 from undolog.sdk import Call, NotSent, SagaEnded, current_step, open_saga, undoable
 from undolog.sdk import sync as sync_sdk
@@ -229,3 +230,44 @@ async def test_wait_after_the_block_and_the_kubeconfigs_namespace(
     done = await saga.wait(within=30)
     assert saga.namespace == namespace
     assert done.status.phase == "Completed"
+
+
+async def test_a_saga_whose_agent_fails_during_an_apiserver_outage_is_still_undone(tmp_path: Path) -> None:
+    """The apiserver restarts (an upgrade) while an agent is mid-saga: its next step cannot be
+    registered, so the block aborts. The abort was written once, failed at once, and the saga
+    stayed Active with its first step's effect in place: nothing undoes an Active saga. Now the
+    SDK writes it again until the API is back."""
+    async with own_control_plane(tmp_path) as own:
+        kube, namespace = own.kube, own.namespace
+        await register(kube, namespace, own.participant, "delete-user")
+        operator = OperatorProcess(own.kubeconfig, namespace, tmp_path / "operator", extra_args=())
+        operator.start()
+        try:
+            saga = await open_saga(name="mid-upgrade", namespace=namespace, kubeconfig=str(own.kubeconfig))
+            outage: asyncio.Future[float] | None = None
+
+            async def api_down() -> bool:
+                try:
+                    await kube.get("sagas", namespace, "mid-upgrade")
+                except Unavailable:
+                    return True
+                return False
+
+            async def agent() -> None:
+                nonlocal outage
+                async with saga:
+                    async with saga.step("create_user", Call(function="delete-user", args={"id": "u-1"})) as made:
+                        made.output = {"id": "u-1"}
+                    outage = asyncio.ensure_future(asyncio.to_thread(own.local.restart, "kube-apiserver", 8.0))
+                    await eventually(api_down, bool, 10, "the apiserver down")
+                    async with saga.step("grant", Call(function="delete-user", args={"id": "g-1"})):
+                        pass  # never reached: the step cannot be registered
+
+            with pytest.raises(Unavailable, match="the API could not be reached"):
+                await agent()
+            assert outage is not None
+            print(f"\napiserver back after {await outage:.1f} s")
+            await saga_phase(kube, namespace, "mid-upgrade", "Compensated", within=60)
+        finally:
+            operator.stop()
+    assert [r.body for r in own.participant.received("/delete-user")] == [{"id": "u-1"}]

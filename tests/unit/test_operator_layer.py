@@ -17,7 +17,17 @@ from tests.support.fakes import FakeKube, FakeTransport, FixedFence
 from tests.support.objects import entry_body
 from tests.support.waiting import eventually
 from undolog import errors
-from undolog.api import EntryState, EventReason, OmittedOutput, OutputOmission, Saga, SagaPhase, UndoEntry, Webhook
+from undolog.api import (
+    EffectState,
+    EntryState,
+    EventReason,
+    OmittedOutput,
+    OutputOmission,
+    Saga,
+    SagaPhase,
+    UndoEntry,
+    Webhook,
+)
 from undolog.api.events import SUCCESSES
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner
@@ -1181,6 +1191,23 @@ async def test_an_entry_write_that_would_overwrite_another_writers_state_says_wh
         "not overwritten"
     )
     assert operator.state("s-1")[1] == "Running"
+
+
+async def test_an_entry_write_that_landed_though_its_answer_was_lost_is_taken_as_written(operator: Operator) -> None:
+    """An agent records its step's output; the connection breaks before the answer (an apiserver
+    restart) and the SDK writes it again from the same copy: the API says Conflict, and the
+    fresh copy already holds exactly this change. Refused as "changed by another writer", the
+    agent's block failed and aborted a step that had committed."""
+    saga = operator.saga("s")
+    stale = UndoEntry.model_validate(operator.entry(saga, 1, effect="Executing"))
+    ours = stale.status.model_copy(update={"effect": EffectState.COMMITTED, "output": {"id": "u-1", "parent": None}})
+    landed = await operator.context.ledger.write_entry_status(stale, ours)  # its answer "lost"
+    again = await operator.context.ledger.write_entry_status(stale, ours)
+    assert again.metadata.resource_version == landed.metadata.resource_version  # nothing written twice
+    assert (again.status.effect, again.status.output) == (EffectState.COMMITTED, {"id": "u-1", "parent": None})
+    theirs = stale.status.model_copy(update={"effect": EffectState.FAILED})
+    with pytest.raises(errors.Conflict, match="status effect changed by another writer"):
+        await operator.context.ledger.write_entry_status(stale, theirs)  # another change is still refused
 
 
 async def test_a_call_cut_off_by_a_lease_in_doubt_after_its_mark_is_sent_once_more_not_twice(

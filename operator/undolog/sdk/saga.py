@@ -39,12 +39,38 @@ from undolog.conventions import (
 )
 from undolog.decisions import rewind
 from undolog.decisions.phases import FINAL
+from undolog.decisions.retry import operator_retry_seconds
 from undolog.errors import NoSaga, NotSent, RewindNotDone, SagaEnded
 from undolog.kube import Body, Kube, default_namespace
 from undolog.ledger import Ledger
 
 CONFLICT_RETRIES = 10
 POLL_SECONDS = 0.2
+# How long a write that records what already happened (a step's outcome, the saga's end) is
+# tried again while the API cannot be reached: an apiserver restart or a control-plane upgrade
+# takes seconds to a minute, and an abort that was not written left the saga Active with its
+# steps' effects in place (nothing undoes an Active saga before its deadline, if it has one).
+RECORD_WITHIN_SECONDS = 120.0
+
+T = TypeVar("T")
+
+
+async def recorded(write: Callable[[], Awaitable[T]], what: str, within: float = RECORD_WITHIN_SECONDS) -> T:
+    """`write()`, tried again while the API is unavailable, for `within` seconds; then the last
+    Unavailable, saying what was not recorded."""
+    deadline, failures = time.monotonic() + within, 0
+    while True:
+        try:
+            return await write()
+        except errors.Unavailable as error:
+            failures += 1
+            delay = operator_retry_seconds(failures)
+            if time.monotonic() + delay > deadline:
+                raise errors.Unavailable(
+                    f"{what} could not be recorded for {within:g} s: {error.message}", status=error.status
+                ) from error
+            await asyncio.sleep(delay)
+
 
 _current_saga: contextvars.ContextVar[SagaRun] = contextvars.ContextVar("undolog_saga")
 _current_step: contextvars.ContextVar[StepRun] = contextvars.ContextVar("undolog_step")
@@ -102,7 +128,8 @@ class SagaRun:
     kubeconfig: str | None = None  # to reconnect after `async with` closed an owned client
     _positions: int = 0
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _ended: Outcome | None = None
+    _ended: Outcome | None = None  # asked: no step may start
+    _outcome_written: bool = False
     _failed_step: str | None = None
     _names: set[str] = field(default_factory=set)
     _token: contextvars.Token[SagaRun] | None = None
@@ -179,7 +206,11 @@ class SagaRun:
             effect = EffectState.NOT_SENT if isinstance(error, NotSent) else EffectState.FAILED
             changes = {"effect": effect, "last_error": describe_error(error)[:4096]}
         changes["executed_at"] = now()
-        run.entry = await ledger.write_entry_status(run.entry, run.entry.status.model_copy(update=changes))
+        status = run.entry.status.model_copy(update=changes)
+        # Its output is what a compensation may need to find the effect: worth waiting out an outage.
+        run.entry = await recorded(
+            lambda: ledger.write_entry_status(run.entry, status), f"the outcome of step {run.name!r}"
+        )
 
     @asynccontextmanager
     async def step(
@@ -274,14 +305,22 @@ class SagaRun:
         return self.saga
 
     async def _end(self, outcome: Outcome, annotations: dict[str, str]) -> None:
-        if self._ended:
+        """Write the outcome (no step may start from now on); a failed write is written again
+        by the next call, `abort()` or `commit()`."""
+        if self._outcome_written:
             return
         self._ended = outcome
         await self._client()
         patch: dict[str, Any] = {"spec": {"outcome": outcome.value}}
         if annotations:
             patch["metadata"] = {"annotations": annotations}
-        self.saga = Saga.model_validate(await self.kube.patch("sagas", self.namespace, self.name, patch))
+        written = await recorded(
+            lambda: self.kube.patch("sagas", self.namespace, self.name, patch),
+            f"{outcome} of saga {self.namespace}/{self.name} (it stays Active until it is: "
+            f"`undolog abort {self.name} -n {self.namespace} --reason ...`, or abort() again)",
+        )
+        self.saga = Saga.model_validate(written)
+        self._outcome_written = True
 
     async def wait(self, phases: tuple[SagaPhase, ...] = tuple(FINAL), within: float = 60.0) -> Saga:
         """Poll until the saga reaches one of `phases`; TimeoutError after `within` seconds.
@@ -371,7 +410,6 @@ async def _create_saga(kube: Kube, namespace: str, name: str | None, prefix: str
 
 
 P = ParamSpec("P")
-R = TypeVar("R")
 
 
 def undoable(
@@ -379,7 +417,7 @@ def undoable(
     *,
     step: str | None = None,
     depends_on: Sequence[str] | None = None,
-) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
     """Make an async tool undoable within the current saga.
 
     `compensation` gets the tool's own arguments and returns the Call that undoes it; it runs
@@ -390,11 +428,11 @@ def undoable(
     may be undone alongside it (absent: it depends on every earlier step).
     """
 
-    def wrap(tool: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    def wrap(tool: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
         name = step or tool.__name__
 
         @functools.wraps(tool)
-        async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        async def run(*args: P.args, **kwargs: P.kwargs) -> T:
             saga = current_saga()
             undo = compensation(*args, **kwargs) if compensation else None
             async with saga.step(name, undo, depends_on=depends_on) as running:
