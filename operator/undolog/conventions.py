@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import uuid
 from datetime import UTC, datetime
@@ -23,7 +24,7 @@ from undolog.api import (
     UndoEntry,
     UndoEntrySpec,
 )
-from undolog.api.common import MAX_NESTING, OwnerReference, shape, shown_integer
+from undolog.api.common import MAX_NESTING, MAX_STEP_NAME, STEP_NAME, OwnerReference, shape, shown_integer
 
 # -- labels, annotations, finalizer ----------------------------------------------------------------
 
@@ -118,6 +119,31 @@ def timestamp(moment: datetime | None = None) -> str:
 
 def entry_name(saga: str, position: int) -> str:
     return f"{saga}-{position}"
+
+
+def step_name_of(tool: str) -> str:
+    """A tool's function name as the step name it gets by default: lower case, '-' for what a
+    step name cannot hold, no '-' or '_' at either end (`_CreateUser` is `createuser`), within
+    63 characters. Its author never chose a step name, so it is made one, not refused."""
+    name = re.sub(r"[^-_a-z0-9]", "-", tool.lower())[:MAX_STEP_NAME].strip("-_")
+    return name or "tool"
+
+
+def repeated_step(step: str, position: int) -> str:
+    """The step name of a tool called again in the same saga: its position appended, the name
+    cut to leave room for it (a 63-character name worked once and failed the second time)."""
+    suffix = f"-{position}"
+    return step[: MAX_STEP_NAME - len(suffix)].rstrip("-_") + suffix
+
+
+def step_name_refusal(step: str) -> str | None:
+    """Why `step` cannot name a step (None: it can), naming it and the rule."""
+    if len(step) <= MAX_STEP_NAME and re.fullmatch(STEP_NAME, step):
+        return None
+    return (
+        f"{step[:80]!r} is not a step name: lower-case letters, digits, '-' and '_', beginning and ending "
+        f"with a letter or digit, at most {MAX_STEP_NAME} characters"
+    )
 
 
 def owner_reference(saga_name: str, saga_uid: str) -> OwnerReference:

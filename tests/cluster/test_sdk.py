@@ -271,3 +271,43 @@ async def test_a_saga_whose_agent_fails_during_an_apiserver_outage_is_still_undo
         finally:
             operator.stop()
     assert [r.body for r in own.participant.received("/delete-user")] == [{"id": "u-1"}]
+
+
+async def test_tools_of_any_name_called_again_and_again_are_registered(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
+) -> None:
+    """A tool named in 63 characters worked once and failed on its second call (its step name
+    with "-2" appended was too long for the API); one called `_CreateUser` failed at once with
+    pydantic's pattern error. A step name given outright that is none is refused, naming the
+    rule, before anything is written."""
+    await register(kube, namespace, participant, "undo")
+
+    @undoable(lambda n: Call(function="undo", args={"n": n}))
+    async def provision_the_tenant_database_with_default_settings_and_admins2(n: int) -> None:
+        return None
+
+    @undoable(lambda n: Call(function="undo", args={"n": n}))
+    async def _CreateUser(n: int) -> None:  # a name as agents write them
+        return None
+
+    long = provision_the_tenant_database_with_default_settings_and_admins2.__name__
+    assert len(long) == 63
+    saga = await open_saga(generate_name="names-", namespace=namespace, kubeconfig=str(cluster.kubeconfig))
+    async with saga:
+        for n in (1, 2, 3):
+            await provision_the_tenant_database_with_default_settings_and_admins2(n)
+        await _CreateUser(4)
+        await _CreateUser(5)
+        with pytest.raises(ValueError, match="'Create User' is not a step name: lower-case letters"):
+            async with saga.step("Create User"):
+                pass
+    await saga_phase(kube, namespace, saga.name, "Completed")
+    listed = await entries(kube, namespace, saga.name)
+    assert [e["spec"]["step"] for e in listed] == [
+        long,
+        f"{long[:61]}-2",
+        f"{long[:61]}-3",
+        "createuser",
+        "createuser-5",
+    ]
+    assert [e["spec"]["stackPosition"] for e in listed] == [1, 2, 3, 4, 5]

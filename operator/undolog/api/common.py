@@ -21,7 +21,10 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 # Step names are DNS labels that may also hold '_' (the design's own references, such as
 # ${steps.create_user.output.user_id}, use it); they never become object names.
 STEP_NAME = r"^[a-z0-9]([-_a-z0-9]*[a-z0-9])?$"
-StepName = Annotated[str, StringConstraints(max_length=63, pattern=STEP_NAME), Field(description="A step name.")]
+MAX_STEP_NAME = 63
+StepName = Annotated[
+    str, StringConstraints(max_length=MAX_STEP_NAME, pattern=STEP_NAME), Field(description="A step name.")
+]
 MAX_DEPENDENCIES = 50  # names in one dependsOn
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 MAX_ARGS = 32

@@ -12,6 +12,7 @@ from undolog.api.common import (
     MAX_DEPENDENCIES,
     MAX_MESSAGE,
     MAX_SAGA_NAME,
+    MAX_STEP_NAME,
     STEP_NAME,
     Call,
     JsonObject,
@@ -122,7 +123,7 @@ class UndoEntrySpec(Model):
         pattern=r"^[^\x00-\x1f\x7f]*$",  # sent as the Undolog-Forward-Key header: one line
         description="Identifies the effect, e.g. the forward Idempotency-Key (no control characters).",
     )
-    step: str = Field(max_length=63, pattern=STEP_NAME, description="Name of the step (or tool call).")
+    step: str = Field(max_length=MAX_STEP_NAME, pattern=STEP_NAME, description="Name of the step (or tool call).")
     compensation: Call | None = Field(
         default=None, description="How to undo the effect; absent for Pivot and Retriable steps."
     )

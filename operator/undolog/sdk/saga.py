@@ -36,6 +36,9 @@ from undolog.conventions import (
     kept_output,
     new_undo_entry,
     now,
+    repeated_step,
+    step_name_of,
+    step_name_refusal,
 )
 from undolog.decisions import rewind
 from undolog.decisions.phases import FINAL
@@ -169,6 +172,9 @@ class SagaRun:
         """
         if self._ended:
             raise SagaEnded(f"saga {self.namespace}/{self.name} is {self._ended}: step {step!r} was not registered")
+        refused = step_name_refusal(step)
+        if refused:
+            raise ValueError(f"saga {self.namespace}/{self.name}: {refused}")
         ledger = await self._client()
         self.saga = await ledger.saga(self.namespace, self.name)
         phase = self.saga.status.phase
@@ -184,7 +190,7 @@ class SagaRun:
             self._positions += 1
             position = self._positions
             if step in self._names:  # a tool called twice: each call its own step and forward key
-                step = f"{step}-{position}"
+                step = repeated_step(step, position)
             self._names.add(step)
         dependencies = None if depends_on is None else list(depends_on)
         entry = await ledger.create_entry(
@@ -425,11 +431,13 @@ def undoable(
     returns a dict has it stored as the step's output (usable in `${steps.<name>.output...}`).
     Inside the tool, `current_step().forward_key` is the Idempotency-Key for its own call.
     `depends_on` (step names): only those earlier steps are undone after this one; the others
-    may be undone alongside it (absent: it depends on every earlier step).
+    may be undone alongside it (absent: it depends on every earlier step). The step is named
+    `step`, else after the tool (`_CreateUser` is `createuser`); a tool called again in the
+    same saga gets its position appended (`createuser-3`).
     """
 
     def wrap(tool: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-        name = step or tool.__name__
+        name = step or step_name_of(tool.__name__)
 
         @functools.wraps(tool)
         async def run(*args: P.args, **kwargs: P.kwargs) -> T:
