@@ -26,6 +26,7 @@ import ssl
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -68,7 +69,12 @@ class ParticipantSlots:
         self._origins: dict[str, _Slots] = {}
 
     @contextlib.asynccontextmanager
-    async def hold(self, url: str) -> AsyncIterator[None]:
+    async def hold(
+        self, url: str, aside: Callable[[], AbstractAsyncContextManager[None]] = contextlib.nullcontext
+    ) -> AsyncIterator[None]:
+        """A slot for a call to `url`'s origin; `aside` is entered while waiting for one (the
+        operator frees the saga's own slot: 200 sagas queued on one slow participant held every
+        slot, and sagas calling anyone else waited for them)."""
         parts = urlsplit(url)
         origin = f"{parts.scheme}://{parts.netloc}"
         slots = self._origins.get(origin)
@@ -76,8 +82,15 @@ class ParticipantSlots:
             slots = self._origins[origin] = _Slots(asyncio.Semaphore(self.limit))
         slots.users += 1
         try:
-            async with slots.gate:
+            if slots.gate.locked():
+                async with aside():
+                    await slots.gate.acquire()
+            else:
+                await slots.gate.acquire()
+            try:
                 yield
+            finally:
+                slots.gate.release()
         finally:
             slots.users -= 1
             if slots.users == 0:
@@ -272,7 +285,7 @@ class HttpTransport:
         if refused is not None:
             return CallOutcome(error=refused[:MAX_ERROR_TEXT], refusal=CallRefusal.TARGET_REFUSED)
         try:
-            async with self.slots.hold(target.url), asyncio.timeout(target.timeout_seconds):
+            async with self.slots.hold(target.url, call.aside), asyncio.timeout(target.timeout_seconds):
                 call.leaving()
                 return await self._exchange(call, url, payload, headers)
         except TimeoutError:

@@ -4,8 +4,10 @@ owns the drivers; a driver never reaches back into the engine)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -65,11 +67,13 @@ class Slot:
         _current.set(None)
         self.give_back()  # not held when cancelled while waiting to take it back
 
-    async def pause(self, seconds: float) -> None:
-        """Give the slot up for `seconds`. With several calls of the saga under way, the first
-        to wait gives it up and the first to wake takes it back: never two slots for one saga."""
+    @contextlib.asynccontextmanager
+    async def aside(self) -> AsyncIterator[None]:
+        """The slot given up for as long as the block waits. With several calls of the saga under
+        way, the first to wait gives it up and the first to be done takes it back: never two
+        slots for one saga. Not taken back when the block raises (the driver is stopping)."""
         self.give_back()
-        await asyncio.sleep(seconds)
+        yield
         async with self.taking_back:
             if not self.held:
                 await self.take()
@@ -78,10 +82,14 @@ class Slot:
 _current: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("undolog_slot", default=None)
 
 
-async def wait_without_slot(seconds: float) -> None:
-    """The runner's sleep between attempts: the saga's slot is free for others meanwhile."""
+def without_slot() -> AbstractAsyncContextManager[None]:
+    """While the block waits (for a participant's slot, between attempts), the saga's slot is
+    free for others."""
     slot = _current.get()
-    if slot is None:
+    return contextlib.nullcontext() if slot is None else slot.aside()
+
+
+async def wait_without_slot(seconds: float) -> None:
+    """The runner's sleep between attempts."""
+    async with without_slot():
         await asyncio.sleep(seconds)
-    else:
-        await slot.pause(seconds)
