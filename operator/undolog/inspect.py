@@ -196,8 +196,7 @@ class Inspector:
 
     async def current_version(self, namespace: str | None) -> str:
         """The sagas' resourceVersion now: `changes(since=...)` misses nothing after it."""
-        _, version = await self.kube.list_versioned("sagas", namespace)
-        return version
+        return await self.kube.current_version("sagas", namespace)
 
     async def changes(
         self, namespace: str | None, name: str | None = None, since: str | None = None
