@@ -263,7 +263,7 @@ async def test_a_saga_whose_agent_fails_during_an_apiserver_outage_is_still_undo
                     async with saga.step("grant", Call(function="delete-user", args={"id": "g-1"})):
                         pass  # never reached: the step cannot be registered
 
-            with pytest.raises(Unavailable, match="the API could not be reached"):
+            with pytest.raises(Unavailable):  # refused, or answered 503 by an apiserver shutting down
                 await agent()
             assert outage is not None
             print(f"\napiserver back after {await outage:.1f} s")
