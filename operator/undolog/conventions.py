@@ -121,6 +121,12 @@ def entry_name(saga: str, position: int) -> str:
     return f"{saga}-{position}"
 
 
+def shown_url(url: str) -> str:
+    """A target URL as errors and plans quote it: without `user:password@` (the CRD refuses
+    them now; a Webhook admitted before still has them, and they are sent, never shown)."""
+    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#]*@", r"\1", url)
+
+
 def step_name_of(tool: str) -> str:
     """A tool's function name as the step name it gets by default: lower case, '-' for what a
     step name cannot hold, no '-' or '_' at either end (`_CreateUser` is `createuser`), within

@@ -27,6 +27,7 @@ from undolog.conventions import (
     RETRY_ANNOTATION,
     SKIP_ANNOTATION,
     now,
+    shown_url,
     timestamp,
 )
 from undolog.decisions import compensation_plan, resolutions, rewind
@@ -262,7 +263,7 @@ class Inspector:
             except CallNotPossible as refused:
                 planned.append(PlannedCompensation(order, entry, None, None, str(refused)))
                 continue
-            planned.append(PlannedCompensation(order, entry, target.url, args, None))
+            planned.append(PlannedCompensation(order, entry, shown_url(target.url), args, None))
         return CompensationPlan(planned, halts_on)
 
     # -- resolutions (annotations the operator consumes) -------------------------------------

@@ -156,6 +156,12 @@ REFUSED_ON_CREATE: list[tuple[str, Plural, dict[str, Any], list[str]]] = [
         ["spec.versions[0].url", "should match"],
     ),
     (
+        "webhook with credentials in its url",
+        "webhooks",
+        webhook(url="https://billing:s3cret@payments.example/refund"),
+        ["spec.versions[0]", 'version "v1": url must not carry credentials (user:password@)'],
+    ),
+    (
         "webhook without versions",
         "webhooks",
         {**webhook(), "spec": {"versions": []}},

@@ -127,6 +127,27 @@ async def test_an_answer_nested_deeper_than_python_parses_is_a_success_without_o
     assert outcome.omitted.message == "HTTP 200 with a JSON answer nested too deep to parse (600001 bytes): no output"
 
 
+async def test_credentials_in_a_target_url_are_never_quoted_in_what_is_recorded(
+    participant: Participant, transport: HttpTransport
+) -> None:
+    """A Webhook admitted before the CRD refused `user:password@` in URLs: its errors, which
+    the entry's status and Events keep, quoted the URL whole."""
+    participant.script("/undo", Reply(200))
+    for url, why in (
+        (f"http://billing:s3cret@{'a' * 64}.test/undo", "cannot be called"),
+        ("http://billing:s3cret@[::1/undo", "is not a URL the operator calls"),
+    ):
+        outcome = await transport.send(PreparedCall(Target(url, 2), {"n": 1}, {"Idempotency-Key": "k"}))
+        assert outcome.refusal == CallRefusal.TARGET_REFUSED
+        assert outcome.error is not None
+        assert why in outcome.error
+        assert "s3cret" not in outcome.error
+        assert "billing" not in outcome.error
+    legacy = participant.url("/undo").replace("://", "://billing:s3cret@")
+    sent = await transport.send(PreparedCall(Target(legacy, 2), {"n": 1}, {"Idempotency-Key": "k"}))
+    assert sent.status_code == 200  # still called: refused at admission only, never halted on upgrade
+
+
 async def test_a_request_that_cannot_be_formed_is_refused_and_nothing_is_sent(
     participant: Participant, transport: HttpTransport
 ) -> None:

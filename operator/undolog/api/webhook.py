@@ -47,7 +47,16 @@ class WebhookVersion(Model):
                 {
                     "rule": "has(self.url) != has(self.service)",
                     "messageExpression": ("'version \"' + self.name + '\" needs exactly one of url or service'"),
-                }
+                },
+                {
+                    # As Kubernetes refuses them in its own webhooks' URLs: credentials in the URL would
+                    # be shown wherever the target is (plans, errors, the dashboard).
+                    "rule": "!has(self.url) || !self.url.matches('^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*@')",
+                    "messageExpression": (
+                        "'version \"' + self.name + '\": url must not carry credentials (user:password@): "
+                        "send them as headers from a Secret (spec.headersFrom)'"
+                    ),
+                },
             ]
         }
     }

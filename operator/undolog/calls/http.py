@@ -39,7 +39,7 @@ from undolog.api import OmittedOutput, OutputOmission
 from undolog.api.common import INT64_MAX, INT64_MIN
 from undolog.api.undo_entry import MAX_OMISSION_MESSAGE
 from undolog.calls.transport import PreparedCall
-from undolog.conventions import MAX_ANSWER_BYTES, MAX_ERROR_TEXT, clip
+from undolog.conventions import MAX_ANSWER_BYTES, MAX_ERROR_TEXT, clip, shown_url
 from undolog.decisions.egress import EgressPolicy
 from undolog.decisions.retry import CallOutcome
 from undolog.errors import CallRefusal, NotLeading
@@ -277,7 +277,7 @@ class HttpTransport:
             url = URL(target.url)
         except ValueError as error:
             return CallOutcome(
-                error=f"{target.url!r} is not a URL the operator calls: {error}"[:MAX_ERROR_TEXT],
+                error=f"{shown_url(target.url)!r} is not a URL the operator calls: {error}"[:MAX_ERROR_TEXT],
                 refusal=CallRefusal.TARGET_REFUSED,
             )
         written = _written_address(url)
@@ -298,7 +298,8 @@ class HttpTransport:
             return CallOutcome(error=f"{type(error).__name__}: {error}"[:MAX_ERROR_TEXT])
         except aiohttp.InvalidURL as error:
             return CallOutcome(
-                error=f"{error} is not a URL the operator calls"[:MAX_ERROR_TEXT], refusal=CallRefusal.TARGET_REFUSED
+                error=f"{shown_url(str(error.url))} is not a URL the operator calls"[:MAX_ERROR_TEXT],
+                refusal=CallRefusal.TARGET_REFUSED,
             )
         except (aiohttp.ClientError, OSError) as error:
             return CallOutcome(error=f"{type(error).__name__}: {error}"[:MAX_ERROR_TEXT])
@@ -313,7 +314,9 @@ class HttpTransport:
             # in a header value): raised before any byte is written, and the same every time. Only
             # here: once an answer came back, the participant may have acted on the call.
             return CallOutcome(
-                error=f"{call.target.url!r} cannot be called: {type(error).__name__}: {error}"[:MAX_ERROR_TEXT],
+                error=f"{shown_url(call.target.url)!r} cannot be called: {type(error).__name__}: {error}"[
+                    :MAX_ERROR_TEXT
+                ],
                 refusal=CallRefusal.TARGET_REFUSED,
             )
         async with response:
