@@ -305,7 +305,7 @@ class SagaRun:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"saga {self.namespace}/{self.name} did not finish rewinding in {within} s")
             await asyncio.sleep(POLL_SECONDS)
-            self.saga = await ledger.saga(self.namespace, self.name)
+            await self._read(ledger, deadline)
         if done.state != RewindState.DONE:
             raise RewindNotDone(done.message or "rewind refused")
         return self.saga
@@ -320,10 +320,14 @@ class SagaRun:
         patch: dict[str, Any] = {"spec": {"outcome": outcome.value}}
         if annotations:
             patch["metadata"] = {"annotations": annotations}
+        again = (
+            f"`undolog abort {self.name} -n {self.namespace} --reason ...`, or abort() again"
+            if outcome == Outcome.ABORT
+            else "commit() again"
+        )
         written = await recorded(
             lambda: self.kube.patch("sagas", self.namespace, self.name, patch),
-            f"{outcome} of saga {self.namespace}/{self.name} (it stays Active until it is: "
-            f"`undolog abort {self.name} -n {self.namespace} --reason ...`, or abort() again)",
+            f"{outcome} of saga {self.namespace}/{self.name} (it stays Active until it is: {again})",
         )
         self.saga = Saga.model_validate(written)
         self._outcome_written = True
@@ -335,7 +339,7 @@ class SagaRun:
         deadline = time.monotonic() + within
         try:
             while True:
-                self.saga = await ledger.saga(self.namespace, self.name)
+                await self._read(ledger, deadline)
                 if self.saga.status.phase in phases:
                     return self.saga
                 if time.monotonic() > deadline:
@@ -345,6 +349,18 @@ class SagaRun:
         finally:
             if self._ended:
                 await self.close()
+
+    async def _read(self, ledger: Ledger, deadline: float) -> Saga:
+        """The saga as it is now; an API that cannot be reached (a restart) is waited for until
+        `deadline`, as any other wait is."""
+        while True:
+            try:
+                self.saga = await ledger.saga(self.namespace, self.name)
+                return self.saga
+            except errors.Unavailable:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(POLL_SECONDS)
 
     async def close(self) -> None:
         if self.owns_client and not self._closed:
