@@ -340,7 +340,15 @@ class Inspector:
         """Until the saga is in `phase`; CommandError when it can no longer get there or time runs out."""
         deadline = time.monotonic() + within
         while True:
-            saga = await self.saga(namespace, name)
+            try:
+                saga = await self.saga(namespace, name)
+            except errors.Unavailable as unreachable:  # an apiserver restart: waited out, as kubectl wait does
+                if time.monotonic() > deadline:
+                    raise CommandError(
+                        f"saga {name!r} could not be read for {within:g} s: {unreachable.message}"
+                    ) from None
+                await asyncio.sleep(poll)
+                continue
             if saga.status.phase == phase:
                 return saga
             if saga.status.phase in TERMINAL:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.cluster.test_compensation import abort, external_saga, register
-from tests.conftest import BIN, Cluster
+from tests.conftest import BIN, Cluster, own_control_plane
 from tests.support.identities import service_account_kubeconfig
 from tests.support.manifests import call, saga, undo_entry
 from tests.support.operator_process import OperatorProcess
@@ -368,6 +368,26 @@ def test_an_age_filter_that_is_no_age_is_refused_naming_the_option(cluster: Clus
         assert "Traceback" not in refused.stderr
     listed = undolog(cluster, "list", "-n", namespace, "--older-than", "1h30m")
     assert listed.returncode == 0, listed.stderr
+
+
+async def test_wait_outlasts_an_apiserver_restart(tmp_path: Path) -> None:
+    """`undolog wait` in a pipeline while the control plane is upgraded: it exited 1 at the first
+    read that failed, though the saga then got where it was awaited (kubectl wait waits it out)."""
+    async with own_control_plane(tmp_path) as own:
+        namespace = own.namespace
+        await own.kube.create("sagas", namespace, saga("deploy"))
+        await own.kube.patch_status("sagas", namespace, "deploy", {"status": {"phase": "Compensating"}})
+        waiting = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "undolog.cli", "wait", "deploy", "-n", namespace, "--for", "Compensated"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "KUBECONFIG": str(own.kubeconfig)},
+        )
+        await asyncio.to_thread(own.local.restart, "kube-apiserver", 4.0)
+        await own.kube.patch_status("sagas", namespace, "deploy", {"status": {"phase": "Compensated"}})
+        out, err = await asyncio.wait_for(waiting.communicate(), timeout=60)
+    assert waiting.returncode == 0, err.decode()
+    assert out.decode().strip() == f"{namespace}/deploy is Compensated"
 
 
 def test_installed_as_a_kubectl_plugin(cluster: Cluster, namespace: str) -> None:

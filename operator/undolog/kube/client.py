@@ -98,6 +98,8 @@ def as_kube_error(error: BaseException) -> errors.KubeError | None:
     """The KubeError a transport exception stands for; None for anything else."""
     if isinstance(error, errors.KubeError):
         return error
+    if isinstance(error, aiohttp.ClientConnectorError):  # its own text ends in the TLS context's repr
+        return errors.Unavailable(f"the API at {error.host}:{error.port} could not be reached: {error.os_error}")
     if isinstance(error, (aiohttp.ClientError, TimeoutError, OSError)):
         return errors.Unavailable(f"the API could not be reached: {error or type(error).__name__}")
     return None
