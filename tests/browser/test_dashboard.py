@@ -23,7 +23,7 @@ from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
 from tests.cluster.test_cli import halted_saga
 from tests.cluster.test_compensation import abort, external_saga, register
-from tests.conftest import REPO, Cluster
+from tests.conftest import REPO, Cluster, own_control_plane
 from tests.support.identities import create_service_account, service_account_token
 from tests.support.manifests import call, saga
 from tests.support.operator_process import OperatorProcess
@@ -334,3 +334,28 @@ async def test_a_live_page_never_has_more_than_one_refresh_in_flight_however_fas
     await eventually(refreshes, lambda n: n >= 2, 10, "the page refreshed")
     await page.get_by_role("link", name="busy").wait_for()
     assert most == 1, f"{most} refreshes in flight at once"
+
+
+async def test_a_live_page_stays_live_through_an_apiserver_restart(tmp_path: Path, page: Page) -> None:
+    """The apiserver restarts (an upgrade) while a page is open: its stream ends, and while the
+    API is down the dashboard cannot start another. The page says it is not live meanwhile,
+    and once the API is back a change shows without a reload."""
+    async with own_control_plane(tmp_path) as own:
+        served = Dashboard(
+            Cluster(own.kubeconfig, own.local), tmp_path / "dashboard.log", f"--kubeconfig={own.kubeconfig}"
+        )
+        try:
+            namespace = own.namespace
+            await own.kube.create("sagas", namespace, saga("before"))
+            await page.goto(f"{served.url}/sagas?namespace={namespace}")
+            await expect(page.locator("body[data-live=ready]")).to_be_attached()
+            restarted = asyncio.ensure_future(asyncio.to_thread(own.local.restart, "kube-apiserver", 6.0))
+            await expect(page.locator("body[data-live=reconnecting]")).to_be_attached(timeout=10000)
+            await expect(page.get_by_role("status").filter(has_text="not live")).to_be_visible()
+            await restarted
+            await expect(page.locator("body[data-live=ready]")).to_be_attached(timeout=20000)
+            await own.kube.create("sagas", namespace, saga("after"))
+            await expect(page.get_by_role("link", name="after")).to_be_visible(timeout=5000)  # live again
+            await expect(page.get_by_role("status").filter(has_text="not live")).to_be_hidden()
+        finally:
+            served.stop()

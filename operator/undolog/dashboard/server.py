@@ -255,7 +255,12 @@ async def events(request: web.Request) -> web.StreamResponse:
     stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await stream.prepare(request)
     inspector = Inspector(kube)
-    since = await inspector.current_version(namespace)
+    try:
+        since = await inspector.current_version(namespace)
+    except errors.KubeError as error:  # the API is down (a restart): the browser asks again in 2 s
+        log.info("event stream not started: %s", error.message)
+        await stream.write(b"retry: 2000\n\n")
+        return stream
     # From here on no change is missed: the page may rely on what it shows (and tests wait for it).
     await stream.write(b"event: ready\ndata: {}\n\n")
     changes = inspector.changes(namespace, name, since)

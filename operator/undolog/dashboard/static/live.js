@@ -31,8 +31,22 @@
     }
   }
   const events = new EventSource(source);
+  const paused = document.getElementById("paused");
   // Ready: the watch is up. What changed between this page's render and then was never
   // streamed (a page loaded by a retry's redirect kept showing the saga Halted), so fetch once.
-  events.addEventListener("ready", function () { document.body.dataset.live = "ready"; schedule(); });
+  // The same after a reconnection (an apiserver restart ends the stream): the page said nothing
+  // while it was not live.
+  events.addEventListener("ready", function () {
+    document.body.dataset.live = "ready";
+    paused.hidden = true;
+    schedule();
+  });
+  events.addEventListener("error", function () {
+    // Closed for good (the sign-in expired: the stream was refused): only a reload helps.
+    const closed = events.readyState === EventSource.CLOSED;
+    document.body.dataset.live = closed ? "closed" : "reconnecting";
+    if (closed) paused.textContent = "This page is not live: reload it to see the latest.";
+    paused.hidden = false;
+  });
   events.addEventListener("change", schedule);
 })();
