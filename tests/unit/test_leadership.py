@@ -354,7 +354,7 @@ class Wall:
 def replica(leases: FakeLeases, me: str, shards: int, wall: Wall) -> Replicas:
     settings = LeaseSettings("ns", lease_seconds=6)
     shard_leases = [Leadership(leases, settings.of_shard(s), me) for s in all_shards(shards)]
-    return Replicas(leases, settings, me, shard_leases, wall)
+    return Replicas(leases, settings, me, shard_leases, wall, clock=lambda: wall.now.timestamp())
 
 
 async def test_replicas_count_the_live_ones_and_take_a_fair_share_of_the_shards() -> None:
@@ -381,6 +381,27 @@ async def test_replicas_count_the_live_ones_and_take_a_fair_share_of_the_shards(
     await a.refresh()
     assert a.live == 1
     assert a.hand_back(3)() is False
+
+
+async def test_a_replica_whose_clock_runs_ahead_is_counted_out_once_it_stops_renewing() -> None:
+    """Judged on wall clocks, b's renewTime (its clock an hour ahead) looked fresh to a for an
+    hour after b died: a kept to half the shards, and b's were driven by no one."""
+    leases, wall_a = FakeLeases(), Wall()
+    wall_b = Wall(wall_a.now + timedelta(hours=1))
+    a, b = replica(leases, "a", 4, wall_a), replica(leases, "b", 4, wall_b)
+    for member in (a, b, a):
+        await member.refresh()
+    assert a.live == 2
+    for wall in (wall_a, wall_b):
+        wall.now += timedelta(seconds=2)
+    await b.refresh()  # its last renewal
+    await a.refresh()
+    assert a.live == 2
+    for wall in (wall_a, wall_b):
+        wall.now += timedelta(seconds=7)  # b was killed: more than its Lease (6 s) without a renewal
+    await a.refresh()
+    assert a.live == 1
+    assert a.may_take()
 
 
 async def test_a_replica_with_another_number_of_shards_waits_for_the_older_ones_to_go() -> None:

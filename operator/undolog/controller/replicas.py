@@ -9,14 +9,16 @@ holds more (a replica joined). A replica started with another number of shards (
 upgrade that changes it) would cut the buckets differently, and stand for Leases of other
 names: so a replica takes no shard while an older one with another number is alive (the new
 ones wait for the old ones to go), nor before it has counted the others once. That case alone
-rests on membership, judged on wall clocks: replicas of different numbers of shards whose
-clocks differ by more than a Lease's duration could both drive.
+rests on membership, and which replica is older on wall clocks (acquireTime): replicas of
+different numbers of shards whose clocks differ by more than a Lease's duration could both drive.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -46,10 +48,16 @@ class Replicas:
     me: str
     shards: list[Leadership]
     wall: Callable[[], datetime] = now
+    # Liveness is judged on this replica's own clock, as a shard's Lease is: a slot is alive
+    # while its record keeps changing. Judged on wall clocks (renewTime against now), a replica
+    # whose clock ran an hour ahead stayed "alive" an hour after it died, and the others held
+    # back from its shards for that hour, so its sagas were driven by no one.
+    clock: Callable[[], float] = time.monotonic
     live: int = 1  # replicas alive with the same number of shards, this one included
     waiting_for: str | None = None  # an older replica with another number of shards
     counted: bool = False  # the last count succeeded: until one has, no shard is taken
     _lease: Body | None = field(default=None, repr=False)
+    _seen: dict[str, tuple[tuple[str, str], float]] = field(default_factory=dict, repr=False)  # slot: record, since
 
     async def run(self) -> None:
         while True:
@@ -147,12 +155,23 @@ class Replicas:
         self._lease = await self.kube.create_lease(self.settings.namespace, body)
 
     def _alive(self, member: Body) -> bool:
+        """Renewed within its Lease's duration, as this replica's clock has seen it change. A
+        record seen for the first time is judged by its renewTime (so a slot left by a replica
+        killed long ago is free at once); from then on only by whether it changes."""
         spec = member.get("spec") or {}
         if not spec.get("holderIdentity"):
             return False  # emptied by a replica that stopped
-        renewed = _parsed(spec.get("renewTime"))
         duration = spec.get("leaseDurationSeconds") or self.settings.lease_seconds
-        return renewed is not None and (self.wall() - renewed).total_seconds() <= duration
+        name, record = member["metadata"]["name"], (str(spec["holderIdentity"]), str(spec.get("renewTime")))
+        seen = self._seen.get(name)
+        if seen is None or seen[0] != record:
+            since = self.clock()
+            if seen is None:
+                renewed = _parsed(spec.get("renewTime"))
+                if renewed is None or (self.wall() - renewed).total_seconds() > duration:
+                    since = -math.inf
+            seen = self._seen[name] = (record, since)
+        return self.clock() - seen[1] <= duration
 
     @staticmethod
     def _acquired(member: Body) -> datetime:
