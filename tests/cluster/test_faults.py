@@ -14,7 +14,7 @@ import pytest
 
 from tests.chaos.invariants import check
 from tests.chaos.workload import as_call
-from tests.cluster.test_compensation import register
+from tests.cluster.test_compensation import abort, external_saga, register
 from tests.conftest import Cluster, OwnCluster, own_control_plane
 from tests.support.manifests import call, saga, step, undo_entry, webhook
 from tests.support.operator_process import OperatorProcess
@@ -372,3 +372,31 @@ async def test_an_entry_nested_as_deep_as_the_api_stores_is_reported_and_its_nam
     assert [entry["name"] for entry in lost] == ["deep-1"]
     assert lost[0]["why"].startswith("unreadable: spec.compensation.args: ")
     assert "nests 5001 levels of objects and arrays; UndoLog reads at most 32" in lost[0]["why"]
+
+
+async def test_an_operator_watching_many_namespaces_still_drives_their_sagas(
+    kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path
+) -> None:
+    """Each watched namespace holds three watches open (sagas, entries, Webhooks), and they went
+    over the requests' pool of 100 connections: from 34 namespaces on (`watchNamespaces` as a
+    platform team lists them) they held every connection, and the operator led and did nothing,
+    its requests waiting for good."""
+    others = [f"{namespace}-{i}" for i in range(40)]
+    for name in others:
+        await kube.create_namespace(name, {})
+    try:
+        await register(kube, others[-1], participant, "undo")
+        operator = OperatorProcess(
+            cluster.kubeconfig, namespace, tmp_path, extra_args=tuple(f"--namespace={name}" for name in others)
+        )
+        operator.start()
+        try:
+            await external_saga(kube, others[-1], "far", [call("undo", n=1), call("undo", n=2)])
+            await abort(kube, others[-1], "far")
+            await saga_phase(kube, others[-1], "far", "Compensated", within=30)
+        finally:
+            operator.stop()
+    finally:
+        for name in others:
+            await kube.delete_namespace(name)
+    assert [r.body["n"] for r in participant.received("/undo")] == [2, 1]

@@ -154,6 +154,9 @@ class Kube:
     timeouts: Timeouts = TIMEOUTS
     _tokens: TokenSource = field(init=False)
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
+    # Watches hold their connection for minutes: over the requests' pool, 34 watched namespaces
+    # (3 watches each) took all of its 100 connections and every request waited for good.
+    _watch_session: aiohttp.ClientSession | None = field(default=None, init=False)
     _tls: tuple[ExecCredential | None, ssl.SSLContext] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -201,9 +204,10 @@ class Kube:
         return await self._tokens.token(), await self._tokens.issued()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._watch_session):
+            if session is not None:
+                await session.close()
+        self._session = self._watch_session = None
 
     async def __aenter__(self) -> Kube:
         return self
@@ -213,20 +217,27 @@ class Kube:
 
     # -- the HTTP exchange ---------------------------------------------------------------------
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            impersonation = CIMultiDict[str]()
-            if self.credentials.as_user:
-                impersonation.add("Impersonate-User", self.credentials.as_user)
-            for group in self.credentials.as_groups:  # several headers of one name
-                impersonation.add("Impersonate-Group", group)
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=POOL_SIZE),
-                trust_env=False,  # no .netrc or proxy lookups per request
-                read_bufsize=WATCH_LINE_BYTES,
-                headers=impersonation,
-            )
+    def _http(self, watching: bool = False) -> aiohttp.ClientSession:
+        """The requests' pool (POOL_SIZE connections), or the watches' (one connection each, as
+        many as the process runs watches: their number is set by what it watches)."""
+        if watching:
+            self._watch_session = self._watch_session or self._new_session(limit=0)
+            return self._watch_session
+        self._session = self._session or self._new_session(limit=POOL_SIZE)
         return self._session
+
+    def _new_session(self, limit: int) -> aiohttp.ClientSession:
+        impersonation = CIMultiDict[str]()
+        if self.credentials.as_user:
+            impersonation.add("Impersonate-User", self.credentials.as_user)
+        for group in self.credentials.as_groups:  # several headers of one name
+            impersonation.add("Impersonate-Group", group)
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=limit),
+            trust_env=False,  # no .netrc or proxy lookups per request
+            read_bufsize=WATCH_LINE_BYTES,
+            headers=impersonation,
+        )
 
     async def _authorization(self) -> tuple[dict[str, str], ssl.SSLContext]:
         """The bearer header (if any) and the TLS context for the next request; the context is
@@ -248,6 +259,7 @@ class Kube:
         content_type: str = JSON,
         accept: str = JSON,
         bound: aiohttp.ClientTimeout | None = None,
+        watching: bool = False,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """One request, its refusal raised as a KubeError; a 401 is tried once more with the
         credentials read again (a rotated token file, an expired exec credential)."""
@@ -261,7 +273,7 @@ class Kube:
             if data is not None:
                 headers["Content-Type"] = content_type
             with mapped():
-                async with self._http().request(
+                async with self._http(watching).request(
                     method,
                     self.server + path,
                     params=params,
@@ -384,7 +396,8 @@ class Kube:
         if label_selector:
             params["labelSelector"] = label_selector
         bound = aiohttp.ClientTimeout(total=self.timeouts.watch_client, sock_connect=self.timeouts.connect)
-        async with self._exchange("GET", _custom_path(plural, namespace), params=params, bound=bound) as stream:
+        path = _custom_path(plural, namespace)
+        async with self._exchange("GET", path, params=params, bound=bound, watching=True) as stream:
             with mapped():
                 async for line in stream.content:
                     event = decoded(line)
