@@ -249,6 +249,29 @@ async def test_one_participant_has_at_most_its_share_of_calls_in_flight_and_othe
         other.close()
 
 
+async def test_a_call_waits_for_a_slot_among_all_calls_before_its_clock_starts() -> None:
+    """aiohttp's connection limit was the bound on all calls, waited for inside the attempt: a
+    tenant whose slow participants held every connection made everyone else's calls time out
+    (and their sagas halt, retries used up), though their participants were fine."""
+    transport = HttpTransport(EgressPolicy.build(allow_loopback=True), calls_in_flight=2)
+    slow = [Participant(), Participant()]  # two origins: each within its own share
+    healthy = Participant()
+    try:
+        for participant in slow:
+            participant.script("/slow", Reply(200, delay=1.5))
+        held = [asyncio.create_task(transport.send(call(p, "/slow", timeout=5.0))) for p in slow]
+        for participant in slow:
+            await participant.until(lambda received: len(received) >= 1, within=5)
+        quick = await transport.send(call(healthy, "/fast", timeout=0.5))
+        assert quick.error is None
+        assert quick.status_code == 200  # it waited for a slot, then had its whole half second
+        assert [o.status_code for o in await asyncio.gather(*held)] == [200, 200]
+    finally:
+        await transport.close()
+        for participant in (*slow, healthy):
+            participant.close()
+
+
 async def test_a_saga_waiting_for_a_participants_slot_gives_its_own_slot_to_other_sagas(
     transport: HttpTransport,
 ) -> None:

@@ -51,6 +51,7 @@ MAX_CONTEXTS = 32  # TLS contexts kept, one per CA bundle (each holds its roots)
 # attempt's clock starts. A slow or hostile participant then holds only its own calls and
 # connections, never all of them.
 CALLS_PER_PARTICIPANT = 32
+CALLS_IN_FLIGHT = 200  # to all participants at once (each a connection)
 DNS_THREADS = 64  # lookups at once, each of another name (more than asyncio's default executor has)
 
 
@@ -61,11 +62,15 @@ class _Slots:
 
 
 class ParticipantSlots:
-    """At most `limit` calls in flight per origin; origins with no call in flight are forgotten,
-    so memory follows the calls being made, not every participant ever called."""
+    """At most `limit` calls in flight per origin, and `total` in all; origins with no call in
+    flight are forgotten, so memory follows the calls being made, not every participant ever
+    called. Both are waited for before an attempt's clock starts: the total was aiohttp's
+    connection limit, waited for inside the attempt, so a tenant whose slow participants held
+    every connection made the others' calls time out, and their sagas halt."""
 
-    def __init__(self, limit: int = CALLS_PER_PARTICIPANT) -> None:
+    def __init__(self, limit: int = CALLS_PER_PARTICIPANT, total: int = CALLS_IN_FLIGHT) -> None:
         self.limit = limit
+        self._total = asyncio.Semaphore(total)
         self._origins: dict[str, _Slots] = {}
 
     @contextlib.asynccontextmanager
@@ -82,15 +87,8 @@ class ParticipantSlots:
             slots = self._origins[origin] = _Slots(asyncio.Semaphore(self.limit))
         slots.users += 1
         try:
-            if slots.gate.locked():
-                async with aside():
-                    await slots.gate.acquire()
-            else:
-                await slots.gate.acquire()
-            try:
+            async with _taken(slots.gate, aside), _taken(self._total, aside):
                 yield
-            finally:
-                slots.gate.release()
         finally:
             slots.users -= 1
             if slots.users == 0:
@@ -98,6 +96,21 @@ class ParticipantSlots:
 
     def __len__(self) -> int:
         return len(self._origins)
+
+
+@contextlib.asynccontextmanager
+async def _taken(
+    gate: asyncio.Semaphore, aside: Callable[[], AbstractAsyncContextManager[None]]
+) -> AsyncIterator[None]:
+    if gate.locked():
+        async with aside():
+            await gate.acquire()
+    else:
+        await gate.acquire()
+    try:
+        yield
+    finally:
+        gate.release()
 
 
 class EgressRefused(OSError):
@@ -220,7 +233,7 @@ def _written_address(url: URL) -> str | None:
 
 class HttpTransport:
     def __init__(
-        self, policy: EgressPolicy, *, guard: Callable[[], None] = unguarded, max_connections: int = 200
+        self, policy: EgressPolicy, *, guard: Callable[[], None] = unguarded, calls_in_flight: int = CALLS_IN_FLIGHT
     ) -> None:
         """`guard` raises to stop a write (errors.NotLeading): the Lease is checked on the wire."""
         self.policy = policy
@@ -230,7 +243,7 @@ class HttpTransport:
         self._context(None)  # the system roots are loaded now, not on the first call
         self._lookups = Lookups()
         connector = aiohttp.TCPConnector(
-            limit=max_connections,
+            limit=0,  # bounded by the slots, waited for before an attempt's clock starts
             resolver=PolicyResolver(policy, self._lookups),
             use_dns_cache=False,
             keepalive_timeout=30.0,
@@ -244,7 +257,7 @@ class HttpTransport:
             timeout=aiohttp.ClientTimeout(total=None),  # the attempt's own timeout bounds it
             trust_env=False,  # no proxy from the environment, no .netrc lookup per call
         )
-        self.slots = ParticipantSlots()
+        self.slots = ParticipantSlots(total=calls_in_flight)
 
     def _context(self, ca_bundle: str | None) -> ssl.SSLContext:
         context = self._contexts.get(ca_bundle)
