@@ -249,6 +249,21 @@ async def test_one_participant_has_at_most_its_share_of_calls_in_flight_and_othe
         other.close()
 
 
+async def test_a_redirect_is_not_followed_and_says_where_it_pointed(
+    participant: Participant, transport: HttpTransport
+) -> None:
+    participant.script(
+        "/moved", Reply(308, {"error": "moved"}, headers={"Location": "https://payments.example/v2/undo"})
+    )
+    outcome = await transport.send(call(participant, "/moved"))
+    assert outcome.status_code == 308
+    assert outcome.error == (
+        "HTTP 308 to https://payments.example/v2/undo (redirects are not followed: point the Webhook there): "
+        '{"error": "moved"}'
+    )
+    assert [r.path for r in participant.received()] == ["/moved"]  # nothing sent where it pointed
+
+
 async def test_a_call_waits_for_a_slot_among_all_calls_before_its_clock_starts() -> None:
     """aiohttp's connection limit was the bound on all calls, waited for inside the attempt: a
     tenant whose slow participants held every connection made everyone else's calls time out

@@ -342,6 +342,9 @@ class HttpTransport:
         if not succeeded:
             text = body.decode(errors="replace").strip().replace("\n", " ")
             detail = f": {text[:MAX_ERROR_TEXT]}" if text else ""
+            if 300 <= status < 400:  # the person fixing it needs where it pointed
+                where = clip(answer_headers.get("location", "nowhere"), MAX_ERROR_TEXT)
+                detail = f" to {where} (redirects are not followed: point the Webhook there){detail}"
             return CallOutcome(
                 status_code=status, error=f"HTTP {status}{detail}", retry_after=answer_headers.get("retry-after")
             )
