@@ -37,6 +37,7 @@ from undolog.errors import CallNotPossible, CommandError
 from undolog.kube import EventRecord, Kube
 from undolog.ledger import Ledger, UnreadableSaga, parse_saga
 
+OWN_LISTINGS = 50  # sagas whose entries are listed one saga at a time; for more, one listing of all
 # Halted first (a person is needed), then what is moving, then what is done.
 PHASE_ORDER: dict[SagaPhase | None, int] = {
     SagaPhase.HALTED: 0,
@@ -179,6 +180,16 @@ class Inspector:
             if entry.spec.compensation is not None:
                 called[(entry.metadata.namespace, entry.spec.saga)].add(entry.spec.compensation.function)
         return called
+
+    async def compensations_called(self, sagas: list[Saga], namespace: str | None) -> set[str]:
+        """The compensation functions the entries of `sagas` (in `namespace`, or all) call: each
+        saga's own entries while they are few. One halted saga among thousands cost every list
+        page a listing of every entry in view, again at each live refresh."""
+        if len(sagas) > OWN_LISTINGS:
+            called = await self.functions(namespace)
+            return {function for saga in sagas for function in called.get(saga.key, ())}
+        listings = await asyncio.gather(*(self.ledger.entries_of(saga) for saga in sagas))
+        return {e.spec.compensation.function for found in listings for e in found.entries if e.spec.compensation}
 
     async def halted_on(self, function: str, namespace: str | None = None) -> list[Saga]:
         """Halted sagas that wait on `function`: what to retry once it is fixed."""

@@ -152,9 +152,8 @@ async def saga_list(current: Page) -> web.StreamResponse:
     filters = {k: query.get(k, "") for k in ("phase", "org", "function", "older_than")}
     filters["namespace"] = namespace or ""
     events = "/events?" + urlencode({"namespace": namespace or ""})
-    halted = {s.key for s in sagas if s.status.phase == SagaPhase.HALTED}
-    called = await current.inspector.functions(namespace) if halted else {}
-    functions = sorted({f for key, names in called.items() if key in halted for f in names})
+    halted = [s for s in sagas if s.status.phase == SagaPhase.HALTED]
+    functions = sorted(await current.inspector.compensations_called(halted, namespace))
     return current.render(
         "sagas.html", sagas=sagas, unreadable=listed.unreadable, filters=filters, events=events, functions=functions
     )
