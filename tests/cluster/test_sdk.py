@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from tests.support.manifests import webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant
 from tests.support.waiting import eventually, saga_phase
-from undolog.errors import Unavailable
+from undolog.errors import AlreadyExists, Unavailable
 from undolog.kube import Kube
 from undolog.sdk import Call, NotSent, SagaEnded, current_step, open_saga, undoable
 from undolog.sdk import sync as sync_sdk
@@ -319,3 +320,42 @@ async def test_tools_of_any_name_called_again_and_again_are_registered(
         "createuser-5",
     ]
     assert [e["spec"]["stackPosition"] for e in listed] == [1, 2, 3, 4, 5]
+
+
+async def test_an_agent_restarted_after_a_crash_resumes_its_saga_and_can_undo_it(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
+) -> None:
+    """An agent killed inside its block leaves its saga Active with what its steps did. Run
+    again, it opened the same saga name and got AlreadyExists: it could neither go on nor
+    abort, and the effects stayed. Now it resumes the saga: new steps come after the old ones,
+    and an abort undoes all of them, newest first."""
+    await register(kube, namespace, participant, "undo")
+    config = str(cluster.kubeconfig)
+    first = await open_saga(name="job-7", namespace=namespace, kubeconfig=config)
+    for n in (1, 2):
+        async with first.step("provision", Call(function="undo", args={"n": n})):
+            pass
+    await first.close()  # killed here: never left its block
+
+    with pytest.raises(AlreadyExists, match=re.escape("open_saga(..., resume=True) carries on with it")):
+        await open_saga(name="job-7", namespace=namespace, kubeconfig=config)
+    again = await open_saga(name="job-7", namespace=namespace, kubeconfig=config, resume=True)
+
+    async def second_run() -> None:
+        async with again:
+            async with again.step("provision", Call(function="undo", args={"n": 3})):
+                pass
+            raise ToolFailed("the second run failed too")
+
+    with pytest.raises(ToolFailed):
+        await second_run()
+    await saga_phase(kube, namespace, "job-7", "Compensated")
+    assert [r.body["n"] for r in participant.received("/undo")] == [3, 2, 1]
+    listed = await entries(kube, namespace, "job-7")
+    assert [(e["spec"]["stackPosition"], e["spec"]["step"]) for e in listed] == [
+        (1, "provision"),
+        (2, "provision-2"),
+        (3, "provision-3"),
+    ]
+    with pytest.raises(SagaEnded, match=re.escape("is Compensated (outcome Abort): it cannot be resumed")):
+        await open_saga(name="job-7", namespace=namespace, kubeconfig=config, resume=True)

@@ -391,11 +391,18 @@ async def open_saga(
     policy: CompensationPolicy | None = None,
     kube: Kube | None = None,
     kubeconfig: str | None = None,
+    resume: bool = False,
 ) -> SagaRun:
     """Create an Active external saga (from KUBECONFIG, or in-cluster when unset), in
-    `namespace`, else the kubeconfig context's namespace (in a pod: the pod's)."""
+    `namespace`, else the kubeconfig context's namespace (in a pod: the pod's).
+
+    `resume=True` (with `name`): when the saga exists and is still Active (an earlier run of
+    this agent died inside its block), carry on with it as it is (its spec, its entries; new
+    steps come after its last) instead of failing with AlreadyExists. SagaEnded if it ended."""
     if (name is None) == (generate_name is None):
         raise ValueError("give exactly one of name or generate_name")
+    if resume and name is None:
+        raise ValueError("resume=True needs the saga's name")
     owns = kube is None
     client = kube or await Kube.connect(kubeconfig)
     spec = SagaSpec(
@@ -403,12 +410,40 @@ async def open_saga(
     )
     namespace = namespace or default_namespace(kubeconfig)
     try:
-        created = await _create_saga(client, namespace, name, generate_name, spec)
+        try:
+            created = await _create_saga(client, namespace, name, generate_name, spec)
+        except errors.AlreadyExists as exists:
+            if not resume:
+                raise errors.AlreadyExists(
+                    f"{exists.message}: an earlier run's saga? open_saga(..., resume=True) carries on with it",
+                    status=exists.status,
+                    reason=exists.reason,
+                ) from None
+            return await _resumed(client, namespace, str(name), owns, kubeconfig)
     except BaseException:
         if owns:
             await client.close()
         raise
     return SagaRun(client, Saga.model_validate(created), owns_client=owns, kubeconfig=kubeconfig)
+
+
+async def _resumed(kube: Kube, namespace: str, name: str, owns: bool, kubeconfig: str | None) -> SagaRun:
+    ledger = Ledger(kube)
+    saga = await ledger.saga(namespace, name)
+    if saga.spec.steps is not None:
+        raise ValueError(f"saga {namespace}/{name} is orchestrated: the operator runs its steps, no agent resumes it")
+    if saga.status.phase not in (None, SagaPhase.ACTIVE) or saga.spec.outcome:
+        asked = f" (outcome {saga.spec.outcome})" if saga.spec.outcome else ""
+        raise SagaEnded(f"saga {namespace}/{name} is {saga.status.phase or 'Active'}{asked}: it cannot be resumed")
+    entries = (await ledger.entries_of(saga)).entries
+    return SagaRun(
+        kube,
+        saga,
+        owns_client=owns,
+        kubeconfig=kubeconfig,
+        _positions=max((e.spec.stack_position for e in entries), default=0),
+        _names={e.spec.step for e in entries},
+    )
 
 
 async def _create_saga(kube: Kube, namespace: str, name: str | None, prefix: str | None, spec: SagaSpec) -> Body:

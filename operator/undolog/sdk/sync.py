@@ -128,9 +128,11 @@ def open_saga(
     deadline_seconds: int | None = None,
     policy: CompensationPolicy | None = None,
     kubeconfig: str | None = None,
+    resume: bool = False,
 ) -> Saga:
     """Create an Active external saga (from KUBECONFIG, or in-cluster when unset), in
-    `namespace`, else the kubeconfig context's namespace (in a pod: the pod's)."""
+    `namespace`, else the kubeconfig context's namespace (in a pod: the pod's); `resume`: as
+    the async open_saga's."""
     loop = _Loop()
     try:
         run = loop.run(
@@ -142,6 +144,7 @@ def open_saga(
                 deadline_seconds=deadline_seconds,
                 policy=policy,
                 kubeconfig=kubeconfig,
+                resume=resume,
             )
         )
     except BaseException:
