@@ -155,3 +155,38 @@ async def test_a_saga_and_entries_labelled_into_no_shard_are_filed_and_compensat
         labels = (await kube.get("sagas", namespace, name))["metadata"]["labels"]
         assert labels[BUCKET_LABEL] == str(bucket_of(namespace, name))
         assert [r.body["n"] for r in participant.received("/undo") if r.body["saga"] == name] == [2, 1]
+
+
+async def test_an_entry_relabelled_by_hand_into_another_shard_is_not_reported_lost(
+    kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path
+) -> None:
+    """A shard's watch selects its buckets' label: an entry relabelled out of it (by hand, by a
+    tool that rewrites labels) reaches that watch as DELETED, though it still exists. The saga
+    halted with EntryLost, and a person had to retry one that had lost nothing."""
+    participant.handle("/undo", lambda request: Reply(200, delay=1.5 if request.body["n"] == 2 else 0))
+    await register(kube, namespace, participant, "undo")
+    await external_saga(kube, namespace, "relabelled", [call("undo", n=1), call("undo", n=2)])
+    own = bucket_of(namespace, "relabelled")
+    other = next(b for b in all_shards(2)[0 if own >= 32 else 1].buckets)  # a bucket of the other shard
+    operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path, ("--shards=2",), lease_seconds=4)
+    operator.start()
+    try:
+        await eventually(
+            lambda: kube.get("undoentries", namespace, "relabelled-1"),
+            lambda entry: entry["metadata"]["labels"].get(BUCKET_LABEL) == str(own),
+            30,
+            "the entries filed",
+        )
+        await abort(kube, namespace, "relabelled")
+        await participant.until(lambda received: len(received) >= 1, within=30)  # entry 2's call is on the wire
+        await kube.patch("undoentries", namespace, "relabelled-1", {"metadata": {"labels": {BUCKET_LABEL: str(other)}}})
+        done = await eventually(
+            lambda: kube.get("sagas", namespace, "relabelled"),
+            lambda saga: saga.get("status", {}).get("phase") in ("Compensated", "Halted"),
+            30,
+            "the saga compensated or halted",
+        )
+    finally:
+        operator.stop()
+    assert done["status"]["phase"] == "Compensated", done["status"].get("message")
+    assert [r.body["n"] for r in participant.received("/undo")] == [2, 1]

@@ -140,6 +140,7 @@ class SagaDriver:
         "never_sent",
         "proof",
         "task",
+        "vanished",
         "wake",
         "working",
     )
@@ -159,6 +160,10 @@ class SagaDriver:
         self.last_status_write = 0.0
         self.last_error: str | None = None
         self.lost: list[LostEntry] = []  # entries gone since the last reconcile, to be reported
+        # Entries a watch saw deleted, read again before they are reported lost: one relabelled
+        # out of a shard's watch reaches that watch as DELETED though it still exists, and its
+        # saga halted with an entry "deleted by hand" that was not.
+        self.vanished: list[UndoEntry] = []
         self.proof = EntryProof.NONE
         self.never_sent: set[str] = set()  # entries this driver created and has not yet sent
         self.listed: Listed | None = None  # on taking charge, just before the entries were listed
@@ -214,6 +219,23 @@ class SagaDriver:
         """An entry can no longer be compensated: record it on the saga at the next reconcile."""
         self.lost.append(lost)
         self.wake.set()
+
+    def vanish(self, entry: UndoEntry) -> None:
+        """A watch saw the entry deleted: lost if it is gone when read again."""
+        self.vanished.append(entry)
+        self.wake.set()
+
+    async def confirm_vanished(self, saga: Saga, entries: Entries) -> None:
+        vanished, self.vanished = self.vanished, []
+        for entry in vanished:
+            try:
+                found = await self.context.ledger.entry(*entry.key)
+            except errors.NotFound:
+                self.lost.append(lost_entry(entry, "deleted by hand"))
+                continue
+            self.context.index.restored(found)
+            if owned_by(found, saga.metadata.uid):
+                entries[found.metadata.name] = found
 
     def notify(self, saga: Saga | None) -> None:
         if saga is None:
@@ -284,6 +306,8 @@ class SagaDriver:
         if self.proof == EntryProof.FRESH:
             self.proof = EntryProof.STALE  # time passed since the listing: something may have come
         while True:
+            if self.vanished:
+                await self.confirm_vanished(saga, entries)
             if self.lost:  # noticed by the watch meanwhile: never compensate from a stale copy
                 for lost in self.lost:
                     entries.pop(lost.name, None)

@@ -17,7 +17,7 @@ from undolog.api import EntryReason, EventReason, ObjectMeta, Resource, Saga, Sa
 from undolog.calls.runner import Fence, fence_this_task
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import DriverContext, Slot
-from undolog.controller.driver import Listed, SagaDriver, lost_entry
+from undolog.controller.driver import Listed, SagaDriver
 from undolog.controller.entry_index import EntryIndex, SagaKey
 from undolog.controller.entry_watch import EntryEvent, EntryWatch
 from undolog.controller.forward import Forwarder
@@ -256,7 +256,7 @@ class Engine:
         seen = self.sagas.get(key)
         if entry.status.state in compensation_plan.SETTLED or seen is None or seen.phase in (None, *phases.TERMINAL):
             return
-        (self.drivers.get(key) or self._start(key)).lose(lost_entry(entry, "deleted by hand"))
+        (self.drivers.get(key) or self._start(key)).vanish(entry)
 
     # -- gauges -----------------------------------------------------------------------------------
 

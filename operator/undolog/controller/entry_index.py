@@ -54,6 +54,12 @@ class EntryIndex:
         while len(self._deleted) > TOMBSTONES:
             self._deleted.popitem(last=False)
 
+    def restored(self, entry: UndoEntry) -> None:
+        """An entry a watch saw deleted and that exists, read again (relabelled out of a shard's
+        watch): kept, its tombstone cleared."""
+        self._deleted.pop(entry.key, None)
+        self.keep(entry)
+
     def keep(self, entry: UndoEntry) -> None:
         """A copy of an entry (from a listing, an event or a write response), if it is newer
         (when the revisions cannot be ordered, the copy just seen)."""
