@@ -21,7 +21,7 @@ from tests.support.participants import Participant, Received, Reply
 from tests.support.waiting import eventually, saga_phase
 from undolog.conventions import BUCKET_LABEL, bucket_of
 from undolog.decisions.sharding import all_shards
-from undolog.kube import Kube
+from undolog.kube import Kube, Plural
 
 pytestmark = pytest.mark.cluster
 SHARDS = 4
@@ -157,12 +157,19 @@ async def test_a_saga_and_entries_labelled_into_no_shard_are_filed_and_compensat
         assert [r.body["n"] for r in participant.received("/undo") if r.body["saga"] == name] == [2, 1]
 
 
-async def test_an_entry_relabelled_by_hand_into_another_shard_is_not_reported_lost(
-    kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path
+@pytest.mark.parametrize(("plural", "relabelled"), [("undoentries", "relabelled-1"), ("sagas", "relabelled")])
+async def test_a_saga_or_entry_relabelled_by_hand_into_another_shard_loses_nothing(
+    kube: Kube,
+    namespace: str,
+    participant: Participant,
+    cluster: Cluster,
+    tmp_path: Path,
+    plural: Plural,
+    relabelled: str,
 ) -> None:
-    """A shard's watch selects its buckets' label: an entry relabelled out of it (by hand, by a
-    tool that rewrites labels) reaches that watch as DELETED, though it still exists. The saga
-    halted with EntryLost, and a person had to retry one that had lost nothing."""
+    """A shard's watch selects its buckets' label: an object relabelled out of it (by hand, by
+    a tool that rewrites labels) reaches that watch as DELETED, though it still exists. For an
+    entry, the saga halted with EntryLost, and a person had to retry one that had lost nothing."""
     participant.handle("/undo", lambda request: Reply(200, delay=1.5 if request.body["n"] == 2 else 0))
     await register(kube, namespace, participant, "undo")
     await external_saga(kube, namespace, "relabelled", [call("undo", n=1), call("undo", n=2)])
@@ -179,7 +186,7 @@ async def test_an_entry_relabelled_by_hand_into_another_shard_is_not_reported_lo
         )
         await abort(kube, namespace, "relabelled")
         await participant.until(lambda received: len(received) >= 1, within=30)  # entry 2's call is on the wire
-        await kube.patch("undoentries", namespace, "relabelled-1", {"metadata": {"labels": {BUCKET_LABEL: str(other)}}})
+        await kube.patch(plural, namespace, relabelled, {"metadata": {"labels": {BUCKET_LABEL: str(other)}}})
         done = await eventually(
             lambda: kube.get("sagas", namespace, "relabelled"),
             lambda saga: saga.get("status", {}).get("phase") in ("Compensated", "Halted"),
