@@ -22,10 +22,8 @@ import pytest
 from tests.support.participants import Participant, Reply, https_participant
 from undolog.calls.http import CALLS_PER_PARTICIPANT, MAX_CONTEXTS, HttpTransport
 from undolog.calls.transport import PreparedCall, Target
-from undolog.controller.context import Slot, without_slot
 from undolog.conventions import MAX_ANSWER_BYTES
 from undolog.decisions.egress import EgressPolicy
-from undolog.decisions.retry import CallOutcome
 from undolog.errors import CallRefusal, NotLeading
 
 
@@ -285,32 +283,6 @@ async def test_a_call_waits_for_a_slot_among_all_calls_before_its_clock_starts()
         await transport.close()
         for participant in (*slow, healthy):
             participant.close()
-
-
-async def test_a_saga_waiting_for_a_participants_slot_gives_its_own_slot_to_other_sagas(
-    transport: HttpTransport,
-) -> None:
-    """Sagas queued on one slow participant (more of them than its calls at once) held the
-    operator's saga slots while they waited: once every slot was so held (200 sagas undoing
-    payments while payments is slow), a saga calling anyone else waited for that queue."""
-    slow, other = Participant(), Participant()
-    saga_slots = asyncio.Semaphore(CALLS_PER_PARTICIPANT + 1)  # the last one goes to a queued call
-
-    async def saga(prepared: PreparedCall) -> CallOutcome:
-        async with Slot(saga_slots):
-            return await transport.send(replace(prepared, aside=without_slot))
-
-    try:
-        slow.script("/slow", *[Reply(200, delay=1.5)] * (CALLS_PER_PARTICIPANT + 1))
-        calls = [asyncio.create_task(saga(call(slow, "/slow"))) for _ in range(CALLS_PER_PARTICIPANT + 1)]
-        await slow.until(lambda received: len(received) >= CALLS_PER_PARTICIPANT, within=5)
-        quick = await saga(call(other, "/fast"))
-        assert quick.status_code == 200
-        assert not any(c.done() for c in calls)  # it went before the slow participant answered anyone
-        assert [o.status_code for o in await asyncio.gather(*calls)] == [200] * (CALLS_PER_PARTICIPANT + 1)
-    finally:
-        slow.close()
-        other.close()
 
 
 FIRST_CALL = """

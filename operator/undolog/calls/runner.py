@@ -10,12 +10,10 @@ attempt it asks the fence whether this operator still leads, and stamps its toke
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import random
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -128,13 +126,11 @@ class Runner:
         *,
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        aside: Callable[[], AbstractAsyncContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self.transport = transport
         self.fence = fence
         self._rng = rng or random.Random()
         self._sleep = sleep  # between attempts (the operator frees the saga's slot meanwhile)
-        self._aside = aside  # while an attempt waits for its participant slot (the same)
 
     async def close(self) -> None:
         await self.transport.close()
@@ -168,7 +164,7 @@ class Runner:
             if shard is not None:
                 sent[SHARD_HEADER] = shard
             started_at, began = now(), time.monotonic()
-            outcome = await self.transport.send(PreparedCall(target, body, sent, leaving, self._aside))
+            outcome = await self.transport.send(PreparedCall(target, body, sent, leaving))
             record = AttemptRecord(number, started_at, outcome, int((time.monotonic() - began) * 1000))
             attempts.append(record)
             delay = next_delay(

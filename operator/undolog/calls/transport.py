@@ -7,9 +7,7 @@ the operator layer use a fake one. Retries, recording and timing live above it (
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -37,11 +35,6 @@ class PreparedCall:
     # Told when the attempt leaves, its participant slot taken: time spent queued behind the
     # operator's own calls is not the participant's.
     leaving: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
-    # Entered while the attempt waits for its participant slot (the calls to one participant at
-    # once are bounded): the operator gives the saga's own slot to others meanwhile.
-    aside: Callable[[], AbstractAsyncContextManager[None]] = field(
-        default=contextlib.nullcontext, repr=False, compare=False
-    )
 
 
 class Transport(Protocol):

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -82,14 +81,8 @@ class Slot:
 _current: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("undolog_slot", default=None)
 
 
-def without_slot() -> AbstractAsyncContextManager[None]:
-    """While the block waits (for a participant's slot, between attempts), the saga's slot is
-    free for others."""
-    slot = _current.get()
-    return contextlib.nullcontext() if slot is None else slot.aside()
-
-
 async def wait_without_slot(seconds: float) -> None:
-    """The runner's sleep between attempts."""
-    async with without_slot():
+    """The runner's sleep between attempts: the saga's slot is free for others meanwhile."""
+    slot = _current.get()
+    async with contextlib.nullcontext() if slot is None else slot.aside():
         await asyncio.sleep(seconds)

@@ -27,7 +27,7 @@ from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner, TaskFence
 from undolog.calls.webhook_cache import WebhookCache
 from undolog.controller.compensation import Compensator
-from undolog.controller.context import wait_without_slot, without_slot
+from undolog.controller.context import wait_without_slot
 from undolog.controller.engine import Engine
 from undolog.controller.forward import Forwarder
 from undolog.controller.gauges import SagaGauges
@@ -92,7 +92,7 @@ async def run(options: OperatorOptions) -> None:
     me = options.identity or identity()
     fence = TaskFence()  # each driver's task carries its shard's Lease
     transport = HttpTransport(options.egress(), guard=fence.check)
-    runner = Runner(transport, fence, sleep=wait_without_slot, aside=without_slot)
+    runner = Runner(transport, fence, sleep=wait_without_slot)
     webhooks = WebhookCache(kube, options.namespaces)
     await webhooks.start()
     recorder = CallRecorder(ledger, Registry(ledger, options.cross_namespace_services, webhooks), runner, timeline)
