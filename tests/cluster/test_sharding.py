@@ -180,7 +180,7 @@ async def test_a_saga_or_entry_relabelled_by_hand_into_another_shard_loses_nothi
     try:
         await eventually(
             lambda: kube.get("undoentries", namespace, "relabelled-1"),
-            lambda entry: entry["metadata"]["labels"].get(BUCKET_LABEL) == str(own),
+            lambda entry: (entry["metadata"].get("labels") or {}).get(BUCKET_LABEL) == str(own),
             30,
             "the entries filed",
         )

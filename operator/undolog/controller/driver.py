@@ -139,6 +139,7 @@ class SagaDriver:
         "namespace",
         "never_sent",
         "proof",
+        "quit_gone",
         "task",
         "vanished",
         "wake",
@@ -155,6 +156,7 @@ class SagaDriver:
         self._shrunk: tuple[int | None, str] | None = None
         self.working = False  # reconciling, in its slot
         self.gone = False
+        self.quit_gone = False  # it stopped because its saga was gone (a saga seen again after that needs another)
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.last_status_write = 0.0
@@ -238,9 +240,11 @@ class SagaDriver:
                 entries[found.metadata.name] = found
 
     def notify(self, saga: Saga | None) -> None:
-        if saga is None:
-            self.gone = True
-        else:
+        """The saga as a watch saw it; None: deleted. A saga relabelled out of its shard's watch
+        reaches it as DELETED and comes back once filed: it is not gone after all (the driver
+        that quit meanwhile left it undriven for good)."""
+        self.gone = saga is None
+        if saga is not None:
             self.keep_newest(saga)
         self.wake.set()
 
@@ -248,6 +252,7 @@ class SagaDriver:
         """Reconcile until the saga needs nothing more; `slot`: one already taken for the first
         reconcile (the engine starts a driver once a slot is free)."""
         failures = 0
+        self.quit_gone = False
         while not self.gone:
             self.wake.clear()
             try:
@@ -280,6 +285,7 @@ class SagaDriver:
                 return
             timeout = None if wait.until is None else max((wait.until - now()).total_seconds(), 0.0)
             await woken(self.wake, timeout)
+        self.quit_gone = True
 
     def _backoff(self, failures: int, error: Exception) -> moves.Wait:
         delay = operator_retry_seconds(failures)

@@ -323,7 +323,11 @@ class Engine:
         finally:
             if self.drivers.get(key) is driver:
                 del self.drivers[key]
-                self._settled(key)
+                came_back = driver.latest
+                if driver.quit_gone and not driver.gone and came_back is not None:  # seen again as it quit
+                    self.saga_seen(came_back)
+                else:
+                    self._settled(key)
 
     def _settled(self, key: SagaKey) -> None:
         """A Completed or Compensated saga needs its entries no more (memory, with thousands of
