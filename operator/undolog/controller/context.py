@@ -4,9 +4,8 @@ owns the drivers; a driver never reaches back into the engine)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -66,13 +65,11 @@ class Slot:
         _current.set(None)
         self.give_back()  # not held when cancelled while waiting to take it back
 
-    @contextlib.asynccontextmanager
-    async def aside(self) -> AsyncIterator[None]:
-        """The slot given up for as long as the block waits. With several calls of the saga under
-        way, the first to wait gives it up and the first to be done takes it back: never two
-        slots for one saga. Not taken back when the block raises (the driver is stopping)."""
+    async def pause(self, seconds: float) -> None:
+        """Give the slot up for `seconds`. With several calls of the saga under way, the first
+        to wait gives it up and the first to wake takes it back: never two slots for one saga."""
         self.give_back()
-        yield
+        await asyncio.sleep(seconds)
         async with self.taking_back:
             if not self.held:
                 await self.take()
@@ -84,5 +81,7 @@ _current: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("undolog_
 async def wait_without_slot(seconds: float) -> None:
     """The runner's sleep between attempts: the saga's slot is free for others meanwhile."""
     slot = _current.get()
-    async with contextlib.nullcontext() if slot is None else slot.aside():
+    if slot is None:
         await asyncio.sleep(seconds)
+    else:
+        await slot.pause(seconds)

@@ -252,7 +252,6 @@ class SagaDriver:
         """Reconcile until the saga needs nothing more; `slot`: one already taken for the first
         reconcile (the engine starts a driver once a slot is free)."""
         failures = 0
-        self.quit_gone = False
         while not self.gone:
             self.wake.clear()
             try:

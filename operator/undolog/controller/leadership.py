@@ -224,7 +224,8 @@ class Leadership:
             return False
         transitions = int(spec.get("leaseTransitions") or 0)
         now = timestamp()
-        if holder != self.me or self._fence is None:  # a new holder, or this identity's new process
+        taking = holder != self.me or self._fence is None  # a new holder, or this identity's new process
+        if taking:
             transitions += 1  # kept for people (kubectl, client-go's convention), not as the fence
             spec["acquireTime"] = now
         spec.update(
@@ -234,7 +235,6 @@ class Leadership:
             leaseTransitions=transitions,
         )
         lease["spec"] = spec
-        taking = holder != self.me or self._fence is None
         try:
             written = await self.kube.replace_lease(settings.namespace, settings.name, lease)
         except errors.Conflict:
