@@ -35,7 +35,7 @@ from undolog.decisions.arguments import resolve
 from undolog.decisions.phases import TERMINAL
 from undolog.errors import CallNotPossible, CommandError
 from undolog.kube import EventRecord, Kube
-from undolog.ledger import Ledger, UnreadableSaga, parse_saga
+from undolog.ledger import Ledger, UnreadableSaga, parse_saga, through_outage
 
 OWN_LISTINGS = 50  # sagas whose entries are listed one saga at a time; for more, one listing of all
 # Halted first (a person is needed), then what is moving, then what is done.
@@ -351,15 +351,10 @@ class Inspector:
         """Until the saga is in `phase`; CommandError when it can no longer get there or time runs out."""
         deadline = time.monotonic() + within
         while True:
-            try:
-                saga = await self.saga(namespace, name)
-            except errors.Unavailable as unreachable:  # an apiserver restart: waited out, as kubectl wait does
-                if time.monotonic() > deadline:
-                    raise CommandError(
-                        f"saga {name!r} could not be read for {within:g} s: {unreachable.message}"
-                    ) from None
-                await asyncio.sleep(poll)
-                continue
+            try:  # an apiserver restart is waited out, as kubectl wait does
+                saga = await through_outage(lambda: self.saga(namespace, name), deadline, lambda _: poll)
+            except errors.Unavailable as unreachable:
+                raise CommandError(f"saga {name!r} could not be read for {within:g} s: {unreachable.message}") from None
             if saga.status.phase == phase:
                 return saga
             if saga.status.phase in TERMINAL:

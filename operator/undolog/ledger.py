@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import AsyncIterator, Awaitable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -24,6 +25,7 @@ from undolog.conventions import bucket_labels, creation_body, owned_by
 from undolog.kube import Body, Plural
 
 R = TypeVar("R", bound=Resource)
+T = TypeVar("T")
 REBASES = 5  # replays of one entry write over other writers' changes before giving up
 
 
@@ -108,6 +110,22 @@ def parse_entry(body: Body) -> UndoEntry | Unreadable:
                 why=f"unreadable: {first_error(error)}"[:1024],
             ),
         )
+
+
+async def through_outage(act: Callable[[], Awaitable[T]], deadline: float, pause: Callable[[int], float]) -> T:
+    """`act()`, asked again while the API cannot be reached (an apiserver restart, an upgrade of
+    the control plane), `pause(failures so far)` seconds apart, until the monotonic `deadline`;
+    then the last Unavailable, for the caller to say what it was doing."""
+    failures = 0
+    while True:
+        try:
+            return await act()
+        except errors.Unavailable:
+            failures += 1
+            delay = pause(failures)
+            if time.monotonic() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)
 
 
 @dataclass(frozen=True)

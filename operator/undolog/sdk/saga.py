@@ -45,7 +45,7 @@ from undolog.decisions.phases import FINAL
 from undolog.decisions.retry import operator_retry_seconds
 from undolog.errors import NoSaga, NotSent, RewindNotDone, SagaEnded
 from undolog.kube import Body, Kube, default_namespace
-from undolog.ledger import Ledger
+from undolog.ledger import Ledger, through_outage
 
 CONFLICT_RETRIES = 10
 POLL_SECONDS = 0.2
@@ -61,18 +61,12 @@ T = TypeVar("T")
 async def recorded(write: Callable[[], Awaitable[T]], what: str, within: float = RECORD_WITHIN_SECONDS) -> T:
     """`write()`, tried again while the API is unavailable, for `within` seconds; then the last
     Unavailable, saying what was not recorded."""
-    deadline, failures = time.monotonic() + within, 0
-    while True:
-        try:
-            return await write()
-        except errors.Unavailable as error:
-            failures += 1
-            delay = operator_retry_seconds(failures)
-            if time.monotonic() + delay > deadline:
-                raise errors.Unavailable(
-                    f"{what} could not be recorded for {within:g} s: {error.message}", status=error.status
-                ) from error
-            await asyncio.sleep(delay)
+    try:
+        return await through_outage(write, time.monotonic() + within, operator_retry_seconds)
+    except errors.Unavailable as error:
+        raise errors.Unavailable(
+            f"{what} could not be recorded for {within:g} s: {error.message}", status=error.status
+        ) from error
 
 
 _current_saga: contextvars.ContextVar[SagaRun] = contextvars.ContextVar("undolog_saga")
@@ -353,14 +347,9 @@ class SagaRun:
     async def _read(self, ledger: Ledger, deadline: float) -> Saga:
         """The saga as it is now; an API that cannot be reached (a restart) is waited for until
         `deadline`, as any other wait is."""
-        while True:
-            try:
-                self.saga = await ledger.saga(self.namespace, self.name)
-                return self.saga
-            except errors.Unavailable:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(POLL_SECONDS)
+        read = functools.partial(ledger.saga, self.namespace, self.name)
+        self.saga = await through_outage(read, deadline, lambda _: POLL_SECONDS)
+        return self.saga
 
     async def close(self) -> None:
         if self.owns_client and not self._closed:
