@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import sys
@@ -183,6 +184,33 @@ async def test_an_exec_plugin_runs_once_until_its_credential_expires(tmp_path: P
     expiring = TokenSource(credentials(str(plugin_kubeconfig(tmp_path, expires_in=5))))  # within the margin
     first, second = await expiring.token(), await expiring.token()
     assert (first, second) == ("token-3-payments-False", "token-4-payments-False")
+
+
+async def test_requests_that_find_the_credential_expired_together_run_the_plugin_once(tmp_path: Path) -> None:
+    """The operator, the CLI or the dashboard sends many requests at once; when the exec
+    credential expires (or the API answers them all 401), each used to run the plugin itself:
+    a plugin that takes a second (a cloud's login) ran once per request, a few at a time in
+    asyncio's threads, and every request waited for the queue."""
+    source = TokenSource(credentials(str(plugin_kubeconfig(tmp_path, expires_in=3600))))
+    assert set(await asyncio.gather(*(source.token() for _ in range(20)))) == {"token-1-payments-False"}
+    assert runs(tmp_path) == 1
+    refused = source.generation
+    for _ in range(20):  # twenty requests refused with the same credential
+        source.forget(refused)
+    assert set(await asyncio.gather(*(source.token() for _ in range(20)))) == {"token-2-payments-False"}
+    source.forget(refused)  # a refusal of the credential that was replaced already: nothing to do
+    assert await source.token() == "token-2-payments-False"
+    assert runs(tmp_path) == 2
+
+
+async def test_a_plugin_that_fails_fails_every_request_waiting_on_it_with_one_run(tmp_path: Path) -> None:
+    failing = TokenSource(credentials(str(plugin_kubeconfig(tmp_path, expires_in=None, exit_code=3))))
+    outcomes = await asyncio.gather(*(failing.token() for _ in range(10)), return_exceptions=True)
+    assert all(isinstance(o, errors.KubeconfigInvalid) for o in outcomes)
+    assert runs(tmp_path) == 1
+    with pytest.raises(errors.KubeconfigInvalid):  # a request after it tries again
+        await failing.token()
+    assert runs(tmp_path) == 2
 
 
 async def test_an_exec_plugin_that_fails_says_how(tmp_path: Path) -> None:

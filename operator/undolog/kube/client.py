@@ -269,6 +269,7 @@ class Kube:
         bound = bound or aiohttp.ClientTimeout(total=self.timeouts.request, sock_connect=self.timeouts.connect)
         for attempt in (1, 2):
             headers, tls = await self._authorization()
+            generation = self._tokens.generation
             headers["Accept"] = accept
             if data is not None:
                 headers["Content-Type"] = content_type
@@ -284,7 +285,7 @@ class Kube:
                     timeout=bound,
                 ) as response:
                     if response.status == 401 and attempt == 1:
-                        self._tokens.forget()
+                        self._tokens.forget(generation)
                         continue
                     if response.status >= 400:
                         raw = await response.read()

@@ -314,12 +314,15 @@ def ssl_context(found: Credentials, issued: ExecCredential | None = None) -> ssl
 @dataclass
 class TokenSource:
     """The bearer token for the next request: fixed, from a file re-read each minute, or from an
-    exec plugin run again when it expires."""
+    exec plugin run again when it expires. One refresh at a time, shared by every request that
+    finds the credential stale (a plugin that takes a second ran once per request before)."""
 
     found: Credentials
+    generation: int = 0  # bumped by each read or issue: a refusal of an older one is answered
     _token: str | None = None
     _read_at: float = float("-inf")
     _issued: ExecCredential | None = None
+    _refreshing: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self._token = self.found.token
@@ -330,26 +333,51 @@ class TokenSource:
         plugin = self.found.exec_plugin
         if plugin is None:
             return None
-        if self._issued is None or (
-            self._issued.expires is not None and time.time() >= self._issued.expires - EXEC_EARLY_SECONDS
-        ):
-            self._issued = await asyncio.to_thread(run_exec_plugin, plugin)
+        if self._plugin_stale():
+            await self._refresh(plugin)
         return self._issued
 
-    def forget(self) -> None:
-        """The API refused the token (401): read or issue it again before the next request."""
-        self._issued, self._read_at = None, float("-inf")
+    def forget(self, refused: int | None = None) -> None:
+        """The API refused the credentials of generation `refused` (401; None: whichever are
+        current): read or issue them again before the next request, unless that was done since."""
+        if refused is None or refused == self.generation:
+            self._issued, self._read_at = None, float("-inf")
 
     async def token(self) -> str | None:
         issued = await self.issued()
         if issued is not None and issued.token:
             return issued.token
         if self.found.token_file and time.monotonic() - self._read_at >= TOKEN_FILE_REREAD_SECONDS:
+            await self._refresh(None)
+        return self._token
+
+    def _plugin_stale(self) -> bool:
+        return self._issued is None or (
+            self._issued.expires is not None and time.time() >= self._issued.expires - EXEC_EARLY_SECONDS
+        )
+
+    async def _refresh(self, plugin: ExecPlugin | None) -> None:
+        """Run the plugin or read the token file, or wait for the refresh already running: its
+        failure is every waiter's (a plugin that fails is run again by the next request only)."""
+        if self._refreshing is None:
+            self._refreshing = asyncio.ensure_future(self._read_or_issue(plugin))
+        running = self._refreshing
+        try:
+            await asyncio.shield(running)
+        finally:
+            if self._refreshing is running and running.done():
+                self._refreshing = None
+
+    async def _read_or_issue(self, plugin: ExecPlugin | None) -> None:
+        if plugin is not None:
+            self._issued = await asyncio.to_thread(run_exec_plugin, plugin)
+        else:
+            path = str(self.found.token_file)
             try:
-                self._token = (await asyncio.to_thread(Path(self.found.token_file).read_text)).strip()
+                self._token = (await asyncio.to_thread(Path(path).read_text)).strip()
             except OSError as error:
                 raise errors.KubeconfigInvalid(
-                    f"the token file {self.found.token_file} ({self.found.source}) cannot be read: {error}"
+                    f"the token file {path} ({self.found.source}) cannot be read: {error}"
                 ) from error
             self._read_at = time.monotonic()
-        return self._token
+        self.generation += 1
