@@ -91,13 +91,13 @@ class Operator:
             },
         )
 
-    def saga(self, name: str, phase: str | None = "Active", **spec: Any) -> Body:
+    def saga(self, name: str, phase: str | None = "Active", namespace: str = NS, **spec: Any) -> Body:
         return self.kube.put(
             "sagas",
             {
                 "apiVersion": "undolog.io/v1alpha1",
                 "kind": "Saga",
-                "metadata": {"name": name, "namespace": NS, "finalizers": [FINALIZER], "labels": {}},
+                "metadata": {"name": name, "namespace": namespace, "finalizers": [FINALIZER], "labels": {}},
                 "spec": {"compensationPolicy": FAST, **spec},
                 "status": {"phase": phase, "stackDepth": 0},
             },
@@ -1004,6 +1004,44 @@ async def test_sagas_waiting_for_a_slot_wait_in_a_queue_not_as_tasks(operator: O
     assert slots._value == 2
     assert engine.drivers == {}
     assert not engine.queued
+
+
+async def test_a_namespace_whose_sagas_queue_behind_another_namespaces_hundreds_is_served_next(
+    operator: Operator,
+) -> None:
+    """One tenant's 30 sagas aborted together against a slow participant fill the operator's
+    slots; another tenant's saga, aborted after them, gets the next slot that frees up. In one
+    queue it was compensated after all 30 (last of 31 calls)."""
+    slots = asyncio.Semaphore(2)
+    engine = operator.engine(slots=slots)
+    calls: list[str] = []
+
+    async def slow_for_busy(call: PreparedCall) -> None:
+        calls.append(call.headers["Undolog-Saga"].split("/")[0])
+        if calls[-1] == "busy":
+            await asyncio.sleep(0.02)
+
+    operator.transport.on_send = slow_for_busy
+    for namespace in ("busy", "quiet"):
+        operator.kube.put(
+            "webhooks",
+            {**operator.kube.body("webhooks", NS, "undo"), "metadata": {"name": "undo", "namespace": namespace}},
+        )
+    sagas = [("busy", f"b{i:02d}") for i in range(30)] + [("quiet", "q")]
+    for namespace, name in sagas:
+        saga = operator.saga(name, outcome="Abort", namespace=namespace)
+        operator.kube.put("undoentries", entry_body(name, 1, namespace=namespace, owner_uid=saga["metadata"]["uid"]))
+        engine.saga_event("MODIFIED", saga)
+
+    async def compensated() -> int:
+        return sum(
+            operator.kube.body("sagas", ns, n).get("status", {}).get("phase") == "Compensated" for ns, n in sagas
+        )
+
+    await eventually(compensated, lambda done: done == len(sagas), 10, "31 sagas Compensated")
+    await engine.stop()
+    assert len(calls) == 31
+    assert calls.index("quiet") <= 3, calls
 
 
 async def until_filed(kube: FakeKube, objects: list[tuple[Plural, str]], bucket: str) -> None:

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +26,7 @@ from undolog.controller.timeline import Timeline
 from undolog.conventions import now
 from undolog.decisions import compensation_plan, phases, resolutions
 from undolog.decisions.sharding import Shard
+from undolog.decisions.turns import Turns
 from undolog.errors import KubeError
 from undolog.kube import Body, Kube
 from undolog.kube.watch import OrderedWatch, Progress, as_body
@@ -65,7 +65,7 @@ class Engine:
     index: EntryIndex = field(default_factory=EntryIndex)
     entry_watches: dict[str | None, EntryWatch] = field(default_factory=dict)  # by namespace (None: all)
     listed_before_entries: dict[SagaKey, Listed] = field(default_factory=dict)  # while taking charge
-    queued: deque[SagaDriver] = field(default_factory=deque)  # drivers waiting for a slot, in order
+    queued: Turns[SagaDriver] = field(default_factory=Turns)  # drivers waiting for a slot, namespaces in turn
     dispatcher: asyncio.Task[None] | None = None  # runs the queued drivers while there are any
     context: DriverContext = field(init=False)
 
@@ -294,13 +294,13 @@ class Engine:
         driver = SagaDriver(self.context, *key)
         driver.listed = self.listed_before_entries.get(key)
         self.drivers[key] = driver
-        self.queued.append(driver)
+        self.queued.append(key[0], driver)
         if self.dispatcher is None:
             self.dispatcher = asyncio.create_task(self._dispatch(), name="saga drivers waiting for a slot")
         return driver
 
     async def _dispatch(self) -> None:
-        """Run the queued drivers in order, each in the slot taken for it."""
+        """Run the queued drivers, a namespace at a time in turn, each in the slot taken for it."""
         try:
             while self.queued:
                 slot = await Slot(self.slots).take()
