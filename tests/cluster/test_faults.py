@@ -400,3 +400,47 @@ async def test_an_operator_watching_many_namespaces_still_drives_their_sagas(
         for name in others:
             await kube.delete_namespace(name)
     assert [r.body["n"] for r in participant.received("/undo")] == [2, 1]
+
+
+async def test_a_namespace_is_not_kept_behind_another_namespaces_sagas_on_a_hanging_participant(
+    kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path
+) -> None:
+    """A tenant's sagas aborted together against a participant that hangs fill the operator's
+    slots (here 2, by --max-concurrent-sagas) until each call times out. In one queue, first
+    come first served, another namespace's saga aborted after them was compensated only after
+    all of them had timed out; the namespaces now take turns for the next free slot."""
+    quiet = f"{namespace}-quiet"
+    await kube.create_namespace(quiet, {})
+    try:
+        participant.handle("/hang", lambda request: Reply(200, delay=5))
+        hang = webhook("hang", url=participant.url("/hang"))
+        hang["spec"]["timeoutSeconds"] = 1
+        await kube.create("webhooks", namespace, hang)
+        await register(kube, quiet, participant, "undo")
+        once: dict[str, Any] = {"compensationPolicy": {"backoff": {"maxRetries": 0}}}
+        busy = [f"busy-{i}" for i in range(8)]
+        for name in busy:
+            await external_saga(kube, namespace, name, [call("hang", saga=name)], **once)
+        await external_saga(kube, quiet, "quiet", [call("undo", saga="quiet")])
+        operator = OperatorProcess(
+            cluster.kubeconfig, namespace, tmp_path, extra_args=(f"--namespace={quiet}", "--max-concurrent-sagas=2")
+        )
+        operator.start()
+        try:
+            for name in busy:
+                await abort(kube, namespace, name)
+            await participant.until(lambda received: len(received) >= 2, within=30)  # both slots taken
+            await abort(kube, quiet, "quiet")
+            await saga_phase(kube, quiet, "quiet", "Compensated", within=30)
+            for name in busy:
+                await saga_phase(kube, namespace, name, "Halted", within=30)
+        finally:
+            operator.stop()
+    finally:
+        await kube.delete_namespace(quiet)
+    paths = [r.path for r in participant.received()]
+    print(f"\nthe other namespace's call: {paths.index('/undo') + 1} of {len(paths)}")
+    assert paths.count("/hang") == len(busy)
+    # The two calls in flight when it was aborted, and at most the two that took their slots as
+    # they timed out together: in one queue it came after all eight.
+    assert paths.index("/undo") <= 4, paths

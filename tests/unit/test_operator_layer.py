@@ -35,7 +35,7 @@ from undolog.calls.transport import PreparedCall
 from undolog.calls.webhook_cache import WebhookCache
 from undolog.controller import driver as driver_module
 from undolog.controller.compensation import Compensator
-from undolog.controller.context import DriverContext, Slot, wait_without_slot
+from undolog.controller.context import DriverContext, SagaSlots, Slot, wait_without_slot
 from undolog.controller.driver import Listed, SagaDriver, woken
 from undolog.controller.engine import Engine
 from undolog.controller.entry_index import EntryIndex
@@ -189,7 +189,7 @@ async def operator() -> AsyncIterator[Operator]:
         index=EntryIndex(),
         compensator=Compensator(recorder),
         forwarder=Forwarder(recorder),
-        slots=asyncio.Semaphore(10),
+        slots=SagaSlots(10),
         phase_changed=lambda saga: None,
         fence=fence,
         entries_seen=lambda namespace: None,
@@ -706,17 +706,47 @@ async def test_an_entry_registered_after_completion_is_settled_and_said(operator
 
 
 async def test_calls_made_together_give_up_and_take_back_one_slot() -> None:
-    slots = asyncio.Semaphore(2)
-    async with Slot(slots):
+    slots = SagaSlots(2)
+    async with Slot(slots, NS):
         await asyncio.gather(wait_without_slot(0.01), wait_without_slot(0.02))  # two calls of one saga retrying
         assert slots.locked() is False  # it holds exactly one of the two
-    await asyncio.wait_for(asyncio.gather(slots.acquire(), slots.acquire()), 1)  # both free again: none leaked
+    await asyncio.wait_for(asyncio.gather(slots.acquire(NS), slots.acquire(NS)), 1)  # both free again: none leaked
+
+
+async def test_a_free_slot_goes_to_the_namespaces_in_turn_and_none_is_lost_to_a_cancelled_waiter() -> None:
+    """Drivers of a busy namespace woken one after another (a change, a timer, a retry pause
+    ending) asked the slots before another namespace's driver did: first come first served,
+    that one waited behind all of them."""
+    slots = SagaSlots(1)
+    await slots.acquire("busy")
+    order: list[str] = []
+
+    async def take(namespace: str, tag: str) -> None:
+        await slots.acquire(namespace)
+        order.append(tag)
+
+    waiting = [asyncio.create_task(take("busy", f"busy-{i}")) for i in range(3)]
+    gone = asyncio.create_task(take("gone", "never"))
+    waiting.append(asyncio.create_task(take("quiet", "quiet")))
+    await asyncio.sleep(0)
+    gone.cancel()
+    for _ in range(4):
+        slots.release()
+        await asyncio.sleep(0)
+    assert order == ["busy-0", "quiet", "busy-1", "busy-2"]
+    late = asyncio.create_task(take("late", "late"))
+    await asyncio.sleep(0)
+    slots.release()  # busy-2's, granted to `late`, cancelled before it runs: the slot is free again
+    late.cancel()
+    await asyncio.gather(late, gone, return_exceptions=True)
+    assert slots.free == 1
+    await asyncio.gather(*waiting)
 
 
 async def test_a_saga_waiting_to_retry_gives_its_slot_to_another(operator: Operator) -> None:
     """One slot; saga a's participant asks it to come back in 2 s. Meanwhile saga b, which
     needs the slot, is compensated: a waiting saga holds no slot."""
-    operator.context.slots = asyncio.Semaphore(1)
+    operator.context.slots = SagaSlots(1)
     operator.webhook("slow")
     operator.transport.script("/slow", CallOutcome(status_code=429, error="HTTP 429", retry_after="2"))
     a = operator.saga("a", outcome="Abort")
@@ -733,7 +763,7 @@ async def test_a_saga_waiting_to_retry_gives_its_slot_to_another(operator: Opera
     assert operator.kube.body("sagas", NS, "b")["status"]["phase"] == "Compensated"
     await asyncio.wait_for(waiting, timeout=5)
     assert operator.kube.body("sagas", NS, "a")["status"]["phase"] == "Compensated"
-    assert operator.context.slots._value == 1  # every slot given back
+    assert operator.context.slots.free == 1  # every slot given back
 
 
 async def test_a_driver_that_finds_the_lease_in_doubt_waits_and_carries_on(operator: Operator) -> None:
@@ -978,7 +1008,7 @@ async def test_sagas_waiting_for_a_slot_wait_in_a_queue_not_as_tasks(operator: O
     """Memory when an operator takes charge of thousands of sagas: with 2 slots and 20 sagas to
     compensate, never more than 2 driver tasks exist; all 20 are compensated, and every slot is
     free at the end, including those of drivers stopped before they ran."""
-    slots = asyncio.Semaphore(2)
+    slots = SagaSlots(2)
     engine = operator.engine(slots=slots)
     names = [f"s{i:02d}" for i in range(20)]
     for name in names:
@@ -994,14 +1024,14 @@ async def test_sagas_waiting_for_a_slot_wait_in_a_queue_not_as_tasks(operator: O
 
     await eventually(finished, lambda done: done == len(names), 10, "20 sagas Compensated")
     assert most <= 2
-    assert slots._value == 2
-    async with Slot(slots):  # one slot held elsewhere: t1 is given the other, t2 and t3 wait
+    assert slots.free == 2
+    async with Slot(slots, NS):  # one slot held elsewhere: t1 is given the other, t2 and t3 wait
         for name in ("t1", "t2", "t3"):
             engine.saga_event("MODIFIED", operator.saga(name, outcome="Abort"))
         await asyncio.sleep(0)  # the dispatcher started t1's task, which has not run yet
         assert [key[1] for key, d in engine.drivers.items() if d.task is not None] == ["t1"]
         await engine.stop()
-    assert slots._value == 2
+    assert slots.free == 2
     assert engine.drivers == {}
     assert not engine.queued
 
@@ -1012,7 +1042,7 @@ async def test_a_namespace_whose_sagas_queue_behind_another_namespaces_hundreds_
     """One tenant's 30 sagas aborted together against a slow participant fill the operator's
     slots; another tenant's saga, aborted after them, gets the next slot that frees up. In one
     queue it was compensated after all 30 (last of 31 calls)."""
-    slots = asyncio.Semaphore(2)
+    slots = SagaSlots(2)
     engine = operator.engine(slots=slots)
     calls: list[str] = []
 
@@ -1207,7 +1237,7 @@ async def test_no_progress_write_while_every_slot_is_taken(operator: Operator, m
         saga = operator.saga(name, outcome="Abort")
         for position in (1, 2, 3):
             operator.entry(saga, position)
-        operator.context.slots = asyncio.Semaphore(1 if crowded else 2)
+        operator.context.slots = SagaSlots(1 if crowded else 2)
         writes.clear()
         await operator.run_until(name, "Compensated", within=5)
         progress = [] if crowded else ["Compensating", "Compensating"]  # after entries 3 and 2

@@ -15,6 +15,7 @@ from undolog.controller.compensation import Compensator
 from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
 from undolog.controller.timeline import Timeline
+from undolog.decisions.turns import Turns
 from undolog.kube.watch import Progress
 from undolog.ledger import Ledger
 
@@ -26,11 +27,49 @@ class DriverContext:
     index: EntryIndex
     compensator: Compensator
     forwarder: Forwarder
-    slots: asyncio.Semaphore  # sagas reconciled at once: memory and fairness with thousands of sagas
+    slots: SagaSlots  # sagas reconciled at once: memory and fairness with thousands of sagas
     phase_changed: Callable[[Saga], None]  # the saga as just written in a new phase: the engine's gauges
     fence: Fence  # checked before every move: a replaced leader neither writes nor calls
     # How far the watch that shows every entry of a namespace has come; None where no watch does.
     entries_seen: Callable[[str], Progress | None]
+
+
+class SagaSlots:
+    """The sagas reconciled at once (--max-concurrent-sagas), shared by the shards. A free slot
+    goes to the namespaces in turn (decisions/turns.py), whoever asks: a driver to be started,
+    one woken by a change or a timer, one back from a retry pause. Taken first come first
+    served, the slots went to a busy namespace's drivers as they woke, one after another, and
+    another namespace's saga waited behind all of them."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.free = total  # while some are free nobody waits
+        self._waiting: Turns[asyncio.Future[None]] = Turns()
+
+    def locked(self) -> bool:
+        return self.free == 0
+
+    async def acquire(self, namespace: str) -> None:
+        if self.free and not self._waiting:
+            self.free -= 1
+            return
+        granted = asyncio.get_running_loop().create_future()
+        self._waiting.append(namespace, granted)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():  # given to it as it was cancelled
+                self.release()
+            granted.cancel()  # passed over when its turn comes
+            raise
+
+    def release(self) -> None:
+        while self._waiting:
+            granted = self._waiting.popleft()
+            if not granted.done():
+                granted.set_result(None)
+                return
+        self.free += 1
 
 
 class Slot:
@@ -38,14 +77,15 @@ class Slot:
     sagas), held while a saga is reconciled and given up while it only waits for a retry
     (backoff, Retry-After): a saga waiting on a failing participant never keeps others waiting."""
 
-    def __init__(self, slots: asyncio.Semaphore) -> None:
+    def __init__(self, slots: SagaSlots, namespace: str) -> None:
         self.slots = slots
+        self.namespace = namespace
         self.held = False
         self.taking_back = asyncio.Lock()  # calls of one saga made together share the slot
 
     async def take(self) -> Slot:
         """Wait for a free slot and hold it (`async with` then keeps it, and gives it up)."""
-        await self.slots.acquire()
+        await self.slots.acquire(self.namespace)
         self.held = True
         return self
 

@@ -255,7 +255,7 @@ class SagaDriver:
         while not self.gone:
             self.wake.clear()
             try:
-                async with slot or Slot(self.context.slots):
+                async with slot or Slot(self.context.slots, self.namespace):
                     slot = None
                     self._working(True)
                     try:

@@ -15,7 +15,7 @@ from undolog import metrics
 from undolog.api import EntryReason, EventReason, ObjectMeta, Resource, Saga, SagaPhase, UndoEntry
 from undolog.calls.runner import Fence, fence_this_task
 from undolog.controller.compensation import Compensator
-from undolog.controller.context import DriverContext, Slot
+from undolog.controller.context import DriverContext, SagaSlots, Slot
 from undolog.controller.driver import Listed, SagaDriver
 from undolog.controller.entry_index import EntryIndex, SagaKey
 from undolog.controller.entry_watch import EntryEvent, EntryWatch
@@ -54,7 +54,7 @@ class Engine:
     fence: Fence
     namespaces: list[str] = field(default_factory=list)  # watched; empty: all
     shard: Shard = field(default_factory=lambda: Shard(0, 1))  # the sagas this engine drives
-    slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(200))  # shared by the shards
+    slots: SagaSlots = field(default_factory=lambda: SagaSlots(200))  # shared by the shards
     labels: ShardLabels | None = None  # puts a wrong bucket label right (several shards)
     drivers: dict[SagaKey, SagaDriver] = field(default_factory=dict)
     sagas: dict[SagaKey, Seen] = field(default_factory=dict)
@@ -303,7 +303,7 @@ class Engine:
         """Run the queued drivers, a namespace at a time in turn, each in the slot taken for it."""
         try:
             while self.queued:
-                slot = await Slot(self.slots).take()
+                slot = await Slot(self.slots, self.queued.upcoming()).take()
                 driver = self.queued.popleft()
                 key = driver.key
                 if self.drivers.get(key) is not driver:  # stopped while it waited

@@ -27,7 +27,7 @@ from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner, TaskFence
 from undolog.calls.webhook_cache import WebhookCache
 from undolog.controller.compensation import Compensator
-from undolog.controller.context import wait_without_slot
+from undolog.controller.context import SagaSlots, wait_without_slot
 from undolog.controller.engine import Engine
 from undolog.controller.forward import Forwarder
 from undolog.controller.gauges import SagaGauges
@@ -97,7 +97,7 @@ async def run(options: OperatorOptions) -> None:
     await webhooks.start()
     recorder = CallRecorder(ledger, Registry(ledger, options.cross_namespace_services, webhooks), runner, timeline)
     labels = ShardLabels(ledger)
-    slots, gauges = asyncio.Semaphore(options.max_concurrent_sagas), SagaGauges()
+    slots, gauges = SagaSlots(options.max_concurrent_sagas), SagaGauges()
     metrics.series.busy = gauges.busy  # a namespace's series stay while this replica drives a saga there
     shards = all_shards(options.shards)
     leases = kube.apart()

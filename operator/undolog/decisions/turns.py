@@ -30,6 +30,11 @@ class Turns(Generic[T]):
             self._order.append(namespace)
         queue.append(item)
 
+    def upcoming(self) -> str:
+        """The namespace whose turn is next (popleft serves it, whatever is appended meanwhile);
+        IndexError when nothing waits."""
+        return self._order[0]
+
     def popleft(self) -> T:
         """The next namespace's first item; IndexError when nothing waits."""
         namespace = self._order.popleft()
