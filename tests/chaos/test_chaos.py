@@ -4,7 +4,8 @@ bench/results/chaos.json (summarised in docs/reliability.md).
 
 1. kill -9 of the operator at random moments, restarted each time, while sagas run forward
    and are compensated.
-2. kube-apiserver restart, and etcd restart, in the middle of a run.
+2. kube-apiserver restart, and etcd restart, in the middle of a run; also with two replicas
+   sharing four shards.
 3. A kube-apiserver outage of 10 s while agents keep registering entries and aborting, before,
    during (retrying) and right after it.
 4. Participants that time out, reset connections, answer 503 in bursts, 429 with Retry-After,
@@ -102,14 +103,26 @@ async def test_apiserver_and_etcd_restart_mid_run(tmp_path: Path) -> None:
         await through_restarts(own, tmp_path)
 
 
-async def through_restarts(own: OwnCluster, tmp_path: Path) -> None:
-    sagas = 60 if FULL else 9
+async def test_replicas_sharing_shards_ride_out_apiserver_and_etcd_restarts(tmp_path: Path) -> None:
+    """The same with two replicas sharing four shards: each shard's Lease, the replicas'
+    membership and every saga's proof go through the restarts."""
+    async with own_control_plane(tmp_path) as own:
+        await through_restarts(own, tmp_path, replicas=2)
+
+
+async def through_restarts(own: OwnCluster, tmp_path: Path, replicas: int = 1) -> None:
+    sagas = 60 if FULL else 9 * replicas
     kube, namespace, participant, local = own.kube, own.namespace, own.participant, own.local
     faults = Faults(seed=11, rate=0.0)
     participant.handle("/do", lambda r: faults.handler(r))
     participant.handle("/undo", lambda r: faults.handler(r))
-    operator = OperatorProcess(own.kubeconfig, namespace, tmp_path, extra_args=())
-    operator.start()
+    sharing = ("--shards=4",) if replicas > 1 else ()
+    operators = [
+        OperatorProcess(own.kubeconfig, namespace, tmp_path / f"replica-{i}", extra_args=sharing)
+        for i in range(replicas)
+    ]
+    for operator in operators:
+        operator.start()
     workload = Workload(kube, namespace, participant, sagas)
     downtime: dict[str, float] = {}
     unfinished: dict[str, int] = {}
@@ -132,12 +145,14 @@ async def through_restarts(own: OwnCluster, tmp_path: Path) -> None:
         downtime["etcd"] = await asyncio.to_thread(local.restart, "etcd")
         final = await workload.settled(within=300 if FULL else 120)
         report = await workload.report(final)
-        assert operator.process is not None
-        assert operator.process.poll() is None  # it rode out both restarts
+        for operator in operators:
+            assert operator.process is not None
+            assert operator.process.poll() is None  # it rode out both restarts
     finally:
-        operator.stop()
+        for operator in operators:
+            operator.stop()
     record(
-        "restarts",
+        "restarts" if replicas == 1 else f"restarts, {replicas} replicas sharing 4 shards",
         {
             **report.as_dict(),
             "faults_injected": 2,
