@@ -7,6 +7,8 @@ import asyncio
 import functools
 import json
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -444,3 +446,44 @@ async def test_a_namespace_is_not_kept_behind_another_namespaces_sagas_on_a_hang
     # The two calls in flight when it was aborted, and at most the two that took their slots as
     # they timed out together: in one queue it came after all eight.
     assert paths.index("/undo") <= 4, paths
+
+
+class StillProcessing:
+    """A participant that keeps the Idempotency-Key draft (draft-ietf-httpapi-idempotency-key-
+    header): a request retried while the first one under its key is still being processed is
+    answered 409 Conflict, to be retried as is; once done, with the first one's result."""
+
+    def __init__(self, takes: float) -> None:
+        self.takes = takes
+        self.began: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, request: Received) -> Reply:
+        with self.lock:
+            first = request.key not in self.began
+            began = self.began.setdefault(request.key, time.monotonic())
+        if first:
+            return Reply(200, {"refunded": True}, delay=self.takes)
+        if time.monotonic() - began < self.takes:
+            return Reply(409, {"title": "A request is outstanding for this Idempotency-Key"})
+        return Reply(200, {"refunded": True})
+
+
+async def test_a_participant_still_processing_a_timed_out_attempt_is_asked_again_not_given_up_on(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    """The first attempt outlasts its 1 s timeout; the participant, still processing it, answers
+    the retries 409 as the Idempotency-Key draft says (retry as is). 409 was permanent: the saga
+    halted CompensationFailed while the refund was under way."""
+    participant.handle("/undo", StillProcessing(takes=3.0))
+    hook = webhook("undo", url=participant.url("/undo"))
+    hook["spec"]["timeoutSeconds"] = 1
+    await kube.create("webhooks", namespace, hook)
+    patient = {"backoff": {"initialMilliseconds": 200, "maxMilliseconds": 1000, "maxRetries": 10}}
+    await external_saga(kube, namespace, "refund", [call("undo", n=1)], compensationPolicy=patient)
+    await abort(kube, namespace, "refund")
+    await saga_phase(kube, namespace, "refund", "Compensated", within=30)
+    replies = [r.replied for r in participant.received("/undo")]
+    assert 409 in replies, replies
+    assert replies[-1] == 200, replies
+    assert len({r.key for r in participant.received("/undo")}) == 1

@@ -6,6 +6,7 @@ import random
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -34,7 +35,7 @@ def test_classification_follows_the_wire_protocol(code: int) -> None:
     verdict = classify(CallOutcome(status_code=code))
     if 200 <= code < 300:
         assert verdict == "Succeeded"
-    elif code in (408, 429) or code >= 500:
+    elif code in (408, 409, 429) or code >= 500:  # 409: the Idempotency-Key draft's "still processing"
         assert verdict == "Transient"
     else:
         assert verdict == "Permanent"
@@ -79,15 +80,16 @@ def test_the_calls_max_retries_wins_over_the_saga(call_retries: int, attempt: in
     assert (delay is None) == (attempt + 1 > call_retries)
 
 
-@given(st.sampled_from([200, 204, 400, 401, 404, 409, 422]))
+@given(st.sampled_from([200, 204, 400, 401, 403, 404, 410, 422]))  # 422: a key reused with another body
 def test_no_retry_after_success_or_permanent_failure(code: int) -> None:
     outcome = CallOutcome(status_code=code)
     assert next_delay(outcome, attempt=1, backoff=Backoff(), max_retries=None, now=NOW, rng=random.Random()) is None
 
 
-def test_429_waits_for_retry_after_seconds_and_dates() -> None:
+@pytest.mark.parametrize("code", [409, 429, 503])
+def test_retry_after_is_waited_for_in_seconds_and_dates(code: int) -> None:
     def delay(header: str | None) -> float | None:
-        outcome = CallOutcome(status_code=429, retry_after=header)
+        outcome = CallOutcome(status_code=code, retry_after=header)
         return next_delay(outcome, attempt=1, backoff=Backoff(), max_retries=None, now=NOW, rng=random.Random(1))
 
     assert delay("7") == 7.0

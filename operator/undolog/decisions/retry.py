@@ -1,9 +1,14 @@
 """Classifying a call's outcome and timing the next attempt; timing the operator's own retries.
 
-2xx succeeds. 429 retries after Retry-After (seconds or an HTTP date). 408, 5xx, timeouts
-and connection errors retry with exponential backoff and full jitter. Any other status is
-permanent, and so is a call refused before anything was sent. Retries stop after max_retries
-(the Call's value wins over the saga's backoff).
+2xx succeeds. 429 retries after Retry-After (seconds or an HTTP date). 408, 409, 5xx,
+timeouts and connection errors retry with exponential backoff and full jitter (after
+Retry-After when a 409 or 503 gives one). Any other status is permanent, and so is a call
+refused before anything was sent. Retries stop after max_retries (the Call's value wins over
+the saga's backoff).
+
+409 is how a participant that keeps the Idempotency-Key draft (draft-ietf-httpapi-idempotency-
+key-header) answers a retry that arrives while the first request under its key is still being
+processed, "to be retried as is": what an attempt that timed out leaves behind.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from typing import Any
 from undolog.api import Backoff, OmittedOutput
 from undolog.errors import CallRefusal
 
+RETRIED = frozenset({408, 409, 429})  # besides 5xx
+WAITS_AS_TOLD = frozenset({409, 429, 503})  # Retry-After honoured
 MAX_RETRY_AFTER_SECONDS = 300.0  # a participant cannot park a compensation for longer per attempt
 MAX_OPERATOR_RETRY_SECONDS = 30.0
 
@@ -49,7 +56,7 @@ def classify(outcome: CallOutcome) -> Verdict:
         return Verdict.TRANSIENT
     if 200 <= code < 300:
         return Verdict.SUCCEEDED
-    if code in (408, 429) or code >= 500:
+    if code in RETRIED or code >= 500:
         return Verdict.TRANSIENT
     return Verdict.PERMANENT
 
@@ -92,7 +99,7 @@ def next_delay(
     allowed = backoff.max_retries if max_retries is None else max_retries
     if attempt > allowed:
         return None
-    if outcome.status_code == 429:
+    if outcome.status_code in WAITS_AS_TOLD:
         waited = retry_after_seconds(outcome.retry_after, now)
         if waited is not None:
             return waited
