@@ -11,7 +11,7 @@ LOCK := $(VENV)/bin/uv pip compile pyproject.toml --python-version 3.11 --python
 PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help venv tools browser crds lock lint test demo bench chaos cluster-up cluster-down cluster-reset clean \
+.PHONY: help venv tools browser faketime crds lock lint test demo bench chaos cluster-up cluster-down cluster-reset clean \
 	image image-deps node-deps node-up node-down e2e demo-helm
 
 help:
@@ -54,6 +54,11 @@ browser: /usr/bin/chromium
 /usr/bin/chromium:
 	$(SUDO) apt-get install -y -q chromium || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
 
+# Debian's libfaketime sets a test operator's clock off, as on a node with a bad clock.
+faketime: /usr/bin/faketime
+/usr/bin/faketime:
+	$(SUDO) apt-get install -y -q faketime || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q faketime; }
+
 # buildah builds the Dockerfile; debootstrap makes a base when no registry is reachable.
 image-deps:
 	@command -v buildah > /dev/null && command -v debootstrap > /dev/null || $(SUDO) apt-get install -y -q buildah debootstrap \
@@ -95,7 +100,7 @@ lint: venv tools
 	bin/helm template undolog charts/undolog --kube-version 1.37.2 --set watchNamespaces='{team-a,team-b}' \
 		--set metrics.serviceMonitor.enabled=true > /dev/null
 
-test: venv tools browser lint
+test: venv tools browser faketime lint
 	$(VENV)/bin/pytest --durations=15
 
 cluster-up: venv tools

@@ -9,8 +9,10 @@ import hashlib
 import json
 import re
 import secrets
+import statistics
 import uuid
-from datetime import UTC, datetime
+from collections import deque
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from undolog.api import (
@@ -105,8 +107,40 @@ def stable_undo_id(saga_uid: str, position: int, step: str) -> str:
 # -- time ------------------------------------------------------------------------------------------------
 
 
+SKEW_CORRECTED_SECONDS = 2.0  # the API server's clock differing by this much is followed
+SKEW_IGNORED_SECONDS = 1.0  # and by less than this, ignored again
+
+
+class ClusterClock:
+    """The time as the API server tells it: this process's clock plus the offset that the API's
+    answers show (their `Date`), once it is SKEW_CORRECTED_SECONDS or more. Deadlines run from
+    the apiserver's creationTimestamp: an operator on a node whose clock ran 20 minutes ahead
+    took every saga with a 10-minute deadline for late the moment it was created, and undid it
+    while its agent worked."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+        self._seen: deque[float] = deque(maxlen=9)
+
+    def observe(self, offset_seconds: float) -> None:
+        """One answer's estimate of (API server's clock - ours), in seconds; the median of the
+        last few is followed, so one slow answer does not move the clock."""
+        self._seen.append(offset_seconds)
+        typical = statistics.median(self._seen)
+        if abs(typical) >= SKEW_CORRECTED_SECONDS:
+            self.offset = timedelta(seconds=typical)
+        elif abs(typical) < SKEW_IGNORED_SECONDS:
+            self.offset = timedelta(0)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+
+CLUSTER_CLOCK = ClusterClock()
+
+
 def now() -> datetime:
-    return datetime.now(UTC)
+    return CLUSTER_CLOCK.now()
 
 
 def timestamp(moment: datetime | None = None) -> str:

@@ -487,3 +487,26 @@ async def test_a_participant_still_processing_a_timed_out_attempt_is_asked_again
     assert 409 in replies, replies
     assert replies[-1] == 200, replies
     assert len({r.key for r in participant.received("/undo")}) == 1
+
+
+async def test_an_operator_whose_clock_runs_ahead_keeps_to_the_deadline_by_the_apis_clock(
+    kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path
+) -> None:
+    """A saga's deadline runs from the apiserver's creationTimestamp. An operator on a node
+    whose clock runs 20 minutes ahead (libfaketime) judged it by its own clock: the agent's saga,
+    given 8 s, was past its deadline when created and undone at once while the agent worked."""
+    await register(kube, namespace, participant, "undo")
+    operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path, clock_off_by="+20m")
+    operator.start()
+    try:
+        created = time.monotonic()
+        await external_saga(kube, namespace, "timed", [call("undo", n=1)], activeDeadlineSeconds=8)
+        compensated = await saga_phase(kube, namespace, "timed", "Compensated", within=30)
+    finally:
+        operator.stop()
+    succeeded = next(c for c in compensated["status"]["conditions"] if c["type"] == "Succeeded")
+    assert succeeded["reason"] == "DeadlineExceeded"
+    (undone,) = participant.received("/undo")
+    waited = undone.at - created
+    print(f"\nundone {waited:.1f} s after the saga was created, its deadline 8 s")
+    assert waited >= 7.0

@@ -25,11 +25,14 @@ class OperatorProcess:
         lease_namespace: str | None = None,
         lease_seconds: int = 4,
         allow_loopback: bool = True,
+        clock_off_by: str | None = None,
     ) -> None:
         """Watching `namespace`, standing for a Lease in `lease_namespace` (the watched one by
         default, so tests do not wait on each other's Leases); participants on loopback are
-        allowed unless `allow_loopback` is False (the egress tests)."""
+        allowed unless `allow_loopback` is False (the egress tests). `clock_off_by`: its clock
+        set off by that much (libfaketime's offset, e.g. "+20m"), as on a node with a bad clock."""
         self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
+        self.clock = ("faketime", "-f", clock_off_by) if clock_off_by else ()
         # One name on the Lease across this operator's restarts, as a pod's name survives its
         # container's: a restart after kill -9 takes the Lease back at once.
         self.identity = f"test-{uuid.uuid4().hex[:8]}"
@@ -55,6 +58,7 @@ class OperatorProcess:
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 [
+                    *self.clock,
                     sys.executable,
                     "-m",
                     "undolog.cli",

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 
 import pytest
 from aiohttp import web
 
+from undolog.conventions import CLUSTER_CLOCK, ClusterClock, now
 from undolog.kube import Kube, Timeouts
 from undolog.kube.client import POOL_SIZE
 from undolog.kube.kubeconfig import Credentials
@@ -78,3 +81,47 @@ async def test_a_client_apart_does_not_wait_for_the_connections_the_others_hold(
         gate.set()
         await asyncio.gather(*held)
     assert lease["metadata"]["name"] == "lease"
+
+
+@pytest.fixture
+def cluster_clock() -> Iterator[ClusterClock]:
+    """The process's cluster clock, put back as it was afterwards."""
+    saved = CLUSTER_CLOCK.__dict__.copy()
+    CLUSTER_CLOCK.__init__()  # type: ignore[misc]
+    yield CLUSTER_CLOCK
+    CLUSTER_CLOCK.__dict__.update(saved)
+
+
+async def test_the_clock_follows_the_api_servers_once_it_differs_by_seconds(cluster_clock: ClusterClock) -> None:
+    """Deadlines run from the apiserver's creationTimestamp, so an operator on a node whose clock
+    is off judged them on its own: 20 minutes ahead, a saga with a 10-minute deadline was late
+    when created. The API's `Date` tells its clock."""
+    ahead = timedelta(0)
+
+    async def answer(request: web.Request) -> web.Response:
+        response = named(request)
+        response.headers["Date"] = format_datetime(datetime.now(UTC) + ahead, usegmt=True)
+        return response
+
+    async with api(answer) as url, Kube(Credentials(server=url)) as kube:
+        await kube.get("sagas", "ns", "s")
+        assert abs(now() - datetime.now(UTC)) < timedelta(seconds=1)  # in step: nothing to follow
+        ahead = timedelta(minutes=20)
+        for _ in range(4):  # one odd answer does not move it; the median of the last few does
+            await kube.get("sagas", "ns", "s")
+        assert abs(now() - (datetime.now(UTC) + ahead)) < timedelta(seconds=2)
+        ahead = timedelta(0)
+        for _ in range(9):
+            await kube.get("sagas", "ns", "s")
+        assert cluster_clock.offset == timedelta(0)
+
+
+def test_a_skew_of_a_second_is_left_alone_and_one_slow_answer_does_not_move_the_clock() -> None:
+    steady = ClusterClock()
+    for estimate in (0.6, -0.4, 1.5, 0.2, 0.9):
+        steady.observe(estimate)
+    assert steady.offset == timedelta(0)
+    behind = ClusterClock()
+    for estimate in (-3.0, -3.2, 40.0, -2.9, -3.1):  # 40: an answer held up on the way
+        behind.observe(estimate)
+    assert behind.offset == timedelta(seconds=-3.0)

@@ -17,9 +17,11 @@ import contextlib
 import json
 import os
 import ssl
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
@@ -28,7 +30,7 @@ from multidict import CIMultiDict
 from undolog import errors
 from undolog.api import GROUP, VERSION
 from undolog.api.common import Plural
-from undolog.conventions import MAX_EVENT_MESSAGE, now
+from undolog.conventions import CLUSTER_CLOCK, MAX_EVENT_MESSAGE, now
 from undolog.kube.decoding import decoded
 from undolog.kube.kubeconfig import (
     Credentials,
@@ -133,6 +135,20 @@ def _custom_path(plural: Plural, namespace: str | None, name: str | None = None,
 
 def _leases(namespace: str, name: str | None = None) -> str:
     return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases" + (f"/{name}" if name else "")
+
+
+def _clock_seen(date: str | None, sent: float, received: float) -> None:
+    """The API server's clock from an answer's `Date` (whole seconds, somewhere in the second it
+    names, written between `sent` and `received`): an answer that took a second or more tells
+    too little to be counted."""
+    if date is None or received - sent >= 1.0:
+        return
+    try:
+        named = parsedate_to_datetime(date)
+    except (TypeError, ValueError):
+        return
+    server = (named if named.tzinfo else named.replace(tzinfo=UTC)).timestamp() + 0.5
+    CLUSTER_CLOCK.observe(server - (sent + received) / 2)
 
 
 def _event_times(when: datetime) -> tuple[str, str]:
@@ -273,6 +289,7 @@ class Kube:
             headers["Accept"] = accept
             if data is not None:
                 headers["Content-Type"] = content_type
+            sent = time.time()
             with mapped():
                 async with self._http(watching).request(
                     method,
@@ -284,6 +301,7 @@ class Kube:
                     server_hostname=self.credentials.tls_server_name,
                     timeout=bound,
                 ) as response:
+                    _clock_seen(response.headers.get("Date"), sent, time.time())
                     if response.status == 401 and attempt == 1:
                         self._tokens.forget(generation)
                         continue
