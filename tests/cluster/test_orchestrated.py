@@ -176,7 +176,7 @@ async def test_post_commit_effects_are_sent_once_after_commit_and_never_after_ab
     reserve = participant.received("/reserve-do")[0]
     assert mails[0].at > reserve.at
 
-    participant.script("/reserve-do", Reply(409, {"error": "out of stock"}))
+    participant.script("/reserve-do", Reply(422, {"error": "out of stock"}))  # permanent: 409 is retried
     await kube.create("sagas", namespace, saga("bad", steps, effects=effects))
     await saga_phase(kube, namespace, "bad", "Compensated")
     assert len(participant.received("/mailer")) == 1  # nothing for the aborted saga
