@@ -9,8 +9,8 @@ holds more (a replica joined). A replica started with another number of shards (
 upgrade that changes it) would cut the buckets differently, and stand for Leases of other
 names: so a replica takes no shard while an older one with another number is alive (the new
 ones wait for the old ones to go), nor before it has counted the others once. That case alone
-rests on membership, and which replica is older on wall clocks (acquireTime): replicas of
-different numbers of shards whose clocks differ by more than a Lease's duration could both drive.
+rests on membership, and which replica is older by acquireTime, written on the API server's
+clock (conventions.ClusterClock), which every replica follows once its own is 2 s off.
 """
 
 from __future__ import annotations
