@@ -14,6 +14,16 @@ from devtools.control_plane.local import free_ports
 from tests.support.waiting import until_healthy
 
 
+def skewed_clock(offset: str) -> dict[str, str]:
+    """The environment that sets a process's clock off by `offset` (libfaketime's, e.g. "+20m"),
+    preloaded into the process itself: the `faketime` command runs it as a child, which a
+    signal to the command does not stop (every test operator so started outlived its test)."""
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    if not found:
+        raise RuntimeError("libfaketime is not installed (make test installs Debian's faketime)")
+    return {"LD_PRELOAD": str(found[0]), "FAKETIME": offset}
+
+
 class OperatorProcess:
     def __init__(
         self,
@@ -32,7 +42,7 @@ class OperatorProcess:
         allowed unless `allow_loopback` is False (the egress tests). `clock_off_by`: its clock
         set off by that much (libfaketime's offset, e.g. "+20m"), as on a node with a bad clock."""
         self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
-        self.clock = ("faketime", "-f", clock_off_by) if clock_off_by else ()
+        self.clock = skewed_clock(clock_off_by) if clock_off_by else {}
         # One name on the Lease across this operator's restarts, as a pod's name survives its
         # container's: a restart after kill -9 takes the Lease back at once.
         self.identity = f"test-{uuid.uuid4().hex[:8]}"
@@ -58,7 +68,6 @@ class OperatorProcess:
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 [
-                    *self.clock,
                     sys.executable,
                     "-m",
                     "undolog.cli",
@@ -71,7 +80,7 @@ class OperatorProcess:
                     str(self.metrics_port),
                     *self.extra_args,
                 ],
-                env={**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1", **self.clock},
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
