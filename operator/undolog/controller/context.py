@@ -42,7 +42,6 @@ class SagaSlots:
     another namespace's saga waited behind all of them."""
 
     def __init__(self, total: int) -> None:
-        self.total = total
         self.free = total  # while some are free nobody waits
         self._waiting: Turns[asyncio.Future[None]] = Turns()
 
