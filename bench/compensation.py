@@ -185,10 +185,12 @@ async def _all(kube: Kube, namespace: str, phase: str, n: int) -> bool:
 
 
 @contextmanager
-def operator_of(bench: Bench, namespace: str) -> Iterator[None]:
+def operator_of(bench: Bench, namespace: str) -> Iterator[int]:
+    """An operator of `namespace` while the block runs; yields its pid."""
     operator = bench.operator(namespace)
+    assert operator.process is not None
     try:
-        yield
+        yield operator.process.pid
     finally:
         operator.stop()
 
@@ -205,7 +207,7 @@ async def burst_latency(bench: Bench, size: int, bursts: int, *, floor: bool = F
     await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
     driver = floor_client(bench, namespace, participant.url("/undo")) if floor else operator_of(bench, namespace)
     try:
-        with driver:
+        with driver as pid:
             names = [[f"b{burst:03d}-{i:02d}" for i in range(size)] for burst in range(bursts)]
             await bounded(lambda name=name: make_saga(kube, namespace, name) for burst in names for name in burst)  # type: ignore[misc]
             total = size * bursts
@@ -217,6 +219,7 @@ async def burst_latency(bench: Bench, size: int, bursts: int, *, floor: bool = F
                 await kube.patch("sagas", namespace, name, {"spec": {"outcome": "Abort"}})
                 at[name] = time.monotonic()
 
+            cpu_before = cpu_seconds(pid), bench.control_plane_cpu()
             for count, burst in enumerate(names, start=1):
                 await asyncio.sleep(0.3)  # idle: the operator has nothing else to do (a pause, not a wait)
                 aborted: dict[str, float] = {}
@@ -225,6 +228,9 @@ async def burst_latency(bench: Bench, size: int, bursts: int, *, floor: bool = F
                 for name in burst:
                     first = min(r.at for r in received if r.headers["undolog-saga"].endswith(f"/{name}"))
                     latencies.append(first - aborted[name])
+            # What the controller and the control plane spent on the 2 cores per aborted saga, from
+            # the first abort to the last burst's calls (pauses and all but that burst's last writes in).
+            cpu = cpu_seconds(pid) - cpu_before[0], bench.control_plane_cpu() - cpu_before[1]
     finally:
         participant.close()
     return {
@@ -234,6 +240,8 @@ async def burst_latency(bench: Bench, size: int, bursts: int, *, floor: bool = F
         "abort_to_first_call_p50_ms": round(percentile(latencies, 0.5) * 1000, 1),
         "abort_to_first_call_p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
         "abort_to_first_call_max_ms": round(max(latencies) * 1000, 1),
+        "driver_cpu_ms_per_saga": round(cpu[0] * 1000 / total, 1),
+        "control_plane_cpu_ms_per_saga": round(cpu[1] * 1000 / total, 1),
     }
 
 
@@ -253,6 +261,8 @@ async def main(sizes: list[int], idle_samples: int, bursts_of_10: int, profile: 
                     "abort->1st call p50",
                     "p99",
                     "slowest",
+                    "controller CPU per saga",
+                    "apiserver+etcd CPU per saga",
                 ],
                 [
                     (
@@ -262,6 +272,8 @@ async def main(sizes: list[int], idle_samples: int, bursts_of_10: int, profile: 
                         f"{r['abort_to_first_call_p50_ms']} ms",
                         f"{r['abort_to_first_call_p99_ms']} ms",
                         f"{r['abort_to_first_call_max_ms']} ms",
+                        f"{r['driver_cpu_ms_per_saga']} ms",
+                        f"{r['control_plane_cpu_ms_per_saga']} ms",
                     )
                     for who, r in (("UndoLog", idle), ("UndoLog", ten), ("floor", floor_idle), ("floor", floor_ten))
                     if r is not None

@@ -118,9 +118,9 @@ def go_client(bench: Bench, program: str) -> list[str]:
 
 
 @contextmanager
-def floor_client(bench: Bench, namespace: str, participant: str) -> Iterator[None]:
+def floor_client(bench: Bench, namespace: str, participant: str) -> Iterator[int]:
     """bench/goclients/floor (built by `make bench`) compensating the namespace's aborted sagas, calling
-    `participant`: the least any controller does between an abort and its first call."""
+    `participant`: the least any controller does between an abort and its first call. Yields its pid."""
     process = subprocess.Popen(
         [*go_client(bench, "undolog-bench-floor"), f"--namespace={namespace}", f"--participant={participant}"],
         stdout=subprocess.PIPE,
@@ -130,7 +130,7 @@ def floor_client(bench: Bench, namespace: str, participant: str) -> Iterator[Non
         assert process.stdout is not None
         if process.stdout.readline().strip() != "watching":
             raise RuntimeError(f"undolog-bench-floor did not start (exit code {process.wait(10)})")
-        yield
+        yield process.pid
     finally:
         process.kill()
         process.wait()
