@@ -75,6 +75,12 @@ async def until(probe: Callable[[], Awaitable[bool]], within: float, what: str) 
         await asyncio.sleep(0.2)
 
 
+async def abort(kube: Kube, namespace: str, name: str, at: dict[str, float]) -> None:
+    """Abort the saga; `at[name]` is when the API accepted it."""
+    await kube.patch("sagas", namespace, name, {"spec": {"outcome": "Abort"}})
+    at[name] = time.monotonic()
+
+
 async def make_saga(kube: Kube, namespace: str, name: str) -> None:
     """A saga with 3 committed entries, as the SDK makes them (bucket label included)."""
     labels = bucket_labels(namespace, name)
@@ -123,14 +129,10 @@ async def measure(bench: Bench, n: int, profile: Path | None = None) -> dict[str
         cpu_before = (cpu_seconds(operator.process.pid), bench.control_plane_cpu())
         aborted_at: dict[str, float] = {}
 
-        async def abort(name: str) -> None:
-            await kube.patch("sagas", namespace, name, {"spec": {"outcome": "Abort"}})
-            aborted_at[name] = time.monotonic()
-
         sampled = None if profile is None else profile / f"compensation-{n}.txt"
         async with profiled(operator.process.pid, sampled):
             first_abort = time.monotonic()
-            await bounded(lambda name=name: abort(name) for name in names)  # type: ignore[misc]
+            await bounded(lambda name=name: abort(kube, namespace, name, aborted_at) for name in names)  # type: ignore[misc]
             # Wait on the participant first: polling the API would take the apiserver's CPU.
             await participant.until(lambda received: len(received) >= 3 * n, 900)
             await until(lambda: _all(kube, namespace, "Compensated", n), 900, f"{n} sagas Compensated")
@@ -212,17 +214,13 @@ async def burst_latency(bench: Bench, size: int, bursts: int, *, floor: bool = F
     total = size * bursts
     latencies: list[float] = []
 
-    async def abort(name: str, at: dict[str, float]) -> None:
-        await kube.patch("sagas", namespace, name, {"spec": {"outcome": "Abort"}})
-        at[name] = time.monotonic()
-
     async def aborted_in_bursts(pid: int) -> tuple[float, float]:
         """The bursts, compensated by process `pid`: what it and the control plane spent."""
         cpu_before = cpu_seconds(pid), bench.control_plane_cpu()
         for count, burst in enumerate(names, start=1):
             await asyncio.sleep(0.3)  # idle: the operator has nothing else to do (a pause, not a wait)
             aborted: dict[str, float] = {}
-            await asyncio.gather(*(abort(name, aborted) for name in burst))
+            await asyncio.gather(*(abort(kube, namespace, name, aborted) for name in burst))
             received = await participant.until(lambda r, count=count: len(r) >= 3 * size * count, 60)  # type: ignore[misc]
             for name in burst:
                 first = min(r.at for r in received if r.headers["undolog-saga"].endswith(f"/{name}"))
