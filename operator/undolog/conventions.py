@@ -143,6 +143,15 @@ def now() -> datetime:
     return CLUSTER_CLOCK.now()
 
 
+def shown_duration(span: timedelta) -> str:
+    """A span the way kubectl says an age (4s, 3m, 2h, 5d); negative spans as 0s."""
+    seconds = int(span.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
 def timestamp(moment: datetime | None = None) -> str:
     """RFC 3339 in UTC with microseconds, as every time UndoLog writes is formatted."""
     return (moment or now()).astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")

@@ -27,6 +27,7 @@ from undolog.conventions import (
     RETRY_ANNOTATION,
     SKIP_ANNOTATION,
     now,
+    shown_duration,
     shown_url,
     timestamp,
 )
@@ -95,13 +96,7 @@ class PlannedCompensation:
 
 def age(moment: datetime | None) -> str:
     """How long ago, the way kubectl says it (4s, 3m, 2h, 5d)."""
-    if moment is None:
-        return ""
-    seconds = int((now() - moment).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{max(seconds, 0)}s"
+    return "" if moment is None else shown_duration(now() - moment)
 
 
 DURATION = re.compile(r"(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")

@@ -337,6 +337,15 @@ class SagaSpec(Model):
         le=MAX_DEADLINE_SECONDS,
         description="An Active saga older than this fails with reason DeadlineExceeded and is compensated.",
     )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_DEADLINE_SECONDS,
+        description=(
+            "Delete the saga (and its entries) this long after it is Completed or Compensated, overriding the "
+            "operator's default for its phase. A Halted saga is never deleted; once resolved, its clock starts."
+        ),
+    )
     effects: list[Effect] | None = Field(
         default=None,
         max_length=20,
@@ -440,6 +449,13 @@ class SagaStatus(Model):
     compensated_count: int = Field(default=0, ge=0, description="UndoEntries compensated or skipped.")
     start_time: datetime | None = Field(default=None, description="When the operator first saw the saga.")
     completion_time: datetime | None = Field(default=None, description="When the saga reached a final phase.")
+    expires_at: datetime | None = Field(
+        default=None,
+        description=(
+            "When retention deletes this finished saga (spec.ttlSecondsAfterFinished, else the operator's default "
+            "for its phase); absent: kept, unless its namespace holds more finished sagas than the operator keeps."
+        ),
+    )
     observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation last acted on.")
 
 

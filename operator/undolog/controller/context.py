@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from undolog.api import Saga
@@ -15,6 +15,7 @@ from undolog.controller.compensation import Compensator
 from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
 from undolog.controller.timeline import Timeline
+from undolog.decisions.retention import RetentionPolicy
 from undolog.decisions.turns import Turns
 from undolog.kube.watch import Progress
 from undolog.ledger import Ledger
@@ -32,6 +33,7 @@ class DriverContext:
     fence: Fence  # checked before every move: a replaced leader neither writes nor calls
     # How far the watch that shows every entry of a namespace has come; None where no watch does.
     entries_seen: Callable[[str], Progress | None]
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)  # stamps status.expiresAt when a saga finishes
 
 
 class SagaSlots:

@@ -37,7 +37,7 @@ from undolog.api import (
 )
 from undolog.controller.context import DriverContext, Slot
 from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, now, owned_by
-from undolog.decisions import compensation_plan, lost_entries, moves, phases, rewind
+from undolog.decisions import compensation_plan, lost_entries, moves, phases, retention, rewind
 from undolog.decisions.moves import EntryProof
 from undolog.decisions.retry import operator_retry_seconds
 from undolog.kube.watch import Progress
@@ -676,8 +676,15 @@ class SagaDriver:
         before = saga.status
         if before.phase is None and phase != SagaPhase.ACTIVE:  # its steps ran before Active was written
             before = before.model_copy(update={"start_time": saga.metadata.creation_timestamp})
+        moment = now()
         status = phases.with_phase(
-            before, phase, reason=reason, message=message, now=now(), generation=saga.metadata.generation
+            before,
+            phase,
+            reason=reason,
+            message=message,
+            now=moment,
+            generation=saga.metadata.generation,
+            expires_at=retention.expires_at(saga, phase, moment, self.context.retention),
         )
         status = _with_counters(status, entries)
         if failed_step:

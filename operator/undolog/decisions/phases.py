@@ -466,8 +466,10 @@ def with_phase(
     message: str,
     now: datetime,
     generation: int,
+    expires_at: datetime | None = None,
 ) -> SagaStatus:
-    """The status after entering `phase`, conditions included (transition times kept when unchanged).
+    """The status after entering `phase`, conditions included (transition times kept when unchanged);
+    `expires_at`: when retention deletes it, for a final phase (decisions/retention.py).
 
     A forward-recovery halt leaves Compensated at Unknown: nothing was compensated, nor will be.
     The message is cut to its field's bound (it may quote an agent's or a participant's text)."""
@@ -488,6 +490,7 @@ def with_phase(
             "conditions": conditions + others,
             "start_time": status.start_time or now,
             "completion_time": now if phase in TERMINAL else None,
+            "expires_at": expires_at if phase in TERMINAL else None,
             "observed_generation": generation,
         }
     )
