@@ -99,6 +99,15 @@ def age(moment: datetime | None) -> str:
     return "" if moment is None else shown_duration(now() - moment)
 
 
+def expires_in(saga: Saga) -> str:
+    """When retention deletes a finished saga (status.expiresAt): "in 23h", "due"; "" when kept."""
+    expires = saga.status.expires_at
+    if expires is None:
+        return ""
+    left = expires - now()
+    return f"in {shown_duration(left)}" if left.total_seconds() > 0 else "due"
+
+
 DURATION = re.compile(r"(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
 
 

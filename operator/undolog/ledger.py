@@ -46,6 +46,9 @@ class ObjectStore(Protocol):
     async def patch_status(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body: ...
     async def replace_status(self, plural: Plural, namespace: str, name: str, version: str, status: Body) -> Body: ...
     async def secret(self, namespace: str, name: str) -> tuple[dict[str, str], dict[str, bytes]]: ...
+    async def delete(
+        self, plural: Plural, namespace: str, name: str, *, uid: str | None = None, version: str | None = None
+    ) -> None: ...
     def watch(
         self, plural: Plural, namespace: str | None, version: str, *, label_selector: str | None = None
     ) -> AsyncIterator[tuple[str, Body]]: ...
@@ -314,6 +317,12 @@ class Ledger:
             resource.plural, *resource.key, conditional(resource, {"metadata": {"annotations": {key: None}}})
         )
         return type(resource).model_validate(written)
+
+    async def delete_finished(self, namespace: str, name: str, uid: str, version: str) -> None:
+        """Delete a finished saga as it was read (uid and resourceVersion as preconditions: a saga
+        that changed since, or one created again under its name, is not deleted); the garbage
+        collector removes its entries."""
+        await self.kube.delete("sagas", namespace, name, uid=uid, version=version)
 
     async def annotate(self, plural: Plural, namespace: str, name: str, annotations: dict[str, str]) -> Body:
         """Add annotations unconditionally (a person's or an agent's request to the operator)."""

@@ -50,6 +50,11 @@ entry_proofs = Counter(
     "or List (a LIST of the saga's entries, which scans every entry of its namespace in the apiserver).",
     ["namespace", "source"],
 )
+retention_deletions = Counter(
+    "undolog_retention_deletions_total",
+    "Finished sagas deleted by retention (their TTL ran out, or their namespace held more than the cap).",
+    ["namespace", "phase"],
+)
 sagas_by_phase = Gauge("undolog_sagas", "Sagas this operator drives, by phase.", ["namespace", "phase"])
 halted_sagas = Gauge(
     "undolog_halted_sagas",

@@ -170,6 +170,25 @@ class FakeKube:
         self.objects[(plural, namespace, name)] = self._stamp(updated)
         return copy.deepcopy(updated)
 
+    async def delete(
+        self, plural: Plural, namespace: str, name: str, *, uid: str | None = None, version: str | None = None
+    ) -> None:
+        self._refused("delete", plural)
+        current = self._object(plural, namespace, name)
+        meta = current["metadata"]
+        if (uid and uid != meta["uid"]) or (version and version != meta["resourceVersion"]):
+            raise errors.Conflict(f'Precondition failed for {plural} "{name}"', status=409, reason="Conflict")
+        del self.objects[(plural, namespace, name)]
+        owned = [
+            key
+            for key, body in self.objects.items()
+            if any(
+                ref.get("uid") == current["metadata"]["uid"] for ref in body["metadata"].get("ownerReferences") or []
+            )
+        ]
+        for key in owned:  # the garbage collector's work
+            del self.objects[key]
+
     async def secret(self, namespace: str, name: str) -> tuple[dict[str, str], dict[str, bytes]]:
         try:
             return self.secrets[(namespace, name)]

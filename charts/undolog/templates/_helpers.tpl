@@ -35,7 +35,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "undolog.sagaRules" -}}
 - apiGroups: [undolog.io]
   resources: [sagas]
-  verbs: [get, list, watch, patch]
+  # delete: retention removes finished sagas once due (their entries go by garbage collection)
+  verbs: [get, list, watch, patch, delete]
 - apiGroups: [undolog.io]
   resources: [undoentries]
   verbs: [get, list, watch, create, patch]

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from undolog.decisions.egress import rule
+from undolog.inspect import duration
 from undolog.kube import default_namespace
 
 
@@ -22,6 +23,16 @@ class LogFormat(StrEnum):
 def _cidr(value: str) -> str:
     try:
         rule(value)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    return value
+
+
+def _duration(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        duration(value)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     return value
@@ -104,6 +115,29 @@ def operator(
     allow_cross_namespace_services: Annotated[
         bool, typer.Option(help="Let a Webhook's service target name a Service of another namespace.")
     ] = False,
+    ttl_after_completed: Annotated[
+        str | None,
+        typer.Option(
+            callback=lambda value: _duration(value),
+            help="Delete a Completed saga (and its entries) this long after it completed (24h, 7d, ...), unless "
+            "its spec.ttlSecondsAfterFinished says otherwise; kept by default.",
+        ),
+    ] = None,
+    ttl_after_compensated: Annotated[
+        str | None,
+        typer.Option(
+            callback=lambda value: _duration(value),
+            help="The same for a Compensated saga. A Halted saga is never deleted; once resolved, its clock starts.",
+        ),
+    ] = None,
+    max_finished_per_namespace: Annotated[
+        int | None,
+        typer.Option(min=1, help="Finished sagas kept per namespace; the oldest go first past it. No cap by default."),
+    ] = None,
+    retention_rate: Annotated[
+        float,
+        typer.Option(min=0.1, help="Finished sagas deleted per second at most (never while every saga slot is taken)."),
+    ] = 50.0,
     success_events: Annotated[
         bool,
         typer.Option(
@@ -122,6 +156,7 @@ def operator(
     waits (or shares the shards) instead of sending everything twice."""
     from undolog.controller.leadership import LeaseSettings
     from undolog.controller.main import OperatorOptions, main
+    from undolog.decisions.retention import RetentionPolicy
     from undolog.kube.kopf_runtime import configure_logging
 
     configure_logging(log_format.value, verbose)
@@ -142,5 +177,11 @@ def operator(
             egress_allow_loopback=egress_allow_loopback,
             cross_namespace_services=allow_cross_namespace_services,
             success_events=success_events,
+            retention=RetentionPolicy(
+                completed=duration(ttl_after_completed) if ttl_after_completed else None,
+                compensated=duration(ttl_after_compensated) if ttl_after_compensated else None,
+                max_finished=max_finished_per_namespace,
+            ),
+            retention_rate=retention_rate,
         )
     )

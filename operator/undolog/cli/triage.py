@@ -31,7 +31,7 @@ import yaml
 
 from undolog import errors
 from undolog.api import Saga, SagaPhase
-from undolog.inspect import Inspector, PlannedCompensation, SagaDetail, SagaListing, age, duration
+from undolog.inspect import Inspector, PlannedCompensation, SagaDetail, SagaListing, age, duration, expires_in
 from undolog.kube import Kube, default_namespace
 
 T = TypeVar("T")
@@ -196,7 +196,12 @@ def saga_row(saga: Saga, output: Output, with_namespace: bool) -> list[str]:
     if with_namespace:
         row.insert(0, saga.metadata.namespace)
     if output == Output.wide:
-        row += [saga.spec.org_id or "", status.failed_step or "", (status.message or "").replace("\n", " ")[:120]]
+        row += [
+            expires_in(saga),
+            saga.spec.org_id or "",
+            status.failed_step or "",
+            (status.message or "").replace("\n", " ")[:120],
+        ]
     return row
 
 
@@ -205,7 +210,7 @@ def saga_header(output: Output, with_namespace: bool) -> list[str]:
     if with_namespace:
         header.insert(0, "NAMESPACE")
     if output == Output.wide:
-        header += ["ORG", "FAILED-STEP", "MESSAGE"]
+        header += ["EXPIRES", "ORG", "FAILED-STEP", "MESSAGE"]
     return header
 
 

@@ -21,10 +21,12 @@ from undolog.controller.entry_index import EntryIndex, SagaKey
 from undolog.controller.entry_watch import EntryEvent, EntryWatch
 from undolog.controller.forward import Forwarder
 from undolog.controller.gauges import SagaGauges
+from undolog.controller.retention import Retention
 from undolog.controller.shard_labels import ShardLabels
 from undolog.controller.timeline import Timeline
 from undolog.conventions import now
 from undolog.decisions import compensation_plan, phases, resolutions
+from undolog.decisions.retention import RetentionPolicy
 from undolog.decisions.sharding import Shard
 from undolog.decisions.turns import Turns
 from undolog.errors import KubeError
@@ -67,6 +69,7 @@ class Engine:
     listed_before_entries: dict[SagaKey, Listed] = field(default_factory=dict)  # while taking charge
     queued: Turns[SagaDriver] = field(default_factory=Turns)  # drivers waiting for a slot, namespaces in turn
     dispatcher: asyncio.Task[None] | None = None  # runs the queued drivers while there are any
+    retention: Retention | None = None  # deletes the shard's finished sagas once due
     context: DriverContext = field(init=False)
 
     def __post_init__(self) -> None:
@@ -80,6 +83,7 @@ class Engine:
             phase_changed=self.phase_seen,
             fence=self.fence,
             entries_seen=self.entries_seen,
+            retention=self.retention.policy if self.retention is not None else RetentionPolicy(),
         )
 
     async def lead(self) -> None:
@@ -133,6 +137,8 @@ class Engine:
             self.taking_charge = False
         for key in list(self.sagas):
             self._settled(key)
+        if self.retention is not None:
+            self.retention.start()
 
     async def follow(self) -> None:
         """Another replica drives the shard now (it picks up where this one stopped)."""
@@ -178,6 +184,8 @@ class Engine:
 
     def _gone(self, key: SagaKey) -> None:
         self._forget(key)
+        if self.retention is not None:
+            self.retention.gone(key)
         self.index.forget(key)
         driver = self.drivers.get(key)
         if driver is not None:
@@ -208,6 +216,8 @@ class Engine:
         key = saga.key
         self.phase_seen(saga)
         self.sagas[key].top_position = saga.status.top_position
+        if self.retention is not None:
+            self.retention.seen(saga)
         driver = self.drivers.get(key)
         if driver is not None:
             driver.notify(saga)
@@ -359,6 +369,8 @@ class Engine:
 
     async def stop(self) -> None:
         """Stop driving and watching (a new `lead` lists afresh)."""
+        if self.retention is not None:
+            await self.retention.stop()
         tasks = [d.task for d in self.drivers.values() if d.task is not None] + self.watches
         if self.dispatcher is not None:
             tasks.append(self.dispatcher)

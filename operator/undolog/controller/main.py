@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import asyncio.sslproto
 import contextlib
+import dataclasses
 import functools
 import gc
 import logging
@@ -34,9 +35,11 @@ from undolog.controller.gauges import SagaGauges
 from undolog.controller.leadership import Leadership, LeaseSettings, identity
 from undolog.controller.recorded_call import CallRecorder
 from undolog.controller.replicas import Replicas
+from undolog.controller.retention import Pace, Retention
 from undolog.controller.shard_labels import ShardLabels, unfiled_watches
 from undolog.controller.timeline import Timeline
 from undolog.decisions.egress import EgressPolicy
+from undolog.decisions.retention import RetentionPolicy
 from undolog.decisions.sharding import all_shards
 from undolog.kube import Kube
 from undolog.kube.kopf_runtime import run_kopf
@@ -64,6 +67,8 @@ class OperatorOptions:
     egress_allow_loopback: bool = False
     cross_namespace_services: bool = False
     success_events: bool = False  # Normal Events for successful calls and endings too (else only in status)
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)  # defaults for finished sagas
+    retention_rate: float = 50.0  # finished sagas deleted per second at most
 
     def egress(self) -> EgressPolicy:
         return EgressPolicy.build(
@@ -100,6 +105,8 @@ async def run(options: OperatorOptions) -> None:
     slots, gauges = SagaSlots(options.max_concurrent_sagas), SagaGauges()
     metrics.series.busy = gauges.busy  # a namespace's series stay while this replica drives a saga there
     shards = all_shards(options.shards)
+    policy = dataclasses.replace(options.retention, shards=len(shards))
+    pace = Pace(options.retention_rate)
     leases = kube.apart()
     leaderships = [Leadership(leases, options.lease.of_shard(shard), me) for shard in shards]
     replicas = Replicas(leases, options.lease, me, leaderships)
@@ -116,6 +123,7 @@ async def run(options: OperatorOptions) -> None:
             slots=slots,
             gauges=gauges,
             labels=labels,
+            retention=Retention(ledger, policy, leadership, slots, pace),
         )
         for shard, leadership in zip(shards, leaderships, strict=True)
     ]

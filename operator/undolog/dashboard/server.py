@@ -30,7 +30,7 @@ from undolog.api import SagaPhase
 from undolog.dashboard.viewers import TOKEN_COOKIE, TokenViewers, Viewers
 from undolog.decisions import compensation_plan, resolutions
 from undolog.decisions.phases import TERMINAL
-from undolog.inspect import Inspector, age, duration
+from undolog.inspect import Inspector, age, duration, expires_in
 from undolog.kube import Kube
 
 log = logging.getLogger("undolog.dashboard")
@@ -59,6 +59,7 @@ def templates() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     environment.filters["age"] = age
+    environment.filters["expires_in"] = expires_in
     environment.filters["clock"] = lambda m: m.strftime("%H:%M:%S.%f")[:-3] if m else ""
     environment.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
     environment.globals["symbols"] = SYMBOLS

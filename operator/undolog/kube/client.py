@@ -457,8 +457,16 @@ class Kube:
         ]
         return trimmed(await self.request("PATCH", path, ops, content_type=JSON_PATCH))
 
-    async def delete(self, plural: Plural, namespace: str, name: str) -> None:
-        await self.request("DELETE", _custom_path(plural, namespace, name))
+    async def delete(
+        self, plural: Plural, namespace: str, name: str, *, uid: str | None = None, version: str | None = None
+    ) -> None:
+        """Delete the object; with `uid` and `version`, only that very copy (errors.Conflict when it
+        changed since). Its dependents (owner references) are collected in the background."""
+        preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", version)) if v}
+        body: Body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if preconditions:
+            body["preconditions"] = preconditions
+        await self.request("DELETE", _custom_path(plural, namespace, name), body)
 
     # -- the API itself ------------------------------------------------------------------------
 

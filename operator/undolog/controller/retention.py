@@ -1,0 +1,159 @@
+"""Retention of one shard's finished sagas: each is deleted once due (decisions/retention.py),
+with its entries (the garbage collector's work), never before the archive holds it when an
+archive is configured, at a bounded rate, and not while every saga slot is taken (the operator
+at its limit: compensations come first)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from undolog import errors, metrics
+from undolog.api import Saga
+from undolog.calls.runner import Fence
+from undolog.controller.context import SagaSlots
+from undolog.controller.driver import woken
+from undolog.controller.entry_index import SagaKey
+from undolog.conventions import now
+from undolog.decisions import retention
+from undolog.decisions.retention import Due, Finished, RetentionPolicy
+from undolog.ledger import Ledger
+
+log = logging.getLogger("undolog.retention")
+ARCHIVE_RECHECK = timedelta(seconds=5)  # a due saga the archive does not hold yet is looked at again
+FAILED_DELETE_PAUSE = timedelta(seconds=10)
+
+
+class ArchiveGate(Protocol):
+    """What retention asks of the archive (controller/archiving.py)."""
+
+    def holds(self, saga: Finished) -> bool:
+        """Whether the archive has committed this saga at this resourceVersion (or later)."""
+        ...
+
+    def offer(self, saga: Finished) -> None:
+        """Archive it (soon)."""
+        ...
+
+
+class Pace:
+    """At most `per_second` deletions by this process, whatever the shards (one every 1/rate s).
+    Hand-written: ten lines, where a rate-limiting library would be a dependency of its own."""
+
+    def __init__(self, per_second: float) -> None:
+        self.interval = 1.0 / per_second
+        self.next = time.monotonic()
+
+    async def turn(self) -> None:
+        moment = time.monotonic()
+        start = max(self.next, moment)
+        self.next = start + self.interval
+        await asyncio.sleep(start - moment)
+
+
+class Retention:
+    def __init__(
+        self,
+        ledger: Ledger,
+        policy: RetentionPolicy,
+        fence: Fence,
+        slots: SagaSlots,
+        pace: Pace,
+        archive: ArchiveGate | None = None,
+    ) -> None:
+        self.ledger, self.policy, self.fence, self.slots, self.pace = ledger, policy, fence, slots, pace
+        self.archive = archive
+        self.finished: dict[SagaKey, Finished] = {}
+        self.per_namespace: Counter[str] = Counter()
+        self.deferred: dict[SagaKey, datetime] = {}
+        self.next_at: datetime | None = None  # when the loop wakes by itself
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    def seen(self, saga: Saga) -> None:
+        """The saga as last seen: finished (kept track of, woken if it is due sooner) or not."""
+        record = retention.finished(saga, self.policy)
+        if record is None:
+            self.gone(saga.key)
+            return
+        if saga.key not in self.finished:
+            self.per_namespace[record.namespace] += 1
+        self.finished[saga.key] = record
+        kept = self.policy.kept_per_shard
+        over_cap = kept is not None and self.per_namespace[record.namespace] > kept
+        sooner = record.expires_at is not None and (self.next_at is None or record.expires_at < self.next_at)
+        if over_cap or sooner:
+            self.wake.set()
+
+    def gone(self, key: SagaKey) -> None:
+        record = self.finished.pop(key, None)
+        if record is not None:
+            self.per_namespace[record.namespace] -= 1
+            if not self.per_namespace[record.namespace]:
+                del self.per_namespace[record.namespace]
+        self.deferred.pop(key, None)
+
+    def archived(self, key: SagaKey) -> None:
+        """The archive committed the saga: a deletion waiting for it may go now."""
+        if self.deferred.pop(key, None) is not None:
+            self.wake.set()
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.run(), name="retention")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+            self.task = None
+        self.finished.clear()
+        self.per_namespace.clear()
+        self.deferred.clear()
+
+    async def run(self) -> None:
+        while True:
+            self.wake.clear()
+            moment = now()
+            candidates = [f for key, f in self.finished.items() if self.deferred.get(key, moment) <= moment]
+            plan = retention.plan(candidates, self.policy, moment)
+            for due in plan.due:
+                await self.delete(due)
+            if plan.due:
+                continue
+            wakes = [t for t in (plan.next_at, *self.deferred.values()) if t is not None]
+            self.next_at = min(wakes, default=None)
+            seconds = None if self.next_at is None else max((self.next_at - now()).total_seconds(), 0.0)
+            await woken(self.wake, seconds)
+
+    async def delete(self, due: Due) -> None:
+        record = self.finished.get(due.saga.key)
+        if record != due.saga:  # changed or gone since it was planned
+            return
+        await self.slots.spare()
+        await self.pace.turn()
+        if self.archive is not None and not self.archive.holds(record):
+            self.archive.offer(record)
+            self.deferred[record.key] = now() + ARCHIVE_RECHECK
+            return
+        try:
+            self.fence.check()
+            await self.ledger.delete_finished(record.namespace, record.name, record.uid, record.resource_version)
+        except errors.NotLeading:
+            self.deferred[record.key] = now() + ARCHIVE_RECHECK
+            return
+        except errors.NotFound:
+            pass
+        except errors.Conflict:  # it changed since (its watch event brings the new copy), or is another saga now
+            log.info("saga %s/%s changed since it was due; not deleted", record.namespace, record.name)
+        except errors.KubeError as error:
+            log.warning("could not delete finished saga %s/%s: %s", record.namespace, record.name, error.message)
+            self.deferred[record.key] = now() + FAILED_DELETE_PAUSE
+            return
+        else:
+            metrics.series.of(metrics.retention_deletions, record.namespace, record.phase).inc()
+            log.info("deleted finished saga %s/%s (%s): %s", record.namespace, record.name, record.phase, due.why)
+        self.gone(record.key)
