@@ -11,7 +11,7 @@ LOCK := $(VENV)/bin/uv pip compile pyproject.toml --python-version 3.11 --python
 PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help venv tools browser faketime crds lock lint test demo bench chaos cluster-up cluster-down cluster-reset clean \
+.PHONY: help venv tools browser faketime postgres crds lock lint test demo bench chaos cluster-up cluster-down cluster-reset clean \
 	image image-deps node-deps node-up node-down e2e demo-helm
 
 help:
@@ -59,6 +59,11 @@ faketime: /usr/bin/faketime
 /usr/bin/faketime:
 	$(SUDO) apt-get install -y -q faketime || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q faketime; }
 
+# The archive's tests run a real PostgreSQL server: Debian's, started by the tests as an unprivileged user.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl > /dev/null 2>&1 || $(SUDO) apt-get install -y -q postgresql \
+		|| { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q postgresql; }
+
 # buildah builds the Dockerfile; debootstrap makes a base when no registry is reachable.
 image-deps:
 	@command -v buildah > /dev/null && command -v debootstrap > /dev/null || $(SUDO) apt-get install -y -q buildah debootstrap \
@@ -100,7 +105,7 @@ lint: venv tools
 	bin/helm template undolog charts/undolog --kube-version 1.37.2 --set watchNamespaces='{team-a,team-b}' \
 		--set metrics.serviceMonitor.enabled=true > /dev/null
 
-test: venv tools browser faketime lint
+test: venv tools browser faketime postgres lint
 	$(VENV)/bin/pytest --durations=15
 
 cluster-up: venv tools

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from devtools.control_plane import LocalControlPlane
+from devtools.postgres import LocalPostgres
 
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant
@@ -88,6 +89,14 @@ async def namespace(kube: Kube) -> AsyncIterator[str]:
     await kube.create_namespace(name, {})
     yield name
     await kube.delete_namespace(name)
+
+
+@pytest.fixture
+def postgres(tmp_path: Path) -> Iterator[LocalPostgres]:
+    """A PostgreSQL server of the test's own on loopback (Debian's package, an unprivileged user)."""
+    server = LocalPostgres(tmp_path / "postgres").up()
+    yield server
+    server.down()
 
 
 @pytest.fixture

@@ -55,6 +55,17 @@ retention_deletions = Counter(
     "Finished sagas deleted by retention (their TTL ran out, or their namespace held more than the cap).",
     ["namespace", "phase"],
 )
+archived_sagas = Counter("undolog_archived_sagas_total", "Finished sagas written to the archive (PostgreSQL).")
+archive_backlog = Gauge(
+    "undolog_archive_backlog_sagas", "Finished sagas waiting to be archived (none is deleted before it is)."
+)
+archive_backlog_seconds = Gauge(
+    "undolog_archive_backlog_seconds", "How long the oldest finished saga waiting to be archived has waited (0: none)."
+)
+archive_events_dropped = Counter(
+    "undolog_archive_events_dropped_total",
+    "Events not kept for the archive: more than 100,000 waited while PostgreSQL could not be reached.",
+)
 sagas_by_phase = Gauge("undolog_sagas", "Sagas this operator drives, by phase.", ["namespace", "phase"])
 halted_sagas = Gauge(
     "undolog_halted_sagas",

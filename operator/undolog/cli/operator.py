@@ -138,6 +138,20 @@ def operator(
         float,
         typer.Option(min=0.1, help="Finished sagas deleted per second at most (never while every saga slot is taken)."),
     ] = 50.0,
+    archive_dsn: Annotated[
+        str | None,
+        typer.Option(
+            envvar="UNDOLOG_ARCHIVE_DSN",
+            help="Archive every finished saga in this PostgreSQL database (a libpq connection string; the PG* "
+            "variables, such as PGPASSWORD, fill in what it leaves out). Retention then deletes only what it holds.",
+        ),
+    ] = None,
+    archive_ttl: Annotated[
+        str | None,
+        typer.Option(
+            callback=lambda value: _duration(value), help="Remove archived sagas this old (90d); kept by default."
+        ),
+    ] = None,
     success_events: Annotated[
         bool,
         typer.Option(
@@ -183,5 +197,7 @@ def operator(
                 max_finished=max_finished_per_namespace,
             ),
             retention_rate=retention_rate,
+            archive_dsn=archive_dsn,
+            archive_ttl=duration(archive_ttl) if archive_ttl else None,
         )
     )

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from undolog.api import Saga
+from undolog.api import Saga, UndoEntry
 from undolog.calls.runner import Fence
 from undolog.controller.compensation import Compensator
 from undolog.controller.entry_index import EntryIndex
@@ -34,6 +34,8 @@ class DriverContext:
     # How far the watch that shows every entry of a namespace has come; None where no watch does.
     entries_seen: Callable[[str], Progress | None]
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)  # stamps status.expiresAt when a saga finishes
+    # The saga as its driver let it go, finished, with its entries (the archive takes them).
+    finished: Callable[[Saga, list[UndoEntry]], None] = lambda saga, entries: None
 
 
 class SagaSlots:

@@ -321,6 +321,8 @@ class SagaDriver:
             log.debug("saga %s/%s: %s", self.namespace, self.name, type(move).__name__)
             if isinstance(move, moves.Wait):
                 self.keep_newest(saga)
+                if move.finished:
+                    self.context.finished(saga, list(entries.values()))
                 return move
             self.context.fence.check()
             try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from undolog import metrics
 from undolog.api import EntryReason, EventReason, ObjectMeta, Resource, Saga, SagaPhase, UndoEntry
 from undolog.calls.runner import Fence, fence_this_task
+from undolog.controller.archiving import Archiver
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import DriverContext, SagaSlots, Slot
 from undolog.controller.driver import Listed, SagaDriver
@@ -25,7 +26,7 @@ from undolog.controller.retention import Retention
 from undolog.controller.shard_labels import ShardLabels
 from undolog.controller.timeline import Timeline
 from undolog.conventions import now
-from undolog.decisions import compensation_plan, phases, resolutions
+from undolog.decisions import compensation_plan, phases, resolutions, retention
 from undolog.decisions.retention import RetentionPolicy
 from undolog.decisions.sharding import Shard
 from undolog.decisions.turns import Turns
@@ -70,6 +71,7 @@ class Engine:
     queued: Turns[SagaDriver] = field(default_factory=Turns)  # drivers waiting for a slot, namespaces in turn
     dispatcher: asyncio.Task[None] | None = None  # runs the queued drivers while there are any
     retention: Retention | None = None  # deletes the shard's finished sagas once due
+    archiver: Archiver | None = None  # writes every finished saga to the archive
     context: DriverContext = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,8 +85,19 @@ class Engine:
             phase_changed=self.phase_seen,
             fence=self.fence,
             entries_seen=self.entries_seen,
-            retention=self.retention.policy if self.retention is not None else RetentionPolicy(),
+            retention=self.policy,
+            finished=self.finished,
         )
+
+    @property
+    def policy(self) -> RetentionPolicy:
+        return self.retention.policy if self.retention is not None else RetentionPolicy()
+
+    def finished(self, saga: Saga, entries: list[UndoEntry]) -> None:
+        """A driver let its saga go, finished: archived with the entries it holds."""
+        record = retention.finished(saga, self.policy)
+        if record is not None and self.archiver is not None:
+            self.archiver.offer(record, (saga, entries))
 
     async def lead(self) -> None:
         """Start driving the shard's sagas (at start, or on taking its Lease): list its sagas,
@@ -185,6 +198,9 @@ class Engine:
     def _gone(self, key: SagaKey) -> None:
         self._forget(key)
         if self.retention is not None:
+            record = self.retention.finished.get(key)
+            if record is not None and self.archiver is not None:
+                self.archiver.forget(record.uid)
             self.retention.gone(key)
         self.index.forget(key)
         driver = self.drivers.get(key)
@@ -218,6 +234,9 @@ class Engine:
         self.sagas[key].top_position = saga.status.top_position
         if self.retention is not None:
             self.retention.seen(saga)
+        record = retention.finished(saga, self.policy) if self.archiver is not None else None
+        if record is not None and self.archiver is not None:
+            self.archiver.offer(record)
         driver = self.drivers.get(key)
         if driver is not None:
             driver.notify(saga)

@@ -17,16 +17,19 @@ import signal
 import socket
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from prometheus_client import start_http_server
 
 from undolog import metrics
 from undolog.api.events import SUCCESSES
+from undolog.archive import ArchiveStore
 from undolog.calls.http import HttpTransport
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner, TaskFence
 from undolog.calls.webhook_cache import WebhookCache
+from undolog.controller.archiving import Archiver
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import SagaSlots, wait_without_slot
 from undolog.controller.engine import Engine
@@ -69,6 +72,8 @@ class OperatorOptions:
     success_events: bool = False  # Normal Events for successful calls and endings too (else only in status)
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)  # defaults for finished sagas
     retention_rate: float = 50.0  # finished sagas deleted per second at most
+    archive_dsn: str | None = None  # PostgreSQL (libpq's connection string; PG* variables fill in the rest)
+    archive_ttl: timedelta | None = None  # archived sagas older than this are removed from the archive
 
     def egress(self) -> EgressPolicy:
         return EgressPolicy.build(
@@ -92,7 +97,16 @@ async def run(options: OperatorOptions) -> None:
     asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER  # this process's own connections only
     kube = await Kube.connect(options.kubeconfig)
     ledger = Ledger(kube)
-    timeline = Timeline(kube, quiet=frozenset() if options.success_events else SUCCESSES)
+    archiver = (
+        Archiver(ArchiveStore(options.archive_dsn), ledger, options.archive_ttl)
+        if options.archive_dsn is not None
+        else None
+    )
+    timeline = Timeline(
+        kube,
+        quiet=frozenset() if options.success_events else SUCCESSES,
+        capture=archiver.events if archiver is not None else None,
+    )
     timeline.start()
     me = options.identity or identity()
     fence = TaskFence()  # each driver's task carries its shard's Lease
@@ -123,10 +137,14 @@ async def run(options: OperatorOptions) -> None:
             slots=slots,
             gauges=gauges,
             labels=labels,
-            retention=Retention(ledger, policy, leadership, slots, pace),
+            retention=Retention(ledger, policy, leadership, slots, pace, archiver),
+            archiver=archiver,
         )
         for shard, leadership in zip(shards, leaderships, strict=True)
     ]
+    if archiver is not None:
+        archiver.committed.extend(engine.retention.archived for engine in engines if engine.retention)
+        archiver.start()
     await replicas.refresh()  # know how many replicas share the shards before standing for any
     elections = [asyncio.create_task(replicas.run(), name="replicas")] + [
         asyncio.create_task(
@@ -186,6 +204,8 @@ async def run(options: OperatorOptions) -> None:
             await leadership.release()
         await replicas.leave()
         await timeline.stop()
+        if archiver is not None:
+            await archiver.stop()
 
     try:
         await run_kopf(kube, options.namespaces, options.liveness_port, stop_own_work)

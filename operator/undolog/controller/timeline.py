@@ -43,11 +43,27 @@ class Event:
     sequence: int  # nanoseconds, strictly increasing: event names sort in the order things happened
 
 
+class Capture(Protocol):
+    """Where every Event also goes as it is emitted, quiet ones included (the archive)."""
+
+    def __call__(
+        self, regarding: Resource, reason: str, message: str, warning: bool, at: datetime, sequence: int
+    ) -> None: ...
+
+
 class Timeline:
-    def __init__(self, sink: EventSink, capacity: int = 10_000, *, quiet: frozenset[Reason] = frozenset()) -> None:
+    def __init__(
+        self,
+        sink: EventSink,
+        capacity: int = 10_000,
+        *,
+        quiet: frozenset[Reason] = frozenset(),
+        capture: Capture | None = None,
+    ) -> None:
         """`quiet`: reasons only logged, not posted (Normal successes the status already holds)."""
         self._sink = sink
         self._quiet = quiet
+        self.capture = capture
         self._queue: asyncio.Queue[Event] = asyncio.Queue(capacity)
         self._workers: list[asyncio.Task[None]] = []
         self._last_sequence = 0
@@ -73,11 +89,14 @@ class Timeline:
         }
         level = logging.WARNING if warning else logging.INFO
         log.log(level, "%s %s: %s: %s", regarding.kind, regarding.reference, reason, message)
+        self._last_sequence = max(time.time_ns(), self._last_sequence + 1)
+        at = at or now()
+        if self.capture is not None:
+            self.capture(regarding, reason, message, warning, at, self._last_sequence)
         if reason in self._quiet and not warning:
             return
-        self._last_sequence = max(time.time_ns(), self._last_sequence + 1)
         try:
-            self._queue.put_nowait(Event(reference, reason, message, warning, at or now(), self._last_sequence))
+            self._queue.put_nowait(Event(reference, reason, message, warning, at, self._last_sequence))
         except asyncio.QueueFull:
             log.warning("event queue full; dropped %s event for %s", reason, meta.name)
 
