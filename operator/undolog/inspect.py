@@ -14,12 +14,13 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from undolog import errors
 from undolog.api import LostEntry, Outcome, Rewind, Saga, SagaPhase, UndoEntry, Webhook
+from undolog.archive import ArchivedSaga, ArchiveStore, ArchiveUnavailable, HistoryQuery
 from undolog.calls.registry import Registry
 from undolog.conventions import (
     ABORT_REASON_ANNOTATION,
@@ -80,6 +81,24 @@ class SagaDetail:
     # Entries of the saga the API took and UndoLog cannot read, with why: the operator halts when
     # its compensation reaches one (reported in status.lostEntries), so they are shown, not left out.
     unreadable: list[LostEntry] = field(default_factory=list)
+    archived: bool = False  # read from the archive: the saga is gone from the cluster (read-only)
+
+
+@dataclass(frozen=True)
+class HistoryListing:
+    sagas: list[Saga]  # newest finished first
+    # Namespaces that hold matching archived sagas the caller may not list sagas in: left out.
+    refused: list[str] = field(default_factory=list)
+    next_page: tuple[datetime, str] | None = None  # pass as `before` for the next page
+
+
+def archived_events(record: ArchivedSaga) -> list[EventRecord]:
+    return [
+        EventRecord(
+            time=e.at, type="Warning" if e.warning else "Normal", reason=e.reason, message=e.message, name=e.name
+        )
+        for e in record.events
+    ]
 
 
 @dataclass(frozen=True)
@@ -128,6 +147,53 @@ def duration(text: str) -> timedelta:
 @dataclass
 class Inspector:
     kube: Kube
+    archive: ArchiveStore | None = None  # finished sagas kept after retention deleted them
+
+    def _archive(self) -> ArchiveStore:
+        if self.archive is None:
+            raise CommandError(
+                "no archive to read history from: give --archive-dsn (or UNDOLOG_ARCHIVE_DSN), the PostgreSQL "
+                "database the operator archives to"
+            )
+        return self.archive
+
+    async def history(self, namespace: str | None, query: HistoryQuery) -> HistoryListing:
+        """Archived sagas, newest finished first, of the namespaces where the caller may list sagas
+        (asked of the API for the caller, as the live views are): another tenant's are never read."""
+        archive = self._archive()
+        allowed: list[str] | None
+        refused: list[str] = []
+        try:
+            if namespace is not None:
+                if not await self.kube.may("list", "sagas", namespace):
+                    raise CommandError(f"you may not list sagas in namespace {namespace!r}, so not their history")
+                allowed = [namespace]
+            elif await self.kube.may("list", "sagas", None):
+                allowed = None
+            else:
+                found = await archive.namespaces(replace(query, namespaces=None))
+                verdicts = await asyncio.gather(*(self.kube.may("list", "sagas", ns) for ns in found))
+                allowed = [ns for ns, ok in zip(found, verdicts, strict=True) if ok]
+                refused = [ns for ns, ok in zip(found, verdicts, strict=True) if not ok]
+            rows = await archive.history(replace(query, namespaces=allowed))
+        except ArchiveUnavailable as error:
+            raise CommandError(str(error)) from None
+        sagas = [Saga.model_validate(row.saga) for row in rows]
+        last = rows[-1] if len(rows) == query.limit else None
+        return HistoryListing(sagas, refused, (last.finished_at, last.uid) if last else None)
+
+    async def archived(self, namespace: str, name: str) -> SagaDetail | None:
+        """The saga as the archive keeps it, if it does and the caller may list sagas there."""
+        if self.archive is None or not await self.kube.may("list", "sagas", namespace):
+            return None
+        try:
+            record = await self.archive.saga(namespace, name)
+        except ArchiveUnavailable as error:
+            raise CommandError(f"saga {name!r} is not in namespace {namespace!r}, and {error}") from None
+        if record is None:
+            return None
+        saga, entries = record.restored()
+        return SagaDetail(saga, compensation_plan.newest_first(entries), archived_events(record), archived=True)
 
     @property
     def ledger(self) -> Ledger:
@@ -247,7 +313,14 @@ class Inspector:
         return compensation_plan.newest_first((await self.ledger.entries_of(saga)).entries)
 
     async def show(self, namespace: str, name: str) -> SagaDetail:
-        saga = await self.saga(namespace, name)
+        """The saga, its undo stack and its timeline; from the archive once it is gone (read-only)."""
+        try:
+            saga = await self.saga(namespace, name)
+        except CommandError:
+            kept = await self.archived(namespace, name)
+            if kept is None:
+                raise
+            return kept
         listing, events = await asyncio.gather(
             self.ledger.entries_of(saga), self.kube.events_about(namespace, name, saga.metadata.uid)
         )

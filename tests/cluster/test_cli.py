@@ -27,8 +27,13 @@ from undolog.kube import Kube
 pytestmark = pytest.mark.cluster
 
 
-def undolog(cluster: Cluster, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+def undolog(
+    cluster: Cluster, *args: str, kubeconfig: Path | None = None, archive: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The CLI as a person runs it; `archive`: the archive's DSN in its environment."""
     env = {**cluster.env, "KUBECONFIG": str(kubeconfig or cluster.kubeconfig), "COLUMNS": "250"}
+    if archive:
+        env["UNDOLOG_ARCHIVE_DSN"] = archive
     return subprocess.run(
         [sys.executable, "-m", "undolog.cli", *args], capture_output=True, text=True, env=env, timeout=120, check=False
     )

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from undolog.api import Saga, SagaPhase, UndoEntry
+from undolog.api import ConditionStatus, ConditionType, Saga, SagaPhase, UndoEntry
 from undolog.api.common import revision_of
 
 
@@ -35,6 +35,7 @@ class ArchivedSaga:
     phase: str
     reason: str | None
     message: str | None
+    failure: str | None  # why it failed (the Succeeded condition's message), if it did
     org: str | None
     functions: list[str]  # every function its steps, entries and effects call
     failed_step: str | None
@@ -77,6 +78,14 @@ def archived_saga(saga: Saga, entries: Sequence[UndoEntry]) -> ArchivedSaga:
         phase=(status.phase or SagaPhase.ACTIVE).value,
         reason=status.reason.value if status.reason else None,
         message=status.message,
+        failure=next(
+            (
+                c.message
+                for c in status.conditions
+                if c.type == ConditionType.SUCCEEDED and c.status == ConditionStatus.FALSE
+            ),
+            None,
+        ),
         org=saga.spec.org_id,
         functions=functions_of(saga, entries),
         failed_step=status.failed_step,
@@ -102,6 +111,6 @@ class HistoryQuery:
     name: str | None = None
     since: datetime | None = None  # finished at or after
     until: datetime | None = None  # finished before
-    text: str | None = None  # in the reason or the message
+    text: str | None = None  # in the reason, the message or why it failed
     limit: int = 100
     before: tuple[datetime, str] | None = None  # paging: rows finished before this (time, uid)

@@ -27,7 +27,7 @@ from undolog.archive.record import ArchivedEvent, ArchivedSaga, HistoryQuery
 
 MIGRATION_LOCK = 0x756E646F6C6F67  # "undolog": one runner at a time across replicas
 SAGA_COLUMNS = (
-    "uid, namespace, name, phase, reason, message, org, functions, failed_step, created_at, started_at, "
+    "uid, namespace, name, phase, reason, message, failure, org, functions, failed_step, created_at, started_at, "
     "finished_at, labels, revision, entries_revision"
 )
 
@@ -195,7 +195,7 @@ INSERT_EVENT = (
 _UPDATED = ", ".join(f"{column} = EXCLUDED.{column}" for column in (*SAGA_COLUMNS.split(", ")[1:], "saga", "entries"))
 UPSERT_SAGA = (
     f"INSERT INTO undolog_sagas ({SAGA_COLUMNS}, saga, entries) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s::jsonb, %s::jsonb) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s::jsonb, %s::jsonb) "
     f"ON CONFLICT (uid) DO UPDATE SET {_UPDATED}, archived_at = now() "
     "WHERE (undolog_sagas.revision, undolog_sagas.entries_revision) < (EXCLUDED.revision, EXCLUDED.entries_revision)"
 )
@@ -222,6 +222,7 @@ def _saga_row(saga: ArchivedSaga) -> tuple[Any, ...]:
         saga.phase,
         saga.reason,
         _text(saga.message),
+        _text(saga.failure),
         saga.org,
         saga.functions,
         saga.failed_step,
@@ -244,6 +245,7 @@ def _archived(row: dict[str, Any], events: list[ArchivedEvent]) -> ArchivedSaga:
         phase=row["phase"],
         reason=row["reason"],
         message=row["message"],
+        failure=row["failure"],
         org=row["org"],
         functions=list(row["functions"]),
         failed_step=row["failed_step"],
@@ -273,8 +275,8 @@ def _conditions(query: HistoryQuery) -> tuple[str, list[Any]]:
         (query.until is not None, "finished_at < %s", [query.until]),
         (
             query.text is not None,
-            "(reason ILIKE %s OR message ILIKE %s)",
-            [f"%{_like(query.text or '')}%"] * 2,
+            "(reason ILIKE %s OR message ILIKE %s OR failure ILIKE %s)",
+            [f"%{_like(query.text or '')}%"] * 3,
         ),
         (query.before is not None, "(finished_at, uid) < (%s, %s::uuid)", list(query.before or ())),
     ]

@@ -6,6 +6,7 @@ import typer
 
 from undolog.cli import triage
 from undolog.cli.dashboard import dashboard
+from undolog.cli.history import history
 from undolog.cli.operator import operator
 from undolog.cli.verify import verify
 
@@ -22,6 +23,7 @@ app.command()(dashboard)
 app.command("list", epilog=triage.EXIT_CODES)(triage.list_sagas)
 for command in (triage.show, triage.plan, triage.retry, triage.skip, triage.abort, triage.rewind, triage.wait):
     app.command(epilog=triage.EXIT_CODES)(command)
+app.command(epilog=triage.EXIT_CODES)(history)
 app.command(epilog=triage.EXIT_CODES)(verify)
 
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -31,6 +32,7 @@ import yaml
 
 from undolog import errors
 from undolog.api import Saga, SagaPhase
+from undolog.archive import ArchiveStore
 from undolog.inspect import Inspector, PlannedCompensation, SagaDetail, SagaListing, age, duration, expires_in
 from undolog.kube import Kube, default_namespace
 
@@ -88,10 +90,15 @@ class Target:
     as_user: str | None
     as_groups: Sequence[str]
     all_namespaces: bool = False
+    # The archive, for history and for sagas gone from the cluster (`undolog history --archive-dsn`).
+    archive_dsn: str | None = field(default_factory=lambda: os.environ.get("UNDOLOG_ARCHIVE_DSN") or None)
 
     @property
     def namespace(self) -> str:
         return self.namespace_option or default_namespace(self.kubeconfig, self.context)
+
+    def with_archive(self, dsn: str) -> Target:
+        return replace(self, archive_dsn=dsn)
 
     @property
     def scope(self) -> str | None:
@@ -103,10 +110,15 @@ class Target:
             kube = await Kube.connect(
                 self.kubeconfig, self.context, as_user=self.as_user, as_groups=tuple(self.as_groups)
             )
+            archive = ArchiveStore(self.archive_dsn) if self.archive_dsn else None
+            if archive is not None:
+                await archive.open()
             try:
-                return await command(Inspector(kube))
+                return await command(Inspector(kube, archive))
             finally:
                 await kube.close()
+                if archive is not None:
+                    await archive.close()
 
         return main()
 
@@ -231,6 +243,8 @@ def render_detail(detail: SagaDetail, output: Output) -> str:
         return f"saga.undolog.io/{saga.metadata.name}"
     status = saga.status
     lines = [f"{saga.reference}  {status.phase or '<none>'}  {status.reason or ''}".rstrip()]
+    if detail.archived:
+        lines.append(f"archived: gone from the cluster, read-only (finished {age(status.completion_time)} ago)")
     if status.message:
         lines.append(printable(status.message))
     if status.failed_step:

@@ -482,6 +482,18 @@ class Kube:
         answer = await self.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", review)
         return str(answer["status"]["userInfo"]["username"])
 
+    async def may(self, verb: str, plural: Plural, namespace: str | None) -> bool:
+        """Whether the API lets this client's user `verb` UndoLog's `plural` in `namespace` (None:
+        all), as `kubectl auth can-i` asks it (a SelfSubjectAccessReview)."""
+        attributes = {"group": GROUP, "resource": plural, "verb": verb, "namespace": namespace or ""}
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        }
+        answer = await self.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
+        return bool(answer.get("status", {}).get("allowed"))
+
     # -- core objects ------------------------------------------------------------------------
 
     async def secret(self, namespace: str, name: str) -> tuple[dict[str, str], dict[str, bytes]]:

@@ -6,6 +6,7 @@ CREATE TABLE undolog_sagas (
     phase text NOT NULL,
     reason text,
     message text,
+    failure text,
     org text,
     functions text[] NOT NULL DEFAULT '{}',
     failed_step text,
