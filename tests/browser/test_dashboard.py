@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from devtools.control_plane.local import free_port
+from devtools.postgres import LocalPostgres
 from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
 from tests.cluster.test_cli import halted_saga
 from tests.cluster.test_compensation import abort, external_saga, register
+from tests.cluster.test_retention import deleted
 from tests.conftest import REPO, Cluster, own_control_plane
 from tests.support.identities import create_service_account, service_account_token
 from tests.support.manifests import call, saga
@@ -359,3 +361,52 @@ async def test_a_live_page_stays_live_through_an_apiserver_restart(tmp_path: Pat
             await expect(page.get_by_role("status").filter(has_text="not live")).to_be_hidden()
         finally:
             served.stop()
+
+
+async def test_the_history_view_finds_a_saga_retention_deleted_and_shows_its_archived_record(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    participant: Participant,
+    tmp_path: Path,
+    postgres: LocalPostgres,
+    page: Page,
+) -> None:
+    operator = OperatorProcess(
+        cluster.kubeconfig, namespace, tmp_path, (f"--archive-dsn={postgres.dsn}", "--ttl-after-compensated=1s")
+    )
+    operator.start()
+    try:
+        # Every refund's first attempt fails with a 503: its record keeps it.
+        participant.handle(
+            "/refund", lambda r: Reply(503) if r.headers.get("undolog-attempt") == "1" else Reply(200, {})
+        )
+        await register(kube, namespace, participant, "refund")
+        for name in ("order-1", "order-2", "order-3"):
+            await external_saga(kube, namespace, name, [call("refund", amount=5)])
+            await abort(kube, namespace, name)
+        for name in ("order-1", "order-2", "order-3"):
+            await deleted(kube, namespace, name, within=60)
+    finally:
+        operator.stop()
+    served = Dashboard(
+        cluster, tmp_path / "dashboard.log", f"--kubeconfig={cluster.kubeconfig}", f"--archive-dsn={postgres.dsn}"
+    )
+    try:
+        await page.goto(f"{served.url}/sagas?namespace={namespace}")
+        await expect(page.get_by_role("cell", name="No sagas match.")).to_be_visible()  # gone from the cluster
+        await page.get_by_role("link", name="History").click()
+        await page.get_by_label("Namespace").fill(namespace)
+        await page.get_by_role("button", name="Filter").click()
+        rows = page.locator("table.history tbody tr")
+        await expect(rows).to_have_count(3)
+        await expect(rows.first).to_contain_text("Compensated")
+        assert f"namespace={namespace}" in page.url  # the filters live in the URL
+        await page.get_by_role("link", name="order-2").click()
+        await expect(page.get_by_role("status").filter(has_text="Archived")).to_be_visible()
+        stack = page.get_by_role("region", name="Undo stack (newest on top)")
+        await expect(stack).to_contain_text("HTTP 503")  # the retried attempt, kept on the entry
+        await expect(page.get_by_role("button", name="Retry")).to_have_count(0)  # read-only
+        await page.screenshot(path=str(DOCS / "dashboard-history.png"), full_page=True)
+    finally:
+        served.stop()

@@ -64,3 +64,33 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) | quote }}
 {{- end -}}
 {{- end }}
+
+{{/* The archive's connection (operator and dashboard): --archive-dsn from its parts, or nothing. */}}
+{{- define "undolog.archiveArgs" -}}
+{{- with .Values.archive }}
+{{- if and .enabled (not .dsnSecret.name) }}
+{{- if not .host }}{{ fail "archive.enabled needs archive.dsnSecret.name or archive.host" }}{{ end }}
+- --archive-dsn=host={{ .host }} port={{ .port }} dbname={{ .database }} user={{ .user }} sslmode={{ .sslmode }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The archive's secrets as libpq and UndoLog read them: the whole DSN, or the password alone. */}}
+{{- define "undolog.archiveEnv" -}}
+{{- with .Values.archive }}
+{{- if and .enabled .dsnSecret.name }}
+- name: UNDOLOG_ARCHIVE_DSN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .dsnSecret.name }}
+      key: {{ .dsnSecret.key }}
+{{- end }}
+{{- if and .enabled .passwordSecret.name }}
+- name: PGPASSWORD  # libpq reads it for a connection string without a password
+  valueFrom:
+    secretKeyRef:
+      name: {{ .passwordSecret.name }}
+      key: {{ .passwordSecret.key }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -32,6 +32,14 @@ def dashboard(
     api_ca_file: Annotated[
         str | None, typer.Option(help="With --auth token: the CA that signed the API's certificate.")
     ] = None,
+    archive_dsn: Annotated[
+        str | None,
+        typer.Option(
+            envvar="UNDOLOG_ARCHIVE_DSN",
+            help="The archive's PostgreSQL (a libpq connection string): the History view, and the sagas gone "
+            "from the cluster.",
+        ),
+    ] = None,
     context: Context = None,
     kubeconfig: Kubeconfig = None,
     as_: As = None,
@@ -51,4 +59,6 @@ def dashboard(
             raise typer.BadParameter(str(error)) from None
     else:
         viewers = KubeconfigViewer(kubeconfig, context, as_, tuple(as_group or ()))
-    serve(viewers, address, port)
+    from undolog.archive import ArchiveStore
+
+    serve(viewers, address, port, ArchiveStore(archive_dsn) if archive_dsn else None)

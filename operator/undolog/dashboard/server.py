@@ -14,9 +14,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
@@ -27,6 +29,8 @@ from yarl import URL
 
 from undolog import errors
 from undolog.api import SagaPhase
+from undolog.archive import ArchiveStore, HistoryQuery
+from undolog.conventions import now
 from undolog.dashboard.viewers import TOKEN_COOKIE, TokenViewers, Viewers
 from undolog.decisions import compensation_plan, resolutions
 from undolog.decisions.phases import TERMINAL
@@ -38,6 +42,8 @@ CSRF_COOKIE = "undolog_csrf"
 KEEPALIVE_SECONDS = 15.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 VIEWERS = web.AppKey("viewers", Viewers)
+ARCHIVE: web.AppKey[ArchiveStore | None] = web.AppKey("archive")
+HISTORY_PAGE = 50
 TEMPLATES = web.AppKey("templates", jinja2.Environment)
 SYMBOLS = {  # readable without colour: every phase also has a symbol and its name
     SagaPhase.HALTED: "‖",
@@ -77,7 +83,7 @@ class Page:
 
     @property
     def inspector(self) -> Inspector:
-        return Inspector(self.kube)
+        return Inspector(self.kube, self.request.app[ARCHIVE])
 
     def render(self, template: str, status: int = 200, **context: Any) -> web.Response:
         environment = self.request.app[TEMPLATES]
@@ -89,6 +95,7 @@ class Page:
             login=self.request.app[VIEWERS].login,
             path=self.request.path_qs,
             notice=self.request.query.get("notice", ""),
+            history=self.request.app[ARCHIVE] is not None,
             **context,
         )
         response = web.Response(text=body, content_type="text/html", status=status)
@@ -158,6 +165,47 @@ async def saga_list(current: Page) -> web.StreamResponse:
     return current.render(
         "sagas.html", sagas=sagas, unreadable=listed.unreadable, filters=filters, events=events, functions=functions
     )
+
+
+@page
+async def history_page(current: Page) -> web.StreamResponse:
+    """Archived sagas with the list's filters (and the archive's), a page at a time."""
+    query = current.request.query
+    filters = {k: query.get(k, "") for k in ("namespace", "phase", "org", "function", "since", "text")}
+    try:
+        since = now() - duration(filters["since"]) if filters["since"].strip() else None
+        before = paging(query.get("before", ""))
+    except ValueError as bad:
+        return current.render("error.html", status=400, message=f"history: {bad}")
+    listed = await current.inspector.history(
+        filters["namespace"] or None,
+        HistoryQuery(
+            phase=filters["phase"] or None,
+            org=filters["org"] or None,
+            function=filters["function"] or None,
+            since=since,
+            text=filters["text"] or None,
+            limit=HISTORY_PAGE,
+            before=before,
+        ),
+    )
+    older = None
+    if listed.next_page is not None:
+        at, uid = listed.next_page
+        older = "/history?" + urlencode(
+            {**{k: v for k, v in filters.items() if v}, "before": f"{at.isoformat()}|{uid}"}
+        )
+    return current.render("history.html", sagas=listed.sagas, refused=listed.refused, filters=filters, older=older)
+
+
+def paging(text: str) -> tuple[datetime, str] | None:
+    """The `before` of a History page link: "<finished time>|<uid>"."""
+    if not text:
+        return None
+    at, _, uid = text.partition("|")
+    if not re.fullmatch(r"[0-9a-f-]{36}", uid):
+        raise ValueError(f"{text[:80]!r} is not a page of the history")
+    return datetime.fromisoformat(at), uid
 
 
 @page
@@ -355,9 +403,10 @@ async def home(request: web.Request) -> web.StreamResponse:
     raise web.HTTPSeeOther("/sagas")
 
 
-def application(viewers: Viewers) -> web.Application:
+def application(viewers: Viewers, archive: ArchiveStore | None = None) -> web.Application:
     app = web.Application()
     app[VIEWERS] = viewers
+    app[ARCHIVE] = archive
     app[TEMPLATES] = templates()
     static = resources.files("undolog.dashboard") / "static"
     app.add_routes(
@@ -366,6 +415,7 @@ def application(viewers: Viewers) -> web.Application:
             web.get("/healthz", healthz),
             web.get("/sagas", saga_list),
             web.get("/sagas/{namespace}/{name}", saga_page),
+            web.get("/history", history_page),
             web.post("/sagas/{namespace}/{name}/retry", retry),
             web.post("/sagas/{namespace}/{name}/abort", abort),
             web.post("/sagas/{namespace}/{name}/entries/{position:[0-9]{1,10}}/skip", skip),
@@ -380,15 +430,26 @@ def application(viewers: Viewers) -> web.Application:
             [web.get("/login", login_form), web.post("/login", signing_in(viewers)), web.post("/logout", logout)]
         )
 
+    async def open_archive(_: web.Application) -> None:
+        if archive is not None:
+            await archive.open()
+
     async def close(_: web.Application) -> None:
         await viewers.close()
+        if archive is not None:
+            await archive.close()
 
+    app.on_startup.append(open_archive)
     app.on_cleanup.append(close)
     return app
 
 
-def serve(viewers: Viewers, host: str, port: int) -> None:
+def serve(viewers: Viewers, host: str, port: int, archive: ArchiveStore | None = None) -> None:
     # Live pages hold a connection open for good: a stop closes them after a moment, not a minute.
     web.run_app(
-        application(viewers), host=host, port=port, shutdown_timeout=1.0, print=lambda text: log.info("%s", text)
+        application(viewers, archive),
+        host=host,
+        port=port,
+        shutdown_timeout=1.0,
+        print=lambda text: log.info("%s", text),
     )
