@@ -122,6 +122,15 @@ class LocalControlPlane:
         self.node = NodeHost(self.state_dir, self.bin_dir, self.pki)
 
     @property
+    def etcd_url(self) -> str:
+        """etcd's client URL (its HTTP gateway answers what etcdctl asks: status, compaction)."""
+        state = self._read_state()
+        if state is None:
+            raise ControlPlaneError(f"no control plane runs from {self.state_dir}")
+        flag = next(a for a in state.commands["etcd"] if a.startswith("--listen-client-urls="))
+        return flag.split("=", 1)[1]
+
+    @property
     def processes(self) -> tuple[str, ...]:
         return PROCESSES + NODE_PROCESSES if self.with_node else PROCESSES
 

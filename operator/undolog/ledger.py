@@ -27,6 +27,7 @@ from undolog.kube import Body, Plural
 R = TypeVar("R", bound=Resource)
 T = TypeVar("T")
 REBASES = 5  # replays of one entry write over other writers' changes before giving up
+UNSTORED_WHEN_EMPTY = frozenset({"effects", "lostEntries", "lostEntriesOmitted"})
 
 
 class ObjectStore(Protocol):
@@ -251,19 +252,30 @@ class Ledger:
         return UndoEntry.model_validate(created)
 
     async def write_saga_status(self, saga: Saga, status: SagaStatus) -> Saga:
-        # The whole status with explicit nulls: a merge patch then clears what the new one drops.
-        patch = {"status": status.model_dump(mode="json", by_alias=True)}
+        # The whole status with explicit nulls: a merge patch then clears what the new one drops
+        # (and the empty lists, which the models read back as empty: bytes in etcd for nothing).
+        fields = status.model_dump(mode="json", by_alias=True)
+        patch = {"status": {k: None if k in UNSTORED_WHEN_EMPTY and not v else v for k, v in fields.items()}}
         written = await self.kube.patch_status("sagas", *saga.key, conditional(saga, patch))
         return Saga.model_validate(written)
 
     async def write_saga_metadata(
-        self, saga: Saga, *, labels: dict[str, str | None] | None = None, finalizers: list[str] | None = None
+        self,
+        saga: Saga,
+        *,
+        labels: dict[str, str | None] | None = None,
+        finalizers: list[str] | None = None,
+        forget_owners: bool = False,
     ) -> Saga:
+        """`forget_owners`: drop metadata.managedFields (for good: the API records field owners for
+        updates again only once an apply writes the object)."""
         metadata: Body = {}
         if labels:
             metadata["labels"] = labels
         if finalizers is not None:
             metadata["finalizers"] = finalizers
+        if forget_owners:
+            metadata["managedFields"] = [{}]
         written = await self.kube.patch("sagas", *saga.key, conditional(saga, {"metadata": metadata}))
         return Saga.model_validate(written)
 
@@ -311,6 +323,13 @@ class Ledger:
         current = base.status.model_dump(mode="json", by_alias=True)
         status = {key: value for key, value in {**current, **ours}.items() if value is not None}
         return self.kube.replace_status("undoentries", *base.key, base.metadata.resource_version, status)
+
+    async def forget_entry_owners(self, entry: UndoEntry) -> UndoEntry:
+        """Drop the entry's metadata.managedFields, once it is final (its saga finished)."""
+        namespace = entry.metadata.namespace
+        patch: Body = {"metadata": {"managedFields": [{}]}}
+        written = await self.entry_writes.written(namespace, self.kube.patch("undoentries", *entry.key, patch))
+        return UndoEntry.model_validate(written)
 
     async def drop_annotation(self, resource: R, key: str) -> R:
         written = await self.kube.patch(

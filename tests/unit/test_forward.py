@@ -117,7 +117,9 @@ def test_all_steps_committed_completes_then_effects_are_sent() -> None:
     assert move.effect.name == "mail"
     assert phases.holds_finalizer(completed)
     completed.status.effects = [EffectStatus(name="mail", state="Delivered")]
-    assert phases.decide(completed, done, NOW) == moves.SyncMetadata({}, [])  # finalizer released
+    assert phases.decide(completed, done, NOW) == moves.SyncMetadata(
+        {}, [], final=True, entries_too=True
+    )  # finalizer released
     assert not phases.holds_finalizer(completed)
 
 

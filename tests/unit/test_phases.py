@@ -205,7 +205,8 @@ def test_resolutions_apply_only_to_halted_sagas() -> None:
 
 def test_final_sagas_release_their_finalizer_then_rest() -> None:
     move = phases.decide(make_saga("Compensated"), [make_entry(1, "Compensated")], NOW)
-    assert move == moves.SyncMetadata({}, [])  # the label is right; only the finalizer goes
+    # The label is right; the finalizer goes, and with it the field owners (kept forever: the entries' too).
+    assert move == moves.SyncMetadata({}, [], final=True, entries_too=True)
     done = make_saga("Completed")
     done.metadata.finalizers.clear()
     assert phases.decide(done, [make_entry(1)], NOW) == moves.Wait(finished=True)

@@ -488,8 +488,15 @@ class SagaDriver:
         match move:
             case moves.Initialize():
                 return await self.enter(saga, parsed, SagaPhase.ACTIVE, SagaReason.STARTED, TOOK_CHARGE)
-            case moves.SyncMetadata(labels=labels, finalizers=finalizers):
-                synced = await ledger.write_saga_metadata(saga, labels=labels, finalizers=finalizers)
+            case moves.SyncMetadata(labels=labels, finalizers=finalizers, final=final, entries_too=entries_too):
+                if entries_too:  # the entries' field owners go first: after the release nothing comes back
+                    forgotten = await asyncio.gather(*(ledger.forget_entry_owners(e) for e in entries.values()))
+                    for entry in forgotten:
+                        entries[entry.metadata.name] = entry
+                        self.context.index.keep(entry)
+                synced = await ledger.write_saga_metadata(
+                    saga, labels=labels, finalizers=finalizers, forget_owners=final
+                )
                 if self.listed is not None and self.listed.resource_version == saga.metadata.resource_version:
                     # Written conditionally on the listed copy, its labels and finalizers only:
                     # the new copy shows what the listed one did, and the listing proves it still.

@@ -353,6 +353,7 @@ async def login_form(request: web.Request) -> web.StreamResponse:
         login=True,
         path="/login",
         notice="",
+        history=request.app[ARCHIVE] is not None,
     )
     return web.Response(text=body, content_type="text/html")
 

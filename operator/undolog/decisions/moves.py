@@ -31,10 +31,16 @@ class Initialize:
 
 @dataclass(frozen=True)
 class SyncMetadata:
-    """Labels and finalizer differ from what the status implies."""
+    """Labels and finalizer differ from what the status implies. `final`: the finalizer is
+    released on a finished saga: nothing writes it again, and its field owners
+    (metadata.managedFields, half of what it holds in etcd) are dropped with this write.
+    `entries_too`: its entries' as well, one write each, when it is kept long enough for the
+    bytes to outweigh the writes (retention.KEPT_LONG)."""
 
     labels: dict[str, str | None]
     finalizers: list[str]
+    final: bool = False
+    entries_too: bool = False
 
 
 @dataclass(frozen=True)

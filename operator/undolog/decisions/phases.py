@@ -67,6 +67,7 @@ from undolog.decisions.moves import (
     UpdateDepth,
     Wait,
 )
+from undolog.decisions.retention import kept_long
 
 TERMINAL: frozenset[SagaPhase] = frozenset({SagaPhase.COMPLETED, SagaPhase.COMPENSATED})
 FINAL: frozenset[SagaPhase] = TERMINAL | {SagaPhase.HALTED}  # nothing moves without a person
@@ -378,7 +379,8 @@ def metadata_move(saga: Saga) -> SyncMetadata | None:
         finalizers = meta.finalizers
     if not labels and finalizers == meta.finalizers:
         return None
-    return SyncMetadata(labels, finalizers)
+    final = FINALIZER in meta.finalizers and FINALIZER not in finalizers
+    return SyncMetadata(labels, finalizers, final=final, entries_too=final and kept_long(saga))
 
 
 def desired_labels(saga: Saga, phase: SagaPhase | None = None) -> dict[str, str | None]:
@@ -477,8 +479,18 @@ def with_phase(
     values = CONDITIONS[phase]
     if phase == SagaPhase.HALTED and reason == SagaReason.FORWARD_RECOVERY_EXHAUSTED:
         values = (_U, _F, _T, _F, _F, _T)
+    # The message goes where it is read: on Succeeded (why it failed) and on what is True now;
+    # a condition that does not hold says only its reason (the message was stored six times).
     conditions = [
-        condition(status.conditions, type_, value, reason, message, now, generation)
+        condition(
+            status.conditions,
+            type_,
+            value,
+            reason,
+            message if type_ == ConditionType.SUCCEEDED or value == _T else "",
+            now,
+            generation,
+        )
         for type_, value in zip(PHASE_CONDITIONS, values, strict=True)
     ]
     others = [c for c in status.conditions if c.type not in PHASE_CONDITIONS]
