@@ -14,6 +14,7 @@ which write neither progress nor diff-base, so status holds exactly the fields b
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from undolog.api import GROUP, VERSION, SagaSpec, SagaStatus, UndoEntrySpec, UndoEntryStatus, WebhookSpec
+from undolog.api import EARLIER_VERSIONS, GROUP, VERSION, SagaSpec, SagaStatus, UndoEntrySpec, UndoEntryStatus, WebhookSpec
 from undolog.api.saga import ROOT_RULES as SAGA_ROOT_RULES
 from undolog.api.undo_entry import ROOT_RULES as ENTRY_ROOT_RULES
 
@@ -131,6 +132,18 @@ def _definition(
         version["subresources"] = {"status": {}}
     if selectable:
         version["selectableFields"] = [{"jsonPath": p} for p in selectable]
+    # Earlier versions: served with the same schema (so conversion None: only apiVersion changes),
+    # deprecated, never stored.
+    earlier = [
+        {
+            **copy.deepcopy(version),  # a copy: YAML would write a shared one as an anchor and alias
+            "name": name,
+            "storage": False,
+            "deprecated": True,
+            "deprecationWarning": f"{GROUP}/{name} {kind} is deprecated; use {GROUP}/{VERSION}",
+        }
+        for name in EARLIER_VERSIONS
+    ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -146,7 +159,8 @@ def _definition(
                 "shortNames": [short_name],
                 "categories": ["undolog"],
             },
-            "versions": [version],
+            "versions": [version, *earlier],
+            "conversion": {"strategy": "None"},
         },
     }
 

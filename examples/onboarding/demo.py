@@ -77,7 +77,7 @@ async def wait_phase(kube: Kube, namespace: str, name: str, phase: str, within: 
 
 def webhook(name: str, url: str) -> dict[str, Any]:
     return {
-        "apiVersion": "undolog.io/v1alpha1",
+        "apiVersion": "undolog.io/v1beta1",
         "kind": "Webhook",
         "metadata": {"name": name},
         "spec": {"versions": [{"name": "v1", "url": url}], "timeoutSeconds": 5},

@@ -40,6 +40,7 @@ FAILED_STEP_ANNOTATION = "undolog.io/failed-step"  # the step whose failure made
 HEADERS_SECRET_LABEL = "undolog.io/webhook-headers"  # =true: a Secret may be sent as a Webhook's headers
 REPLICA_OF_LABEL = "undolog.io/replica-of"  # on a replica's own Lease: the Lease name of its operator
 SHARDS_ANNOTATION = "undolog.io/shards"  # on a replica's own Lease: how many shards it drives
+STORED_AS_ANNOTATION = "undolog.io/stored-as"  # on a shard's Lease: its objects were written again in this version
 BUCKET_LABEL = "undolog.io/bucket"  # on a Saga and its entries: which shard drives them (decisions.sharding)
 
 # -- buckets (sharding) ----------------------------------------------------------------------------------

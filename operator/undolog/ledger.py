@@ -337,6 +337,11 @@ class Ledger:
         )
         return type(resource).model_validate(written)
 
+    async def store_again(self, plural: Plural, namespace: str, name: str) -> None:
+        """Write the object unchanged: the API stores it again, in the storage version."""
+        written = self.kube.patch(plural, namespace, name, {})
+        await (self.entry_writes.written(namespace, written) if plural == "undoentries" else written)
+
     async def delete_finished(self, namespace: str, name: str, uid: str, version: str) -> None:
         """Delete a finished saga as it was read (uid and resourceVersion as preconditions: a saga
         that changed since, or one created again under its name, is not deleted); the garbage

@@ -50,6 +50,11 @@ entry_proofs = Counter(
     "or List (a LIST of the saga's entries, which scans every entry of its namespace in the apiserver).",
     ["namespace", "source"],
 )
+stored_again = Counter(
+    "undolog_storage_migrated_objects_total",
+    "Objects written again in the storage version (stored by an earlier release in an earlier one).",
+    ["resource"],
+)
 retention_deletions = Counter(
     "undolog_retention_deletions_total",
     "Finished sagas deleted by retention (their TTL ran out, or their namespace held more than the cap).",

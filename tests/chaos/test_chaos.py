@@ -352,12 +352,12 @@ def test_generated_manifests_are_refused_or_handled(
         for plural, body in (
             (
                 "sagas",
-                {"apiVersion": "undolog.io/v1alpha1", "kind": "Saga", "metadata": {"name": name}, "spec": saga_spec},
+                {"apiVersion": "undolog.io/v1beta1", "kind": "Saga", "metadata": {"name": name}, "spec": saga_spec},
             ),
             (
                 "undoentries",
                 {
-                    "apiVersion": "undolog.io/v1alpha1",
+                    "apiVersion": "undolog.io/v1beta1",
                     "kind": "UndoEntry",
                     "metadata": {"name": f"{entry_spec['saga']}-{entry_spec['stackPosition']}"[:200]},
                     "spec": entry_spec,

@@ -36,7 +36,7 @@ class Workload:
                 "webhooks",
                 self.namespace,
                 {
-                    "apiVersion": "undolog.io/v1alpha1",
+                    "apiVersion": "undolog.io/v1beta1",
                     "kind": "Webhook",
                     "metadata": {"name": function},
                     "spec": {

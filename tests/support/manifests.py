@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-API = "undolog.io/v1alpha1"
+API = "undolog.io/v1beta1"
 
 
 def call(function: str, **args: Any) -> dict[str, Any]:

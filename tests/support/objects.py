@@ -26,10 +26,10 @@ def entry_body(
     metadata: dict[str, Any] = {"name": f"{saga}-{position}", "namespace": namespace, "resourceVersion": str(rv)}
     if owner_uid:
         metadata["ownerReferences"] = [
-            {"apiVersion": "undolog.io/v1alpha1", "kind": "Saga", "name": saga, "uid": owner_uid}
+            {"apiVersion": "undolog.io/v1beta1", "kind": "Saga", "name": saga, "uid": owner_uid}
         ]
     return {
-        "apiVersion": "undolog.io/v1alpha1",
+        "apiVersion": "undolog.io/v1beta1",
         "kind": "UndoEntry",
         "metadata": metadata,
         "spec": {

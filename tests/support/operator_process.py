@@ -36,13 +36,15 @@ class OperatorProcess:
         lease_seconds: int = 4,
         allow_loopback: bool = True,
         clock_off_by: str | None = None,
+        environment: dict[str, str] | None = None,
     ) -> None:
         """Watching `namespace`, standing for a Lease in `lease_namespace` (the watched one by
         default, so tests do not wait on each other's Leases); participants on loopback are
         allowed unless `allow_loopback` is False (the egress tests). `clock_off_by`: its clock
-        set off by that much (libfaketime's offset, e.g. "+20m"), as on a node with a bad clock."""
+        set off by that much (libfaketime's offset, e.g. "+20m"), as on a node with a bad clock.
+        `environment`: more variables (PYTHONPATH: an earlier release's operator)."""
         self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
-        self.clock = skewed_clock(clock_off_by) if clock_off_by else {}
+        self.environment = {**(skewed_clock(clock_off_by) if clock_off_by else {}), **(environment or {})}
         # One name on the Lease across this operator's restarts, as a pod's name survives its
         # container's: a restart after kill -9 takes the Lease back at once.
         self.identity = f"test-{uuid.uuid4().hex[:8]}"
@@ -80,7 +82,7 @@ class OperatorProcess:
                     str(self.metrics_port),
                     *self.extra_args,
                 ],
-                env={**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1", **self.clock},
+                env={**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1", **self.environment},
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

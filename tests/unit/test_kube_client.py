@@ -23,7 +23,7 @@ Answer = Callable[[web.Request], Awaitable[web.Response]]
 async def api(answer: Answer) -> AsyncIterator[str]:
     """An API on loopback answering GETs of sagas with `answer`; yields its URL."""
     app = web.Application()
-    app.router.add_get("/apis/undolog.io/v1alpha1/namespaces/ns/sagas/{name}", answer)
+    app.router.add_get("/apis/undolog.io/v1beta1/namespaces/ns/sagas/{name}", answer)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

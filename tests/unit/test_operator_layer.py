@@ -84,7 +84,7 @@ class Operator:
         self.kube.put(
             "webhooks",
             {
-                "apiVersion": "undolog.io/v1alpha1",
+                "apiVersion": "undolog.io/v1beta1",
                 "kind": "Webhook",
                 "metadata": {"name": name, "namespace": NS},
                 "spec": {"versions": [{"name": "v1", "url": f"http://participant.test/{name}"}], "timeoutSeconds": 2},
@@ -95,7 +95,7 @@ class Operator:
         return self.kube.put(
             "sagas",
             {
-                "apiVersion": "undolog.io/v1alpha1",
+                "apiVersion": "undolog.io/v1beta1",
                 "kind": "Saga",
                 "metadata": {"name": name, "namespace": namespace, "finalizers": [FINALIZER], "labels": {}},
                 "spec": {"compensationPolicy": FAST, **spec},
@@ -1308,7 +1308,7 @@ def fresh_orchestrated(operator: Operator, name: str, functions: list[str]) -> B
     return operator.kube.put(
         "sagas",
         {
-            "apiVersion": "undolog.io/v1alpha1",
+            "apiVersion": "undolog.io/v1beta1",
             "kind": "Saga",
             "metadata": {"name": name, "namespace": NS},
             "spec": {"compensationPolicy": FAST, "steps": steps},

@@ -42,7 +42,7 @@ func main() {
 				if i >= int64(*writes) {
 					return
 				}
-				url := fmt.Sprintf("%s/apis/undolog.io/v1alpha1/namespaces/%s/undoentries/%s/status",
+				url := fmt.Sprintf("%s/apis/undolog.io/v1beta1/namespaces/%s/undoentries/%s/status",
 					api.Server(), *namespace, entries[i%int64(len(entries))])
 				body := []byte(fmt.Sprintf(`{"status":{"retryCount":%d}}`, i))
 				request, err := http.NewRequest(http.MethodPatch, url, bytes.NewReader(body))

@@ -47,7 +47,7 @@ type entry struct {
 
 type floor struct {
 	api, participant *http.Client
-	base, namespace  string // base: .../apis/undolog.io/v1alpha1/namespaces/<namespace>
+	base, namespace  string // base: .../apis/undolog.io/v1beta1/namespaces/<namespace>
 	target           string // the participant's URL
 }
 
@@ -60,7 +60,7 @@ func main() {
 	f := &floor{
 		api:         api.Client(0),
 		participant: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 100}},
-		base:        fmt.Sprintf("%s/apis/undolog.io/v1alpha1/namespaces/%s", api.Server(), *namespace),
+		base:        fmt.Sprintf("%s/apis/undolog.io/v1beta1/namespaces/%s", api.Server(), *namespace),
 		namespace:   *namespace,
 		target:      *target,
 	}

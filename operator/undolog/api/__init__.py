@@ -7,6 +7,7 @@ Phases, states and reasons are enums here and nowhere else.
 
 from undolog.api.common import (
     API_VERSION,
+    EARLIER_VERSIONS,
     GROUP,
     MAX_MESSAGE,
     MAX_NESTING,
@@ -63,6 +64,7 @@ from undolog.api.webhook import (
 
 __all__ = [
     "API_VERSION",
+    "EARLIER_VERSIONS",
     "GROUP",
     "MAX_LOST_ENTRIES",
     "MAX_MESSAGE",

@@ -13,7 +13,9 @@ from pydantic_core import PydanticCustomError
 
 Plural = Literal["sagas", "undoentries", "webhooks"]
 GROUP = "undolog.io"
-VERSION = "v1alpha1"
+VERSION = "v1beta1"  # served and stored; what the operator, the SDK and the CLI speak
+# Still served, with the same schema (conversion None): clients of an earlier release keep working.
+EARLIER_VERSIONS = ("v1alpha1",)
 API_VERSION = f"{GROUP}/{VERSION}"
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

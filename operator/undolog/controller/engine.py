@@ -24,6 +24,7 @@ from undolog.controller.forward import Forwarder
 from undolog.controller.gauges import SagaGauges
 from undolog.controller.retention import Retention
 from undolog.controller.shard_labels import ShardLabels
+from undolog.controller.storage_migration import StorageMigration
 from undolog.controller.timeline import Timeline
 from undolog.conventions import now
 from undolog.decisions import compensation_plan, phases, resolutions, retention
@@ -72,6 +73,7 @@ class Engine:
     dispatcher: asyncio.Task[None] | None = None  # runs the queued drivers while there are any
     retention: Retention | None = None  # deletes the shard's finished sagas once due
     archiver: Archiver | None = None  # writes every finished saga to the archive
+    storage: StorageMigration | None = None  # writes what an earlier release stored again, once
     context: DriverContext = field(init=False)
 
     def __post_init__(self) -> None:
@@ -152,6 +154,8 @@ class Engine:
             self._settled(key)
         if self.retention is not None:
             self.retention.start()
+        if self.storage is not None:
+            self.storage.start(self.namespaces, self.shard)
 
     async def follow(self) -> None:
         """Another replica drives the shard now (it picks up where this one stopped)."""
@@ -390,6 +394,8 @@ class Engine:
         """Stop driving and watching (a new `lead` lists afresh)."""
         if self.retention is not None:
             await self.retention.stop()
+        if self.storage is not None:
+            await self.storage.stop()
         tasks = [d.task for d in self.drivers.values() if d.task is not None] + self.watches
         if self.dispatcher is not None:
             tasks.append(self.dispatcher)

@@ -40,6 +40,7 @@ from undolog.controller.recorded_call import CallRecorder
 from undolog.controller.replicas import Replicas
 from undolog.controller.retention import Pace, Retention
 from undolog.controller.shard_labels import ShardLabels, unfiled_watches
+from undolog.controller.storage_migration import StorageMigration
 from undolog.controller.timeline import Timeline
 from undolog.decisions.egress import EgressPolicy
 from undolog.decisions.retention import RetentionPolicy
@@ -139,6 +140,7 @@ async def run(options: OperatorOptions) -> None:
             labels=labels,
             retention=Retention(ledger, policy, leadership, slots, pace, archiver),
             archiver=archiver,
+            storage=StorageMigration(kube, ledger, leases, leadership.settings, leadership, slots, pace),
         )
         for shard, leadership in zip(shards, leaderships, strict=True)
     ]

@@ -1,0 +1,98 @@
+"""Objects an earlier release stored as an earlier version (undolog.io/v1alpha1) written again in
+the storage version, so that a later release can stop serving the earlier one
+(the CRDs' status.storedVersions then lists the storage version alone). A write that changes
+nothing is enough: the API encodes what it stores in the storage version. Done once per shard,
+by its leader once it took charge, remembered on the shard's Lease, paced like retention
+and behind compensation work (it waits while every saga slot is taken)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+from undolog import errors, metrics
+from undolog.api import VERSION
+from undolog.calls.runner import Fence
+from undolog.controller.context import SagaSlots
+from undolog.controller.leadership import LeaseSettings, LeaseStore
+from undolog.controller.retention import Pace
+from undolog.conventions import STORED_AS_ANNOTATION
+from undolog.decisions.sharding import Shard
+from undolog.kube import Kube, Plural
+from undolog.ledger import Ledger
+
+log = logging.getLogger("undolog.storage")
+Stored = tuple[Plural, str, str]  # plural, namespace, name
+
+
+class StorageMigration:
+    def __init__(
+        self,
+        objects: Kube,
+        ledger: Ledger,
+        leases: LeaseStore,
+        lease: LeaseSettings,
+        fence: Fence,
+        slots: SagaSlots,
+        pace: Pace,
+    ) -> None:
+        self.objects, self.ledger, self.leases, self.lease = objects, ledger, leases, lease
+        self.fence, self.slots, self.pace = fence, slots, pace
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self, namespaces: list[str], shard: Shard) -> None:
+        self.task = asyncio.create_task(self.run(namespaces, shard), name="storage migration")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+            self.task = None
+
+    async def run(self, namespaces: list[str], shard: Shard) -> None:
+        try:
+            if await self._annotation() == VERSION:
+                return
+            objects = await self._listed(namespaces, shard)
+            for plural, namespace, name in objects:
+                await self.slots.spare()
+                await self.pace.turn()
+                self.fence.check()
+                try:
+                    await self.ledger.store_again(plural, namespace, name)
+                except errors.NotFound:
+                    continue
+                metrics.stored_again.labels(plural).inc()
+            await self._remember()
+            log.info("%d objects of the shard are stored as %s (Lease %s)", len(objects), VERSION, self.lease.name)
+        except errors.NotLeading:
+            log.info("the storage migration stops: another replica leads the shard now (and does it)")
+        except errors.KubeError as error:
+            log.warning("the storage migration stops, to run again at the next start: %s", error.message)
+
+    async def _listed(self, namespaces: list[str], shard: Shard) -> list[Stored]:
+        """The shard's sagas and entries (its label selector), and the webhooks for shard 0."""
+        plurals: list[Plural] = ["sagas", "undoentries", "webhooks"] if shard.index == 0 else ["sagas", "undoentries"]
+        targets: list[str | None] = [*namespaces] or [None]
+        listed: list[Stored] = []
+        for plural, namespace in itertools.product(plurals, targets):
+            selector = shard.selector() if plural != "webhooks" else None
+            items = await self.objects.list(plural, namespace, label_selector=selector)
+            listed += [(plural, o["metadata"]["namespace"], o["metadata"]["name"]) for o in items]
+        return listed
+
+    async def _annotation(self) -> str | None:
+        lease = await self.leases.get_lease(self.lease.namespace, self.lease.name)
+        return (lease["metadata"].get("annotations") or {}).get(STORED_AS_ANNOTATION)
+
+    async def _remember(self) -> None:
+        """The shard's Lease says it is done (a renewal replaces the Lease with its annotations)."""
+        for _ in range(5):
+            lease = await self.leases.get_lease(self.lease.namespace, self.lease.name)
+            lease["metadata"].setdefault("annotations", {})[STORED_AS_ANNOTATION] = VERSION
+            try:
+                await self.leases.replace_lease(self.lease.namespace, self.lease.name, lease)
+                return
+            except errors.Conflict:  # renewed meanwhile
+                continue
