@@ -143,6 +143,8 @@ bench: venv tools bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.tempora
 	$(PY) -m bench.scale --sizes 1000 10000
 	$(PY) -m bench.replicas --replicas 1 2 4 --sagas 300
 	$(PY) -m bench.temporal --idle-samples 100 --sizes 10 100
+	$(PY) -m bench.footprint --sagas 400
+	$(PY) -m bench.archive --sagas 1000
 	$(PY) -m bench.plot
 	$(PY) -m bench.summary
 

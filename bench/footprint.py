@@ -21,10 +21,13 @@ from tests.support.manifests import webhook
 
 from bench.compensation import bounded
 from bench.harness import Bench, RemoteParticipant, bench_cluster, print_table, save
+from undolog import errors
 from undolog.kube import Kube
 from undolog.sdk import Call, open_saga
 
 STEPS = 3
+IN_FLIGHT = 400  # agents at once in the flat run
+PATH = "/apis/undolog.io/v1beta1"
 
 
 class Etcd:
@@ -50,9 +53,7 @@ class Etcd:
 
 async def agent(kube: Kube, namespace: str, index: int, commit: bool, ttl: int | None = None) -> str:
     """One agent's saga of STEPS steps through the SDK: committed, or aborted after its last."""
-    run = await open_saga(name=f"f-{index:06d}", namespace=namespace, kube=kube)
-    if ttl is not None:
-        await kube.patch("sagas", namespace, run.name, {"spec": {"ttlSecondsAfterFinished": ttl}})
+    run = await open_saga(name=f"f-{index:06d}", namespace=namespace, kube=kube, ttl_seconds_after_finished=ttl)
     try:
         async with run:
             for step in range(1, STEPS + 1):
@@ -68,7 +69,7 @@ async def agent(kube: Kube, namespace: str, index: int, commit: bool, ttl: int |
 
 async def stored_json(bench: Bench, namespace: str) -> tuple[float, float]:
     """Mean JSON bytes the API stores per saga with its entries, and of that managedFields."""
-    path = f"/apis/undolog.io/v1beta1/namespaces/{namespace}"
+    path = f"{PATH}/namespaces/{namespace}"
     sagas = (await bench.kube.request("GET", f"{path}/sagas"))["items"]
     entries = (await bench.kube.request("GET", f"{path}/undoentries"))["items"]
     whole = sum(len(json.dumps(o, separators=(",", ":"))) for o in (*sagas, *entries))
@@ -115,40 +116,74 @@ async def footprint(bench: Bench, etcd: Etcd, n: int) -> dict[str, Any]:
     }
 
 
+async def count(bench: Bench, namespace: str) -> int:
+    """Sagas in the namespace, from one item and the API's remaining count (no whole listing)."""
+    page = await bench.kube.request("GET", f"{PATH}/namespaces/{namespace}/sagas", params={"limit": "1"})
+    return len(page["items"]) + int(page["metadata"].get("remainingItemCount") or 0)
+
+
+async def sample(bench: Bench, etcd: Etcd, namespace: str, began: float, sizes: list[dict[str, Any]]) -> None:
+    """etcd's size and the sagas held, printed; a probe that fails is printed, never the end of the run."""
+    minute = round((time.monotonic() - began) / 60, 1)
+    try:
+        size, in_use = await asyncio.to_thread(etcd.size)
+        live = await count(bench, namespace)
+    except (httpx.HTTPError, errors.KubeError) as failed:
+        print(f"minute {minute:5.1f}: not read ({failed})")
+        return
+    sizes.append({"minute": minute, "db": size, "in_use": in_use, "sagas": live})
+    print(f"minute {minute:5.1f}: etcd {size / 2**20:7.1f} MiB ({in_use / 2**20:7.1f} in use), {live} sagas")
+
+
 async def flat(bench: Bench, etcd: Etcd, minutes: float, rate: float, ttl: int) -> dict[str, Any]:
-    """Sagas at `rate` a second for `minutes` under a TTL of `ttl` s: etcd's size each minute."""
+    """Sagas at `rate` a second for `minutes` under a TTL of `ttl` s: etcd's size each minute. At
+    most IN_FLIGHT agents at once: a box that cannot keep up shows a lower rate, not a pile-up."""
     namespace = await bench.namespace("flat")
     participant = RemoteParticipant()
     operator = bench.operator(namespace)  # the saga's own TTL: the operator's defaults stay as installed
-    sizes: list[dict[str, float]] = []
+    sizes: list[dict[str, Any]] = []
+    failed: list[str] = []
     began = time.monotonic()
     try:
         await bench.kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
-        running: set[asyncio.Task[str]] = set()
-        index = 0
-        next_minute = began
+        room = asyncio.Semaphore(IN_FLIGHT)
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(index: int) -> None:
+            try:
+                await agent(bench.kube, namespace, index, index % 2 == 0, ttl)
+            except errors.KubeError as error:
+                failed.append(error.message)
+            finally:
+                room.release()
+
+        index, next_minute = 0, began
         while time.monotonic() - began < minutes * 60:
             if time.monotonic() >= next_minute:
-                size, in_use = etcd.size()
-                live = len(await bench.kube.list("sagas", namespace))
-                sizes.append(
-                    {"minute": round((time.monotonic() - began) / 60, 1), "db": size, "in_use": in_use, "sagas": live}
-                )
-                print(
-                    f"minute {sizes[-1]['minute']:5.1f}: etcd {size / 2**20:7.1f} MiB "
-                    f"({in_use / 2**20:7.1f} in use), {live} sagas"
-                )
+                await sample(bench, etcd, namespace, began, sizes)
                 next_minute += 60
-            task = asyncio.create_task(agent(bench.kube, namespace, index, index % 2 == 0, ttl))
+            await room.acquire()
+            task = asyncio.create_task(one(index))
             running.add(task)
             task.add_done_callback(running.discard)
             index += 1
             await asyncio.sleep(max(began + index / rate - time.monotonic(), 0))
-        await asyncio.gather(*running, return_exceptions=True)
+        elapsed = time.monotonic() - began
+        await asyncio.gather(*running)
+        await sample(bench, etcd, namespace, began, sizes)
     finally:
         operator.stop()
         participant.close()
-    return {"rate": rate, "ttl_seconds": ttl, "minutes": minutes, "sagas": index, "sizes": sizes}
+    return {
+        "rate_asked": rate,
+        "rate_reached": round(index / elapsed, 1),
+        "ttl_seconds": ttl,
+        "minutes": minutes,
+        "sagas": index,
+        "agents_failed": len(failed),
+        "first_failures": failed[:5],
+        "sizes": sizes,
+    }
 
 
 async def main(n: int, flat_minutes: float, rate: float, ttl: int) -> None:
@@ -177,7 +212,23 @@ async def main(n: int, flat_minutes: float, rate: float, ttl: int) -> None:
                 ],
             )
         if flat_minutes:
-            results["flat"] = await flat(bench, etcd, flat_minutes, rate, ttl)
+            results["flat"] = steady = await flat(bench, etcd, flat_minutes, rate, ttl)
+            sizes = steady["sizes"]
+            print_table(
+                ["sagas/s asked", "reached", "TTL s", "minutes", "agents failed", "etcd MiB: first, max, last"],
+                [
+                    [
+                        rate,
+                        steady["rate_reached"],
+                        ttl,
+                        flat_minutes,
+                        steady["agents_failed"],
+                        ", ".join(
+                            f"{v / 2**20:.1f}" for v in (sizes[0]["db"], max(x["db"] for x in sizes), sizes[-1]["db"])
+                        ),
+                    ]
+                ],
+            )
         save("footprint", results)
 
 

@@ -1,7 +1,7 @@
-"""bench/results/summary.json: the figures issue 14 asks for, from the JSON the last `make bench`
-wrote (compensation, compensation_idle, forward, scale, idle). A figure that was not measured is
-null and `not_measured` says why; nothing is estimated. Committed with the change that moves a
-figure, so figures can be checked without re-running."""
+"""bench/results/summary.json: the figures the issues ask for, from the JSON the last `make bench`
+wrote (compensation, compensation_idle, forward, scale, idle, replicas, footprint, archive). A
+figure that was not measured is null and `not_measured` says why; nothing is estimated.
+Committed with the change that moves a figure, so figures can be checked without re-running."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ KEYS = (
     "idle_rss_mib",
     "resume_ratio_10k_to_1k",
     "throughput_by_replicas",
+    "etcd_bytes_per_finished_saga",
+    "json_bytes_per_finished_saga",
+    "compensated_sagas_per_s",
+    "archive_sagas_per_s",
 )
 
 
@@ -55,7 +59,7 @@ def abort_first_call(figures: dict[str, Any], prefix: str, idle: dict[str, Any])
 def summarize() -> dict[str, Any]:
     figures: dict[str, Any] = dict.fromkeys(KEYS)
     missing: dict[str, str] = {}
-    names = ("compensation", "compensation_idle", "forward", "scale", "idle", "replicas")
+    names = ("compensation", "compensation_idle", "forward", "scale", "idle", "replicas", "footprint", "archive")
     sources = {name: load(name) for name in names}
     fsync = {name: data.get("etcd_fsync") for name, data in sources.items() if data is not None}
     figures["etcd_fsync"] = all(fsync.values()) if fsync else None
@@ -101,6 +105,14 @@ def summarize() -> dict[str, Any]:
         figures["throughput_by_replicas"] = {
             str(r["replicas"]): r["sagas_per_second"] for r in replicas["results"]["throughput"]
         }
+
+    if (footprint := sources["footprint"]) and (measured := footprint["results"].get("footprint")):
+        figures["etcd_bytes_per_finished_saga"] = measured["etcd_bytes_per_finished_saga"]
+        figures["json_bytes_per_finished_saga"] = measured["json_bytes_per_finished_saga"]
+    if archive := sources["archive"]:
+        # The same run: sagas compensated a second, and archived a second counted from the same start.
+        figures["compensated_sagas_per_s"] = archive["results"]["compensated_sagas_per_s"]
+        figures["archive_sagas_per_s"] = archive["results"]["archive_sagas_per_s"]
 
     for key, value in figures.items():
         if value is None:

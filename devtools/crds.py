@@ -22,7 +22,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from undolog.api import EARLIER_VERSIONS, GROUP, VERSION, SagaSpec, SagaStatus, UndoEntrySpec, UndoEntryStatus, WebhookSpec
+from undolog.api import (
+    EARLIER_VERSIONS,
+    GROUP,
+    VERSION,
+    SagaSpec,
+    SagaStatus,
+    UndoEntrySpec,
+    UndoEntryStatus,
+    WebhookSpec,
+)
 from undolog.api.saga import ROOT_RULES as SAGA_ROOT_RULES
 from undolog.api.undo_entry import ROOT_RULES as ENTRY_ROOT_RULES
 

@@ -57,16 +57,19 @@ def _name(common_name: str, organization: str | None = None) -> x509.Name:
     return x509.Name(attributes)
 
 
-def _builder(subject: x509.Name, issuer: x509.Name, key: PrivateKey) -> x509.CertificateBuilder:
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: PrivateKey, not_after: datetime | None = None
+) -> x509.CertificateBuilder:
     now = datetime.now(UTC)
+    ends = not_after or now + VALIDITY
     return (
         x509.CertificateBuilder()
         .subject_name(subject)
         .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + VALIDITY)
+        .not_valid_before(min(now - timedelta(minutes=5), ends - timedelta(minutes=5)))
+        .not_valid_after(ends)
     )
 
 
@@ -100,10 +103,11 @@ def _leaf(
     subject: x509.Name,
     usage: x509.ObjectIdentifier,
     names: x509.SubjectAlternativeName | None = None,
+    not_after: datetime | None = None,
 ) -> Issued:
     key = ec.generate_private_key(ec.SECP256R1())
     builder = (
-        _builder(subject, ca.certificate.subject, key)
+        _builder(subject, ca.certificate.subject, key, not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     )
@@ -112,11 +116,20 @@ def _leaf(
     return Issued(builder.sign(ca.key, hashes.SHA256()), key)
 
 
-def serving_certificate(ca: Issued, common_name: str = "kube-apiserver") -> Issued:
+def serving_certificate(
+    ca: Issued,
+    common_name: str = "kube-apiserver",
+    *,
+    dns_names: tuple[str, ...] = SERVING_NAMES,
+    ips: tuple[str, ...] = SERVING_IPS,
+    not_after: datetime | None = None,
+) -> Issued:
+    """For the loopback names and addresses by default; tests give others (a name mismatch) or
+    an end in the past (an expired certificate)."""
     names = x509.SubjectAlternativeName(
-        [x509.DNSName(n) for n in SERVING_NAMES] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in SERVING_IPS]
+        [x509.DNSName(n) for n in dns_names] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
     )
-    return _leaf(ca, _name(common_name), ExtendedKeyUsageOID.SERVER_AUTH, names)
+    return _leaf(ca, _name(common_name), ExtendedKeyUsageOID.SERVER_AUTH, names, not_after)
 
 
 def client_certificate(ca: Issued, user: str, group: str | None = None) -> Issued:

@@ -202,9 +202,21 @@ def owner_reference(saga_name: str, saga_uid: str) -> OwnerReference:
 
 
 def owned_by(entry: UndoEntry, saga_uid: str) -> bool:
-    """Whether the entry belongs to this saga (not to an earlier one of the same name)."""
-    owners = entry.metadata.owner_references
-    return not owners or any(o.uid == saga_uid for o in owners)
+    """Whether the entry is this saga's: its ownerReferences carry the saga's uid. The one tie: a
+    name is taken again by a saga created later (an agent resuming "job-7"), a uid never is, and
+    an entry written before its saga existed cannot carry it."""
+    return any(o.kind == "Saga" and o.uid == saga_uid for o in entry.metadata.owner_references)
+
+
+def not_owned_why(entry: UndoEntry, saga_name: str, saga_uid: str) -> str:
+    """Why the saga `entry` names will not compensate it, and what a person does about it."""
+    others = [o.uid for o in entry.metadata.owner_references if o.kind == "Saga"]
+    held = f"is owned by another Saga (uid {others[0]})" if others else "has no ownerReference to it"
+    return (
+        f"{entry.metadata.name} names saga {saga_name!r} but {held}: saga {saga_name} (uid {saga_uid}) compensates"
+        " only the entries it owns. Delete this entry; if it is that saga's step, create it again with an"
+        f" ownerReference to uid {saga_uid} (the SDK sets it)"
+    )
 
 
 def new_undo_entry(

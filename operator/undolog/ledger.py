@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from undolog import errors
-from undolog.api import LostEntry, Resource, Saga, SagaStatus, UndoEntry, UndoEntryStatus, Webhook
+from undolog.api import EntryReason, LostEntry, Resource, Saga, SagaStatus, UndoEntry, UndoEntryStatus, Webhook
 from undolog.api.common import revision_of
 from undolog.conventions import bucket_labels, creation_body, owned_by
 from undolog.kube import Body, Plural
@@ -27,7 +27,7 @@ from undolog.kube import Body, Plural
 R = TypeVar("R", bound=Resource)
 T = TypeVar("T")
 REBASES = 5  # replays of one entry write over other writers' changes before giving up
-UNSTORED_WHEN_EMPTY = frozenset({"effects", "lostEntries", "lostEntriesOmitted"})
+UNSTORED_WHEN_EMPTY = frozenset({"effects", "lostEntries", "lostEntriesOmitted", "unownedEntries"})
 
 
 class ObjectStore(Protocol):
@@ -138,6 +138,7 @@ class EntryListing:
 
     entries: list[UndoEntry]
     unreadable: list[Unreadable]
+    unowned: list[UndoEntry]  # naming the saga, not owned by it (another's, or nobody's)
 
 
 class EntryWrites:
@@ -229,14 +230,16 @@ class Ledger:
         listed = await self.kube.list(
             "undoentries", saga.metadata.namespace, field_selector=f"spec.saga={saga.metadata.name}"
         )
-        entries, unreadable = [], []
+        entries, unreadable, unowned = [], [], []
         for body in listed:
             parsed = parse_entry(body)
             if isinstance(parsed, Unreadable):
                 unreadable.append(parsed)
             elif owned_by(parsed, saga.metadata.uid):
                 entries.append(parsed)
-        return EntryListing(entries, unreadable)
+            else:
+                unowned.append(parsed)
+        return EntryListing(entries, unreadable, unowned)
 
     async def webhook(self, namespace: str, name: str) -> Webhook:
         return Webhook.model_validate(await self.kube.get("webhooks", namespace, name))
@@ -323,6 +326,11 @@ class Ledger:
         current = base.status.model_dump(mode="json", by_alias=True)
         status = {key: value for key, value in {**current, **ours}.items() if value is not None}
         return self.kube.replace_status("undoentries", *base.key, base.metadata.resource_version, status)
+
+    async def mark_not_owned(self, entry: UndoEntry, why: str) -> UndoEntry:
+        """The entry names a saga that does not own it: said on the entry, which stays as it is."""
+        status = entry.status.model_copy(update={"reason": EntryReason.NOT_OWNED_BY_SAGA, "last_error": why})
+        return await self.write_entry_status(entry, status)
 
     async def forget_entry_owners(self, entry: UndoEntry) -> UndoEntry:
         """Drop the entry's metadata.managedFields, once it is final (its saga finished)."""

@@ -7,7 +7,7 @@ import asyncio
 import json
 import re
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import Cluster
 from tests.support.manifests import call, saga, undo_entry, webhook
 from tests.support.operator_process import OperatorProcess
-from tests.support.participants import Participant, Received, Reply, https_participant
+from tests.support.participants import HttpsParticipant, Participant, Received, Reply, https_participant
 from tests.support.waiting import eventually, saga_phase
 from undolog.api import MAX_LOST_ENTRIES
 from undolog.conventions import RETRY_ANNOTATION
@@ -591,6 +591,59 @@ async def test_https_participant_verified_with_ca_bundle(
             "undoentries", namespace, "tls-2", {"metadata": {"annotations": {"undolog.io/skip": "no trust"}}}
         )
         await saga_phase(kube, namespace, "tls", "Compensated")
+        assert [r.path for r in secure.received()] == ["/refund"]
+    finally:
+        secure.close()
+
+
+PATIENT = {"backoff": {"initialMilliseconds": 1500, "multiplier": 1.0, "maxRetries": 20}}
+
+
+async def first_attempt(kube: Kube, namespace: str, entry: str) -> Body:
+    def tried(body: Body) -> bool:
+        return bool(body.get("status", {}).get("attempts"))
+
+    return await eventually(lambda: kube.get("undoentries", namespace, entry), tried, 30, f"{entry} tried")
+
+
+async def test_a_certificate_the_operator_rejects_is_retried_and_named_never_an_egress_refusal(
+    kube: Kube, namespace: str, operator: OperatorProcess, tmp_path: Any
+) -> None:
+    """Expired, from an unknown issuer, for another name: each is retried (the participant may
+    renew it), and said as what it is, never as the egress policy's refusal (TargetRefused)."""
+    from devtools.control_plane.pki import certificate_authority, serving_certificate
+
+    secure = HttpsParticipant(tmp_path)
+    secure.handle("/refund", lambda _: Reply(headers={"Connection": "close"}))  # each call a new handshake
+    try:
+        await kube.create("webhooks", namespace, webhook("refund", url=secure.url("/refund"), caBundle=secure.bundle))
+        expired = serving_certificate(secure.ca, "participant", not_after=datetime.now(UTC) - timedelta(days=1))
+        secure.serve(expired)
+        await external_saga(kube, namespace, "renewed", [call("refund")], compensationPolicy=PATIENT)
+        await abort(kube, namespace, "renewed")
+        tried = await first_attempt(kube, namespace, "renewed-1")
+        assert "certificate has expired" in tried["status"]["attempts"][0]["error"]
+        assert tried["status"].get("reason") != "TargetRefused"
+        secure.serve(serving_certificate(secure.ca, "participant"))  # renewed
+        await saga_phase(kube, namespace, "renewed", "Compensated", within=60)
+        assert [r.path for r in secure.received()] == ["/refund"]
+
+        others = {
+            "expired": expired,
+            "unknown-issuer": serving_certificate(certificate_authority("another-ca"), "participant"),
+            "name-mismatch": serving_certificate(secure.ca, "participant", dns_names=("elsewhere.example",), ips=()),
+        }
+        named = {"expired": "expired", "unknown-issuer": "unknown issuer", "name-mismatch": "name mismatch"}
+        for name, certificate in others.items():
+            secure.serve(certificate)
+            await external_saga(kube, namespace, name, [{**call("refund"), "maxRetries": 1}])
+            await abort(kube, namespace, name)
+            halted = await saga_phase(kube, namespace, name, "Halted", within=60)
+            entry = await kube.get("undoentries", namespace, f"{name}-1")
+            assert entry["status"]["reason"] == "CertificateRejected", entry["status"]
+            assert len(entry["status"]["attempts"]) == 2  # retried
+            assert named[name] in entry["status"]["lastError"], entry["status"]["lastError"]
+            assert "nothing was sent" not in halted["status"]["message"]
         assert [r.path for r in secure.received()] == ["/refund"]
     finally:
         secure.close()

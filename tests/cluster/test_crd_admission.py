@@ -124,6 +124,18 @@ REFUSED_ON_CREATE: list[tuple[str, Plural, dict[str, Any], list[str]]] = [
         {**undo_entry("order-1", 2), "metadata": {"name": "order-1-7"}},
         ["metadata.name must be <spec.saga>-<spec.stackPosition>"],
     ),
+    (  # beside order-1-2 it would hold position 2 a second time
+        "entry position with a leading zero",
+        "undoentries",
+        {**undo_entry("order-1", 2), "metadata": {"name": "order-1-02"}},
+        ["metadata.name must be <spec.saga>-<spec.stackPosition>"],
+    ),
+    (
+        "entry position zero written twice",
+        "undoentries",
+        {**undo_entry("order-1", 0), "metadata": {"name": "order-1-00"}},
+        ["metadata.name must be <spec.saga>-<spec.stackPosition>"],
+    ),
     (
         "entry undoId not a UUID",
         "undoentries",

@@ -196,6 +196,53 @@ async def test_an_entry_naming_no_saga_is_reported_on_the_entry(
     assert (events[0].type, events[0].reason) == ("Warning", "SagaNotFound")
 
 
+async def test_entries_a_saga_does_not_own_are_never_its_steps_and_each_says_why(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    """Two entries that name saga "real" without being its own: one owned by another saga, one
+    written before "real" existed (SagaNotFound, correctly). Owned by uid alone, "real" calls only
+    its own steps, and each of the others says why, on itself, in an Event, and on "real"."""
+    await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
+    early = undo_entry("real", 1, compensation=call("undo", who="early"))
+    await kube.create("undoentries", namespace, early)
+    await eventually(
+        lambda: kube.get("undoentries", namespace, "real-1"),
+        lambda e: e.get("status", {}).get("reason") == "SagaNotFound",
+        30,
+        "SagaNotFound on the entry written before its saga",
+    )
+    other = await kube.create("sagas", namespace, saga("other"))
+    real = await kube.create("sagas", namespace, saga("real"))
+    await committed_entry(kube, namespace, real, 2, who="mine")
+    foreign = undo_entry("real", 3, owner_uid=other["metadata"]["uid"], compensation=call("undo", who="foreign"))
+    await kube.create("undoentries", namespace, foreign)
+    await abort(kube, namespace, "real")
+    done = await saga_phase(kube, namespace, "real", "Compensated")
+
+    assert [r.body["who"] for r in participant.received("/undo")] == ["mine"]
+    assert done["status"]["stackDepth"] == 1
+    assert done["status"]["unownedEntries"] == ["real-1", "real-3"]
+    for name, held in (("real-1", "has no ownerReference to it"), ("real-3", "is owned by another Saga")):
+        entry = await eventually(
+            lambda name=name: kube.get("undoentries", namespace, name),  # type: ignore[misc]
+            lambda e: e.get("status", {}).get("reason") == "NotOwnedBySaga",
+            30,
+            f"NotOwnedBySaga on {name}",
+        )
+        assert held in entry["status"]["lastError"]
+        assert f"ownerReference to uid {real['metadata']['uid']}" in entry["status"]["lastError"]
+        assert entry["status"].get("state", "Pending") == "Pending"
+        events = await eventually(
+            lambda name=name: events_of(kube, namespace, name),  # type: ignore[misc]
+            lambda found: any(e.reason == "EntryNotOwned" for e in found),
+            30,
+            f"an EntryNotOwned Event about {name}",
+        )
+        assert all(e.type == "Warning" for e in events if e.reason == "EntryNotOwned")
+    about_saga = await events_of(kube, namespace, "real")
+    assert any(e.reason == "EntryNotOwned" and "real-1, real-3" in e.message for e in about_saga)
+
+
 async def test_an_entry_registered_after_completion_is_recorded_never_compensated(
     kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
 ) -> None:

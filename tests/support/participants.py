@@ -22,8 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
+
+if TYPE_CHECKING:
+    from devtools.control_plane.pki import Issued
 
 
 @dataclass(frozen=True)
@@ -228,18 +231,35 @@ class Participant:
         self._server.server_close()
 
 
-def https_participant(scratch: Path) -> tuple[Participant, str]:
-    """A participant serving HTTPS with a certificate from a CA of its own (files in `scratch`),
-    and that CA as a Webhook's `caBundle` holds it (base64 PEM)."""
-    from devtools.control_plane.pki import certificate_authority, serving_certificate
+class HttpsParticipant(Participant):
+    """A participant serving HTTPS with a certificate from a CA of its own (files in `scratch`);
+    `serve` changes the certificate the next connections get (an expired one, another name's,
+    another CA's, and back), as a participant's certificate rotation does."""
 
-    ca = certificate_authority("participant-ca")
-    served = serving_certificate(ca, "participant")
-    (scratch / "tls.crt").write_bytes(served.certificate_pem)
-    (scratch / "tls.key").write_bytes(served.key_pem)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(scratch / "tls.crt", scratch / "tls.key")
-    return Participant(tls=context), base64.b64encode(ca.certificate_pem).decode()
+    def __init__(self, scratch: Path) -> None:
+        from devtools.control_plane.pki import certificate_authority, serving_certificate
+
+        self.scratch = scratch
+        self.ca = certificate_authority("participant-ca")
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.serve(serving_certificate(self.ca, "participant"))
+        super().__init__(tls=self.context)
+
+    @property
+    def bundle(self) -> str:
+        """The CA as a Webhook's `caBundle` holds it (base64 PEM)."""
+        return base64.b64encode(self.ca.certificate_pem).decode()
+
+    def serve(self, issued: Issued) -> None:
+        (self.scratch / "tls.crt").write_bytes(issued.certificate_pem)
+        (self.scratch / "tls.key").write_bytes(issued.key_pem)
+        self.context.load_cert_chain(self.scratch / "tls.crt", self.scratch / "tls.key")
+
+
+def https_participant(scratch: Path) -> tuple[Participant, str]:
+    """An HttpsParticipant and its CA as a Webhook's `caBundle` holds it."""
+    participant = HttpsParticipant(scratch)
+    return participant, participant.bundle
 
 
 def main() -> None:

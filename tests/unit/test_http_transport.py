@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.support.participants import Participant, Reply, https_participant
-from undolog.calls.http import CALLS_PER_PARTICIPANT, MAX_CONTEXTS, HttpTransport
+from undolog.calls.http import CALLS_PER_PARTICIPANT, MAX_CONTEXTS, HttpTransport, certificate_rejected
 from undolog.calls.transport import PreparedCall, Target
 from undolog.conventions import MAX_ANSWER_BYTES
 from undolog.decisions.egress import EgressPolicy
@@ -476,3 +477,21 @@ async def test_names_whose_lookup_hangs_hold_neither_the_default_executor_nor_mo
     finally:
         release.set()
         await transport.close()
+
+
+@pytest.mark.parametrize(
+    ("code", "named"),
+    [(10, "expired"), (20, "unknown issuer"), (19, "unknown issuer"), (62, "name mismatch"), (9, "not yet valid")],
+)
+def test_a_rejected_certificate_is_named_as_a_person_fixes_it(code: int, named: str) -> None:
+    error = ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+    error.verify_code, error.verify_message = code, "as OpenSSL says it"
+    said = certificate_rejected(error)
+    assert said.startswith(named)
+    assert "certificate verify failed" in said
+
+
+def test_a_certificate_problem_openssl_names_alone_keeps_its_words() -> None:
+    error = ssl.SSLCertVerificationError(1, "certificate verify failed: invalid CA certificate")
+    error.verify_code = 24
+    assert certificate_rejected(error) == str(error)

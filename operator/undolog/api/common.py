@@ -27,6 +27,7 @@ MAX_STEP_NAME = 63
 StepName = Annotated[
     str, StringConstraints(max_length=MAX_STEP_NAME, pattern=STEP_NAME), Field(description="A step name.")
 ]
+EntryName = Annotated[str, StringConstraints(max_length=253), Field(description="An UndoEntry's name.")]
 MAX_DEPENDENCIES = 50  # names in one dependsOn
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 MAX_ARGS = 32

@@ -31,6 +31,7 @@ class EventReason(StrEnum):
     ENTRY_SKIPPED = "EntrySkipped"
     SKIPPED = "Skipped"  # by a person, on the entry
     ENTRY_LOST = "EntryLost"
+    ENTRY_NOT_OWNED = "EntryNotOwned"
     ENTRY_AFTER_COMPLETION = "EntryAfterCompletion"
     SAGA_NOT_FOUND = "SagaNotFound"
     # The saga.

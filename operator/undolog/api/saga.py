@@ -16,6 +16,7 @@ from undolog.api.common import (
     STEP_NAME,
     Call,
     Condition,
+    EntryName,
     Model,
     Plural,
     Resource,
@@ -439,6 +440,14 @@ class SagaStatus(Model):
         description=(
             "Entries deleted by hand or unreadable before they were compensated: their effects may remain. "
             "At most 100; past that, acknowledged and then the lowest entries are left out (lostEntriesOmitted)."
+        ),
+    )
+    unowned_entries: list[EntryName] = Field(
+        default_factory=list,
+        max_length=MAX_LOST_ENTRIES,
+        description=(
+            "UndoEntries that name this saga in spec.saga but are not its own (their ownerReferences do not carry "
+            "its uid): never compensated as its steps; each says why in its status.reason. At most 100 named."
         ),
     )
     lost_entries_omitted: int = Field(

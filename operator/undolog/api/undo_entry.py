@@ -66,6 +66,7 @@ class EntryReason(StrEnum):
     # The call was made and failed.
     PERMANENT_FAILURE = "PermanentFailure"
     RETRIES_EXHAUSTED = "RetriesExhausted"
+    CERTIFICATE_REJECTED = "CertificateRejected"  # retries exhausted on a certificate not accepted
     # Settled without a call.
     NO_COMPENSATION = "NoCompensation"
     NOT_SENT = "NotSent"  # the forward call never left: nothing to undo
@@ -73,6 +74,8 @@ class EntryReason(StrEnum):
     REGISTERED_AFTER_COMPLETION = "RegisteredAfterCompletion"
     # The entry names no saga the operator can find (kept Pending: the saga may still come).
     SAGA_NOT_FOUND = "SagaNotFound"
+    # The saga it names does not own it (ownerReferences): never compensated by that saga.
+    NOT_OWNED_BY_SAGA = "NotOwnedBySaga"
 
 
 class OutputOmission(StrEnum):
@@ -89,14 +92,17 @@ MAX_OMISSION_MESSAGE = 1024  # outputOmitted.message
 UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 # string(int) has no size bound for CEL's cost estimate, so the position is parsed out of the
-# name instead of formatted into it.
+# name instead of formatted into it; canonical (no leading zero, no sign), so that "saga-02" cannot
+# hold the position of "saga-2": the name is what the API keeps unique.
 _POSITION_IN_NAME = "self.metadata.name.substring(size(self.spec.saga) + 1)"
 ROOT_RULES: list[JsonValue] = [
     {
-        "rule": f"self.metadata.name.startsWith(self.spec.saga + '-') && {_POSITION_IN_NAME}.matches('^[0-9]+$')"
+        "rule": f"self.metadata.name.startsWith(self.spec.saga + '-')"
+        f" && {_POSITION_IN_NAME}.matches('^(0|[1-9][0-9]*)$')"
         f" && int({_POSITION_IN_NAME}) == self.spec.stackPosition",
         "message": (
-            "metadata.name must be <spec.saga>-<spec.stackPosition>, which makes one entry per saga and position"
+            "metadata.name must be <spec.saga>-<spec.stackPosition>, the position in decimal without leading"
+            " zeros, which makes one entry per saga and position"
         ),
     },
     {

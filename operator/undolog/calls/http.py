@@ -215,6 +215,28 @@ def _written_address(url: URL) -> str | None:
     return host if ":" in host or host.replace(".", "").isdigit() else None
 
 
+# OpenSSL's X509_V_ERR_* codes, as a person renewing or reissuing the certificate reads them.
+CERTIFICATE_PROBLEMS = {
+    9: "not yet valid",
+    10: "expired",
+    2: "unknown issuer",
+    18: "unknown issuer (self-signed)",
+    19: "unknown issuer (a self-signed CA in its chain)",
+    20: "unknown issuer",
+    21: "unknown issuer",
+    62: "name mismatch",
+    64: "name mismatch (IP address)",
+}
+
+
+def certificate_rejected(error: BaseException) -> str:
+    """Which of expired, unknown issuer, name mismatch (or what OpenSSL said)."""
+    code = getattr(error, "verify_code", None)
+    said = str(error)
+    problem = CERTIFICATE_PROBLEMS.get(code) if isinstance(code, int) else None
+    return f"{problem}: {said}" if problem else said
+
+
 class HttpTransport:
     def __init__(
         self, policy: EgressPolicy, *, guard: Callable[[], None] = unguarded, calls_in_flight: int = CALLS_IN_FLIGHT
@@ -287,6 +309,10 @@ class HttpTransport:
                 return await self._exchange(call, url, payload, headers)
         except TimeoutError:
             return CallOutcome(error=f"timed out after {target.timeout_seconds:g} s")
+        except aiohttp.ClientConnectorCertificateError as error:
+            why = certificate_rejected(error.certificate_error)
+            text = f"TLS: the participant's certificate was rejected: {why}"
+            return CallOutcome(error=text[:MAX_ERROR_TEXT], certificate=why[:MAX_ERROR_TEXT])
         except (aiohttp.ClientSSLError, ssl.SSLError) as error:  # a handshake, or a CA bundle that is no PEM
             return CallOutcome(error=f"TLS: {error}"[:MAX_ERROR_TEXT])
         except aiohttp.ClientConnectorError as error:
@@ -306,6 +332,8 @@ class HttpTransport:
             # The scheme as parsed (lower case): HTTPS:// is https too, verified with its CA bundle.
             context = self._context(call.target.ca_bundle) if url.scheme == "https" else True
             response = await self._session.post(url, data=payload, headers=headers, ssl=context, allow_redirects=False)
+        except (aiohttp.ClientSSLError, ssl.SSLError):
+            raise  # some are ValueErrors too, and a handshake is no request aiohttp could not form
         except ValueError as error:
             # aiohttp cannot form the request (a host label over 63 characters, a control character
             # in a header value): raised before any byte is written, and the same every time. Only

@@ -21,6 +21,7 @@ from typing import Any
 
 from undolog import errors, metrics
 from undolog.api import (
+    MAX_LOST_ENTRIES,
     EffectDeliveryState,
     EffectState,
     EffectStatus,
@@ -36,7 +37,7 @@ from undolog.api import (
     UndoEntry,
 )
 from undolog.controller.context import DriverContext, Slot
-from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, now, owned_by
+from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, not_owned_why, now, owned_by
 from undolog.decisions import compensation_plan, lost_entries, moves, phases, retention, rewind
 from undolog.decisions.moves import EntryProof
 from undolog.decisions.retry import operator_retry_seconds
@@ -317,6 +318,7 @@ class SagaDriver:
                 for lost in self.lost:
                     entries.pop(lost.name, None)
                 saga = await self.report_lost(saga)
+            saga = await self.report_unowned(saga)
             move = phases.decide(saga, list(entries.values()), now(), self.proof)
             log.debug("saga %s/%s: %s", self.namespace, self.name, type(move).__name__)
             if isinstance(move, moves.Wait):
@@ -416,7 +418,7 @@ class SagaDriver:
             return
         metrics.series.of(metrics.entry_proofs, self.namespace, ProofSource.LIST).inc()
         answer = await listing
-        for gone in self.context.index.replace(self.key, answer.entries):
+        for gone in self.context.index.replace(self.key, answer.entries + answer.unowned):
             if owned_by(gone, saga.metadata.uid) and gone.status.state not in compensation_plan.SETTLED:
                 self.lose(lost_entry(gone, "deleted by hand"))
         for unreadable in answer.unreadable:
@@ -613,6 +615,35 @@ class SagaDriver:
                 )
         reported = {e.name for e in new} | known
         self.lost = [e for e in self.lost if e.name not in reported]  # those noticed meanwhile wait
+        return saga
+
+    async def report_unowned(self, saga: Saga) -> Saga:
+        """Entries that name the saga but are not its own (conventions.owned_by): each says why,
+        on itself and in an Event, once; the saga names them (status.unownedEntries)."""
+        ledger, uid = self.context.ledger, saga.metadata.uid
+        unowned = [e for e in self.context.index.of(self.key).values() if not owned_by(e, uid)]
+        for entry in unowned:
+            if entry.status.reason == EntryReason.NOT_OWNED_BY_SAGA:
+                continue
+            why = not_owned_why(entry, self.name, uid)
+            try:
+                self.context.index.keep(await ledger.mark_not_owned(entry, why))
+            except errors.NotFound:
+                continue
+            self.context.timeline.record(entry, EventReason.ENTRY_NOT_OWNED, why, warning=True)
+        names = sorted(e.metadata.name for e in unowned)[:MAX_LOST_ENTRIES]
+        if names == saga.status.unowned_entries:
+            return saga
+        new = sorted(set(names) - set(saga.status.unowned_entries))
+        saga = await self.write_status(saga, saga.status.model_copy(update={"unowned_entries": names}))
+        if new:
+            self.context.timeline.record(
+                saga,
+                EventReason.ENTRY_NOT_OWNED,
+                f"{', '.join(new)} name this saga but are not its own (ownerReferences): never compensated as its"
+                " steps; see each entry's status.lastError",
+                warning=True,
+            )
         return saga
 
     async def retry(self, saga: Saga, entries: Entries, request: str, resume: SagaPhase) -> Saga:

@@ -373,7 +373,8 @@ class Engine:
     async def _orphans(self, key: SagaKey) -> None:
         """Entries that name a saga that does not exist (in their namespace) are owed by nobody:
         said on each entry (reason SagaNotFound) and in a Warning Event, never ignored. They stay
-        Pending: a saga created later under that name takes them on."""
+        Pending; a saga created later under that name does not take them on (it does not own
+        them: conventions.owned_by) but names them (status.unownedEntries)."""
         namespace, saga = key
         for entry in self.index.of(key).values():
             if not phases.unclaimed(entry):

@@ -183,6 +183,8 @@ def failure_changes(result: CallResult, saga: Saga, label: str, event: EventReas
         why, reason = "refused: nothing was sent", EntryReason.TARGET_REFUSED
     elif result.verdict == Verdict.PERMANENT:
         why, reason = "permanent failure", EntryReason.PERMANENT_FAILURE
+    elif last.outcome.certificate is not None:
+        why, reason = f"gave up after {last.number} attempts", EntryReason.CERTIFICATE_REJECTED
     else:
         why, reason = f"gave up after {last.number} attempts", EntryReason.RETRIES_EXHAUSTED
     timeline.record(saga, event, f"{label}: {last.error} ({why})", warning=True)

@@ -26,6 +26,9 @@ from undolog.ledger import Ledger
 log = logging.getLogger("undolog.retention")
 ARCHIVE_RECHECK = timedelta(seconds=5)  # a due saga the archive does not hold yet is looked at again
 FAILED_DELETE_PAUSE = timedelta(seconds=10)
+# Deletions in flight at once: one at a time, a busy apiserver's latency (100 ms) capped retention
+# below the rate sagas finish at, and etcd grew under a steady load.
+DELETES_AT_ONCE = 8
 
 
 class ArchiveGate(Protocol):
@@ -115,13 +118,16 @@ class Retention:
         self.deferred.clear()
 
     async def run(self) -> None:
+        room = asyncio.Semaphore(DELETES_AT_ONCE)
         while True:
             self.wake.clear()
             moment = now()
             candidates = [f for key, f in self.finished.items() if self.deferred.get(key, moment) <= moment]
             plan = retention.plan(candidates, self.policy, moment)
-            for due in plan.due:
-                await self.delete(due)
+            async with asyncio.TaskGroup() as deleting:
+                for due in plan.due:
+                    await room.acquire()
+                    deleting.create_task(self.delete(due)).add_done_callback(lambda _done: room.release())
             if plan.due:
                 continue
             wakes = [t for t in (plan.next_at, *self.deferred.values()) if t is not None]

@@ -46,6 +46,7 @@ class CallOutcome:
     refusal: CallRefusal | None = None  # refused before any byte left (say, by the egress policy)
     output: dict[str, Any] | None = None  # a 2xx answer's JSON object
     omitted: OmittedOutput | None = None  # a 2xx answer that is not kept as output, and why
+    certificate: str | None = None  # the participant's certificate was rejected (why): retried, it may be renewed
 
 
 def classify(outcome: CallOutcome) -> Verdict:

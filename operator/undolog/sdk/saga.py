@@ -378,6 +378,7 @@ async def open_saga(
     org: str | None = None,
     deadline_seconds: int | None = None,
     policy: CompensationPolicy | None = None,
+    ttl_seconds_after_finished: int | None = None,
     kube: Kube | None = None,
     kubeconfig: str | None = None,
     resume: bool = False,
@@ -387,7 +388,8 @@ async def open_saga(
 
     `resume=True` (with `name`): when the saga exists and is still Active (an earlier run of
     this agent died inside its block), carry on with it as it is (its spec, its entries; new
-    steps come after its last) instead of failing with AlreadyExists. SagaEnded if it ended."""
+    steps come after its last) instead of failing with AlreadyExists. SagaEnded if it ended.
+    `ttl_seconds_after_finished`: how long the finished saga stays (else the operator's default)."""
     if (name is None) == (generate_name is None):
         raise ValueError("give exactly one of name or generate_name")
     if resume and name is None:
@@ -395,7 +397,10 @@ async def open_saga(
     owns = kube is None
     client = kube or await Kube.connect(kubeconfig)
     spec = SagaSpec(
-        org_id=org, active_deadline_seconds=deadline_seconds, compensation_policy=policy or CompensationPolicy()
+        org_id=org,
+        active_deadline_seconds=deadline_seconds,
+        compensation_policy=policy or CompensationPolicy(),
+        ttl_seconds_after_finished=ttl_seconds_after_finished,
     )
     namespace = namespace or default_namespace(kubeconfig)
     try:
