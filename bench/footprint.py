@@ -116,9 +116,9 @@ async def footprint(bench: Bench, etcd: Etcd, n: int) -> dict[str, Any]:
     }
 
 
-async def count(bench: Bench, namespace: str) -> int:
-    """Sagas in the namespace, from one item and the API's remaining count (no whole listing)."""
-    page = await bench.kube.request("GET", f"{PATH}/namespaces/{namespace}/sagas", params={"limit": "1"})
+async def count(bench: Bench, path: str) -> int:
+    """Objects at a collection path, from one item and the API's remaining count (no whole listing)."""
+    page = await bench.kube.request("GET", path, params={"limit": "1"})
     return len(page["items"]) + int(page["metadata"].get("remainingItemCount") or 0)
 
 
@@ -127,12 +127,16 @@ async def sample(bench: Bench, etcd: Etcd, namespace: str, began: float, sizes: 
     minute = round((time.monotonic() - began) / 60, 1)
     try:
         size, in_use = await asyncio.to_thread(etcd.size)
-        live = await count(bench, namespace)
+        live = await count(bench, f"{PATH}/namespaces/{namespace}/sagas")
+        events = await count(bench, f"/api/v1/namespaces/{namespace}/events")
     except (httpx.HTTPError, errors.KubeError) as failed:
         print(f"minute {minute:5.1f}: not read ({failed})")
         return
-    sizes.append({"minute": minute, "db": size, "in_use": in_use, "sagas": live})
-    print(f"minute {minute:5.1f}: etcd {size / 2**20:7.1f} MiB ({in_use / 2**20:7.1f} in use), {live} sagas")
+    sizes.append({"minute": minute, "db": size, "in_use": in_use, "sagas": live, "events": events})
+    print(
+        f"minute {minute:5.1f}: etcd {size / 2**20:7.1f} MiB ({in_use / 2**20:7.1f} in use), {live} sagas,"
+        f" {events} Events (kept an hour)"
+    )
 
 
 async def flat(bench: Bench, etcd: Etcd, minutes: float, rate: float, ttl: int) -> dict[str, Any]:

@@ -147,6 +147,8 @@ class LocalControlPlane:
         if state and self._healthy(state):
             return Endpoints(state.server, self.kubeconfig, time.monotonic() - begin, reused=True)
         if state and set(state.commands) == set(self.processes) and (self.state_dir / "etcd").is_dir():
+            if not self.with_node and not any(self._owned(n, p) for n, p in state.pids.items()) and self._taken(state):
+                state = self._moved(state)
             restarted = self._restart_dead(state)
             return Endpoints(state.server, self.kubeconfig, time.monotonic() - begin, reused=True, restarted=restarted)
         self.down()  # a half-started one (no data yet) is replaced cleanly
@@ -187,6 +189,41 @@ class LocalControlPlane:
         self._wait("kube-apiserver", lambda: self._get(state.server, "/readyz"))
         return dead
 
+    @staticmethod
+    def _ports(state: RunState) -> dict[str, int]:
+        """The ports a stopped control plane listened on, from its arguments."""
+        found: dict[str, int] = {}
+        for name, args in state.commands.items():
+            for arg in args:
+                flag, _, value = arg.partition("=")
+                if flag in ("--listen-client-urls", "--listen-peer-urls", "--secure-port"):
+                    found[f"{name} {flag}"] = int(value.rsplit(":", 1)[-1])
+        return found
+
+    def _taken(self, state: RunState) -> bool:
+        for port in self._ports(state).values():
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    return True
+        return False
+
+    def _moved(self, state: RunState) -> RunState:
+        """The same data and certificates on new ports (another process took an old one), the
+        kubeconfigs rewritten for the new address."""
+        etcd_client, etcd_peer, apiserver_port, kcm_port = free_ports(4)
+        moved = RunState(server=f"https://127.0.0.1:{apiserver_port}")
+        moved.commands = {
+            "etcd": self._etcd_args(etcd_client, etcd_peer),
+            "kube-apiserver": self._apiserver_args(etcd_client, apiserver_port),
+            "kube-controller-manager": self._controller_manager_args(kcm_port),
+        }
+        self._write_kubeconfig(moved.server, self.kubeconfig, "admin")
+        self._write_kubeconfig(moved.server, self.state_dir / "controller-manager.kubeconfig", "controller-manager")
+        self.state_file.write_text(json.dumps(asdict(moved)))
+        return moved
+
     def reset(self) -> list[int]:
         """Stop everything and delete the data (every saga), the certificates and the logs."""
         stopped = self.down()
@@ -206,7 +243,12 @@ class LocalControlPlane:
             if name == "containerd" and state and "containerd" in state.commands:
                 self.node.clean()
         self._reap(block=True)
-        self.state_file.unlink(missing_ok=True)
+        if state and "kubelet" not in state.commands and (self.state_dir / "etcd").is_dir():
+            # Kept, pids gone: `up` starts it again on the same data and certificates. A node's
+            # network and kernel settings were undone: one with a node starts afresh.
+            self.state_file.write_text(json.dumps(asdict(RunState(state.server, {}, state.commands))))
+        else:
+            self.state_file.unlink(missing_ok=True)
         still = [pid for pid in pids.values() if _alive(pid)]
         if still:
             raise ControlPlaneError(f"processes {still} did not stop; kill them and remove {self.state_dir}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -115,5 +117,37 @@ def test_up_after_the_apiserver_died_keeps_the_ledger(tmp_path: Path) -> None:
         assert after["etcd"] == pids["etcd"]  # what was up stayed up
         found = subprocess.run([*kubectl, "get", "namespace", "keep-me", "-o", "name"], capture_output=True, text=True)
         assert found.stdout.strip() == "namespace/keep-me", found.stderr
+    finally:
+        undolog_cluster("down", state_dir=tmp_path)
+
+
+def test_down_then_up_starts_on_the_data_it_had_on_new_ports_if_the_old_are_taken(tmp_path: Path) -> None:
+    """`cluster down` stops; `cluster up` starts again on the same etcd data and certificates
+    (the same ports, or new ones with the kubeconfig rewritten when another process took them)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubectl = [str(BIN / "kubectl"), f"--kubeconfig={kubeconfig}"]
+    try:
+        assert undolog_cluster("up", state_dir=tmp_path).returncode == 0
+        subprocess.run([*kubectl, "create", "namespace", "keep-me"], check=True, capture_output=True)
+        ca = (tmp_path / "pki" / "serving-ca.crt").read_bytes()
+        server = LocalControlPlane(tmp_path, BIN).up().server
+        for taken in (False, True):
+            stopped = undolog_cluster("down", state_dir=tmp_path)
+            assert stopped.returncode == 0, stopped.stderr
+            with contextlib.ExitStack() as holding:
+                if taken:  # another process listens on the apiserver's port meanwhile
+                    port = int(server.rsplit(":", 1)[1])
+                    sock = holding.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    sock.bind(("127.0.0.1", port))
+                    sock.listen()
+                again = undolog_cluster("up", state_dir=tmp_path)
+                assert again.returncode == 0, again.stderr
+                found = subprocess.run(
+                    [*kubectl, "get", "namespace", "keep-me", "-o", "name"], capture_output=True, text=True
+                )
+                assert found.stdout.strip() == "namespace/keep-me", found.stderr
+            assert (tmp_path / "pki" / "serving-ca.crt").read_bytes() == ca
+            moved = LocalControlPlane(tmp_path, BIN).up().server
+            assert (moved != server) == taken, (moved, server)
     finally:
         undolog_cluster("down", state_dir=tmp_path)

@@ -318,7 +318,7 @@ class SagaDriver:
                 for lost in self.lost:
                     entries.pop(lost.name, None)
                 saga = await self.report_lost(saga)
-            saga = await self.report_unowned(saga)
+            saga = await self.report_unowned(saga, entries)
             move = phases.decide(saga, list(entries.values()), now(), self.proof)
             log.debug("saga %s/%s: %s", self.namespace, self.name, type(move).__name__)
             if isinstance(move, moves.Wait):
@@ -617,11 +617,16 @@ class SagaDriver:
         self.lost = [e for e in self.lost if e.name not in reported]  # those noticed meanwhile wait
         return saga
 
-    async def report_unowned(self, saga: Saga) -> Saga:
+    async def report_unowned(self, saga: Saga, entries: Entries) -> Saga:
         """Entries that name the saga but are not its own (conventions.owned_by): each says why,
         on itself and in an Event, once; the saga names them (status.unownedEntries)."""
         ledger, uid = self.context.ledger, saga.metadata.uid
+        if self.context.index.count(self.key) == len(entries) and not saga.status.unowned_entries:
+            return saga  # every entry held is one of its own (the common case, at no cost per entry)
         unowned = [e for e in self.context.index.of(self.key).values() if not owned_by(e, uid)]
+        if sorted(e.metadata.name for e in unowned) != saga.status.unowned_entries:
+            # The index may hold only some (a finished saga's entries are let go): a listing tells.
+            unowned = (await ledger.entries_of(saga)).unowned
         for entry in unowned:
             if entry.status.reason == EntryReason.NOT_OWNED_BY_SAGA:
                 continue

@@ -87,6 +87,10 @@ class EntryIndex:
             self.keep(entry)
         return gone
 
+    def count(self, key: SagaKey) -> int:
+        """How many entries of the saga are held (nothing parsed)."""
+        return len(self._by_saga.get(key, ()))
+
     def of(self, key: SagaKey) -> dict[str, UndoEntry]:
         entries = self._by_saga.get(key)
         if not entries:
