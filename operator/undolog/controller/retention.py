@@ -6,6 +6,7 @@ at its limit: compensations come first)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter
@@ -73,6 +74,7 @@ class Retention:
         self.finished: dict[SagaKey, Finished] = {}
         self.per_namespace: Counter[str] = Counter()
         self.deferred: dict[SagaKey, datetime] = {}
+        self.deleting: set[SagaKey] = set()  # deletions in flight
         self.next_at: datetime | None = None  # when the loop wakes by itself
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -116,24 +118,39 @@ class Retention:
         self.finished.clear()
         self.per_namespace.clear()
         self.deferred.clear()
+        self.deleting.clear()
 
     async def run(self) -> None:
+        """Plans, and starts the deletion of what is due without waiting for the ones in flight:
+        sagas fall due one by one, and a loop that waited for each batch deleted one at a time."""
         room = asyncio.Semaphore(DELETES_AT_ONCE)
-        while True:
-            self.wake.clear()
-            moment = now()
-            candidates = [f for key, f in self.finished.items() if self.deferred.get(key, moment) <= moment]
-            plan = retention.plan(candidates, self.policy, moment)
-            async with asyncio.TaskGroup() as deleting:
+        async with asyncio.TaskGroup() as deleting:
+            while True:
+                self.wake.clear()
+                moment = now()
+                candidates = [
+                    f
+                    for key, f in self.finished.items()
+                    if key not in self.deleting and self.deferred.get(key, moment) <= moment
+                ]
+                plan = retention.plan(candidates, self.policy, moment)
                 for due in plan.due:
                     await room.acquire()
-                    deleting.create_task(self.delete(due)).add_done_callback(lambda _done: room.release())
-            if plan.due:
-                continue
-            wakes = [t for t in (plan.next_at, *self.deferred.values()) if t is not None]
-            self.next_at = min(wakes, default=None)
-            seconds = None if self.next_at is None else max((self.next_at - now()).total_seconds(), 0.0)
-            await woken(self.wake, seconds)
+                    self.deleting.add(due.saga.key)
+                    task = deleting.create_task(self.delete(due))
+                    task.add_done_callback(functools.partial(self._done, room, due.saga.key))
+                if plan.due:
+                    continue
+                wakes = [t for t in (plan.next_at, *self.deferred.values()) if t is not None]
+                self.next_at = min(wakes, default=None)
+                seconds = None if self.next_at is None else max((self.next_at - now()).total_seconds(), 0.0)
+                await woken(self.wake, seconds)
+
+    def _done(self, room: asyncio.Semaphore, key: SagaKey, _: asyncio.Task[None]) -> None:
+        self.deleting.discard(key)
+        room.release()
+        if key in self.deferred:  # to be looked at again: the loop's sleep must end by then
+            self.wake.set()
 
     async def delete(self, due: Due) -> None:
         record = self.finished.get(due.saga.key)
