@@ -11,12 +11,13 @@ LOCK := $(VENV)/bin/uv pip compile pyproject.toml --python-version 3.11 --python
 PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help venv tools browser faketime postgres crds lock lint test demo bench chaos cluster-up cluster-down cluster-reset clean \
+.PHONY: help venv tools browser faketime postgres crds lock lint test unit demo bench chaos cluster-up cluster-down cluster-reset clean \
 	image image-deps node-deps node-up node-down e2e demo-helm
 
 help:
 	@echo "make demo          run the onboarding saga on a local control plane (builds what it needs)"
 	@echo "make test          lint, type-check, check the layering, and run every test against a real apiserver"
+	@echo "make unit          the unit tests alone (no control plane, about a minute)"
 	@echo "make browser       install Debian's chromium for the dashboard tests"
 	@echo "make tools         build the control plane, a node (kubelet, containerd, ...), kubectl and helm into bin/"
 	@echo "make image         the operator image from the Dockerfile, without Docker: build/undolog-image.oci.tar"
@@ -108,6 +109,10 @@ lint: venv tools
 test: venv tools browser faketime postgres lint
 	$(VENV)/bin/pytest --durations=15
 
+# The pure decisions and the operator layer through its seams: no control plane, no tools.
+unit: venv
+	$(VENV)/bin/pytest tests/unit -q
+
 cluster-up: venv tools
 	$(PY) -m devtools.cluster up
 
@@ -145,6 +150,7 @@ bench: venv tools bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.tempora
 	$(PY) -m bench.temporal --idle-samples 100 --sizes 10 100
 	$(PY) -m bench.footprint --sagas 400
 	$(PY) -m bench.archive --sagas 1000
+	$(PY) -m bench.deep --depths 2000 10000
 	$(PY) -m bench.plot
 	$(PY) -m bench.summary
 

@@ -34,6 +34,9 @@ KEYS = (
     "json_bytes_per_finished_saga",
     "compensated_sagas_per_s",
     "archive_sagas_per_s",
+    "deep_saga_entries_per_s_2000",
+    "deep_saga_entries_per_s_10000",
+    "deep_saga_time_ratio_10000_to_2000",
 )
 
 
@@ -59,7 +62,17 @@ def abort_first_call(figures: dict[str, Any], prefix: str, idle: dict[str, Any])
 def summarize() -> dict[str, Any]:
     figures: dict[str, Any] = dict.fromkeys(KEYS)
     missing: dict[str, str] = {}
-    names = ("compensation", "compensation_idle", "forward", "scale", "idle", "replicas", "footprint", "archive")
+    names = (
+        "compensation",
+        "compensation_idle",
+        "forward",
+        "scale",
+        "idle",
+        "replicas",
+        "footprint",
+        "archive",
+        "deep",
+    )
     sources = {name: load(name) for name in names}
     fsync = {name: data.get("etcd_fsync") for name, data in sources.items() if data is not None}
     figures["etcd_fsync"] = all(fsync.values()) if fsync else None
@@ -113,6 +126,13 @@ def summarize() -> dict[str, Any]:
         # The same run: sagas compensated a second, and archived a second counted from the same start.
         figures["compensated_sagas_per_s"] = archive["results"]["compensated_sagas_per_s"]
         figures["archive_sagas_per_s"] = archive["results"]["archive_sagas_per_s"]
+
+    if deep := sources["deep"]:
+        for depth in (2000, 10000):
+            if measured_depth := row(deep["results"]["depths"], "depth", depth):
+                figures[f"deep_saga_entries_per_s_{depth}"] = measured_depth["entries_per_s"]
+        if {r["depth"] for r in deep["results"]["depths"]} >= {2000, 10000}:
+            figures["deep_saga_time_ratio_10000_to_2000"] = deep["results"]["time_ratio"]
 
     for key, value in figures.items():
         if value is None:

@@ -1,3 +1,3 @@
 """The release of this package (pyproject.toml reads it from here)."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from undolog.api import Saga, SagaPhase, SagaReason, UndoEntry
+from undolog.api import EntryState, Saga, SagaPhase, SagaReason, UndoEntry
 from undolog.conventions import FINALIZER, PHASE_LABEL, RETRY_ANNOTATION, SKIP_ANNOTATION
 from undolog.decisions import compensation_plan, moves, phases
 from undolog.decisions.moves import EntryProof
@@ -350,3 +350,14 @@ def test_conditions_keep_the_failure_reason_while_compensating() -> None:
     assert by_type["Succeeded"].last_transition_time == NOW
     assert (by_type["Compensated"].status, by_type["Compensated"].reason) == ("True", "Compensated")
     assert compensated.completion_time == later
+
+
+@given(
+    st.lists(st.sampled_from(["Pending", "Running", "Compensated", "Skipped", "Failed"]), max_size=30), st.booleans()
+)
+def test_the_lifo_plan_without_sorting_is_the_dependency_plan_without_dependencies(
+    states: list[str], failed_blocks: bool
+) -> None:
+    entries = [with_state(make_entry(position), state) for position, state in enumerate(states, start=1)]
+    done = compensation_plan.SETTLED if failed_blocks else compensation_plan.SETTLED | {EntryState.FAILED}
+    assert compensation_plan.lifo_ready(entries, done) == compensation_plan.dependency_ready(entries, done)

@@ -75,10 +75,16 @@ def depends(upper: UndoEntry, lower: UndoEntry, declared: dict[str, frozenset[st
 
 def ready(entries: Sequence[UndoEntry], *, failed_blocks: bool) -> list[UndoEntry]:
     """The owed entries that may be compensated now, newest first: every entry that must go
-    before each is settled (or Failed, unless `failed_blocks`: onFailure Halt). Linear: an
-    entry waits for the highest unsettled entry without a trusted dependsOn, and for the
-    unsettled entries that name its step."""
+    before each is settled (or Failed, unless `failed_blocks`: onFailure Halt)."""
     done = SETTLED if failed_blocks else SETTLED | {EntryState.FAILED}
+    if all(e.spec.depends_on is None for e in entries):
+        return lifo_ready(entries, done)
+    return dependency_ready(entries, done)
+
+
+def dependency_ready(entries: Sequence[UndoEntry], done: frozenset[EntryState]) -> list[UndoEntry]:
+    """Linear: an entry waits for the highest unsettled entry without a trusted dependsOn, and
+    for the unsettled entries that name its step."""
     declared = declared_dependencies(entries)
     waits_for_all_below = -1  # position of the highest unsettled entry that depends on everything below
     named: dict[str, int] = {}  # step -> position of the highest unsettled entry that names it
@@ -95,6 +101,16 @@ def ready(entries: Sequence[UndoEntry], *, failed_blocks: bool) -> list[UndoEntr
         for e in owed(entries)
         if e.spec.stack_position >= waits_for_all_below and named.get(e.spec.step, -1) <= e.spec.stack_position
     ]
+
+
+def lifo_ready(entries: Sequence[UndoEntry], done: frozenset[EntryState]) -> list[UndoEntry]:
+    """Without any dependsOn: the highest entry not done, if it is owed. One pass, no sorting:
+    it is decided once per entry compensated, and a stack may hold 10,000."""
+    top: UndoEntry | None = None
+    for entry in entries:
+        if entry.status.state not in done and (top is None or entry.spec.stack_position > top.spec.stack_position):
+            top = entry
+    return [top] if top is not None and top.status.state in OWED else []
 
 
 def waves(entries: Sequence[UndoEntry]) -> list[list[UndoEntry]]:

@@ -349,7 +349,8 @@ def annotation_move(saga: Saga, entries: Sequence[UndoEntry]) -> Move | None:
         if isinstance(verdict, resolutions.Allowed):
             return Retry(clip(request, 1024), verdict.resume)
         return RefuseAnnotation(None, RETRY_ANNOTATION, verdict.why)
-    for entry in compensation_plan.newest_first(entries):
+    annotated = [e for e in entries if SKIP_ANNOTATION in e.metadata.annotations]
+    for entry in compensation_plan.newest_first(annotated):
         reason = entry.metadata.annotations.get(SKIP_ANNOTATION)
         if reason is None:
             continue
