@@ -45,7 +45,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [get, patch]
 - apiGroups: [undolog.io]
   resources: [webhooks]
-  verbs: [get, list, watch]
+  # patch: an empty one, once, so that what an earlier release stored is stored as v1beta1
+  verbs: [get, list, watch, patch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]

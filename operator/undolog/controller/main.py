@@ -140,7 +140,7 @@ async def run(options: OperatorOptions) -> None:
             labels=labels,
             retention=Retention(ledger, policy, leadership, slots, pace, archiver),
             archiver=archiver,
-            storage=StorageMigration(kube, ledger, leases, leadership.settings, leadership, slots, pace),
+            storage=StorageMigration(kube, ledger, leases, leadership.settings, leadership, slots, pace, me),
         )
         for shard, leadership in zip(shards, leaderships, strict=True)
     ]

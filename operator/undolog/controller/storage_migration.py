@@ -3,7 +3,8 @@ the storage version, so that a later release can stop serving the earlier one
 (the CRDs' status.storedVersions then lists the storage version alone). A write that changes
 nothing is enough: the API encodes what it stores in the storage version. Done once per shard,
 by its leader once it took charge, remembered on the shard's Lease, paced like retention
-and behind compensation work (it waits while every saga slot is taken)."""
+and behind compensation work (it waits while every saga slot is taken). A Lease this replica
+created has nothing to migrate: a new installation stores everything as v1beta1 from the start."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from undolog.controller.leadership import LeaseSettings, LeaseStore
 from undolog.controller.retention import Pace
 from undolog.conventions import STORED_AS_ANNOTATION
 from undolog.decisions.sharding import Shard
-from undolog.kube import Kube, Plural
-from undolog.ledger import Ledger
+from undolog.kube import Body, Plural
+from undolog.ledger import Ledger, ObjectStore
 
 log = logging.getLogger("undolog.storage")
 Stored = tuple[Plural, str, str]  # plural, namespace, name
@@ -29,14 +30,17 @@ Stored = tuple[Plural, str, str]  # plural, namespace, name
 class StorageMigration:
     def __init__(
         self,
-        objects: Kube,
+        objects: ObjectStore,
         ledger: Ledger,
         leases: LeaseStore,
         lease: LeaseSettings,
         fence: Fence,
         slots: SagaSlots,
         pace: Pace,
+        me: str,
     ) -> None:
+        """`me`: this replica's identity on the Lease."""
+        self.me = me
         self.objects, self.ledger, self.leases, self.lease = objects, ledger, leases, lease
         self.fence, self.slots, self.pace = fence, slots, pace
         self.task: asyncio.Task[None] | None = None
@@ -52,7 +56,11 @@ class StorageMigration:
 
     async def run(self, namespaces: list[str], shard: Shard) -> None:
         try:
-            if await self._annotation() == VERSION:
+            lease = await self.leases.get_lease(self.lease.namespace, self.lease.name)
+            if (lease["metadata"].get("annotations") or {}).get(STORED_AS_ANNOTATION) == VERSION:
+                return
+            if _created_by(lease, self.me):  # a new installation: no earlier release stored anything here
+                await self._remember()
                 return
             objects = await self._listed(namespaces, shard)
             for plural, namespace, name in objects:
@@ -82,10 +90,6 @@ class StorageMigration:
             listed += [(plural, o["metadata"]["namespace"], o["metadata"]["name"]) for o in items]
         return listed
 
-    async def _annotation(self) -> str | None:
-        lease = await self.leases.get_lease(self.lease.namespace, self.lease.name)
-        return (lease["metadata"].get("annotations") or {}).get(STORED_AS_ANNOTATION)
-
     async def _remember(self) -> None:
         """The shard's Lease says it is done (a renewal replaces the Lease with its annotations)."""
         for _ in range(5):
@@ -96,3 +100,10 @@ class StorageMigration:
                 return
             except errors.Conflict:  # renewed meanwhile
                 continue
+
+
+def _created_by(lease: Body, me: str) -> bool:
+    """The Lease was created by this replica and never changed hands: no operator of an earlier
+    release led this shard (one that did created it; taking it over counts a transition)."""
+    spec = lease.get("spec") or {}
+    return spec.get("holderIdentity") == me and not spec.get("leaseTransitions")
