@@ -8,6 +8,8 @@ records (what actually arrived, in what order, under which key) and the final ob
 3. No compensation runs out of order: an entry's first compensation call arrives only after
    the compensation of every entry that must be undone before it succeeded (every higher entry
    under LIFO; with dependsOn, the ones that depend on it).
+4. An entry that names a saga without being owned by it is never compensated, says why
+   (NotOwnedBySaga) and is named on the saga (status.unownedEntries).
 
 Pure: records and objects in, violations out.
 """
@@ -77,7 +79,10 @@ def check(sagas: Sequence[Body], entries: Sequence[Body], forward: Iterable[Call
         for step, keys in steps.items():
             if len(keys) > 1:
                 report.violations.append(f"{ref} step {step} was sent under {len(keys)} keys: {sorted(keys)}")
-        stack = sorted(by_saga[ref], key=lambda e: e["spec"]["stackPosition"], reverse=True)
+        uid = saga["metadata"].get("uid")
+        named = by_saga[ref]
+        report.violations.extend(unowned_violations(ref, [e for e in named if not owned(e, uid)], status))
+        stack = sorted((e for e in named if owned(e, uid)), key=lambda e: e["spec"]["stackPosition"], reverse=True)
         happened_steps = {call.step for call in forward_by_saga[ref]}
         for entry in stack:
             if entry["spec"].get("compensation") is None:
@@ -106,6 +111,28 @@ def check(sagas: Sequence[Body], entries: Sequence[Body], forward: Iterable[Call
         if key not in known_undo_keys:
             report.violations.append(f"compensation under unknown key {key} ({len(calls)} calls)")
     return report
+
+
+def owned(entry: Body, uid: str | None) -> bool:
+    """The saga's own entry: its ownerReferences carry the saga's uid (what ties them)."""
+    return any(o.get("kind") == "Saga" and o.get("uid") == uid for o in entry["metadata"].get("ownerReferences", []))
+
+
+def unowned_violations(ref: str, unowned: Sequence[Body], status: Body) -> list[str]:
+    """An entry that names the saga without being its own is never compensated by it, says why,
+    and is named on the saga (its calls, had there been any, are under keys the check never
+    learns: counted as unknown keys)."""
+    violations = []
+    listed = set(status.get("unownedEntries") or [])
+    for entry in unowned:
+        name, state = entry["metadata"]["name"], entry.get("status", {}).get("state", "Pending")
+        if state != "Pending" or entry.get("status", {}).get("reason") != "NotOwnedBySaga":
+            violations.append(
+                f"{ref}: {name}, not its own, is {state} with reason {entry.get('status', {}).get('reason')}"
+            )
+        if name not in listed:
+            violations.append(f"{ref}: {name}, not its own, is not named in status.unownedEntries")
+    return violations
 
 
 def order_violations(ref: str, stack: Sequence[Body], undo_by_key: dict[str, list[Call]]) -> list[str]:

@@ -24,6 +24,7 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +33,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.chaos.faults import Faults
-from tests.chaos.workload import POLICY, Workload
+from tests.chaos.invariants import check
+from tests.chaos.workload import POLICY, Workload, as_call
 from tests.conftest import REPO, Cluster, OwnCluster, own_control_plane
-from tests.support.manifests import call, saga, undo_entry
+from tests.support.manifests import call, saga, undo_entry, webhook
 from tests.support.operator_process import OperatorProcess
-from tests.support.participants import Participant
+from tests.support.participants import HttpsParticipant, Participant, Reply
 from tests.support.waiting import eventually
 from undolog.errors import AlreadyExists, KubeError
-from undolog.kube import Kube
+from undolog.kube import Body, Kube
 
 pytestmark = pytest.mark.cluster
 FULL = os.environ.get("UNDOLOG_CHAOS") == "full"
@@ -275,6 +277,110 @@ async def test_participants_that_misbehave(kube: Kube, namespace: str, cluster: 
     assert report.violations == []
     assert faults.injected  # faults did happen
     assert peak < 400  # huge answers are never read whole (the chart's limit is 512 MiB)
+
+
+# -- entries that are not a saga's own, and certificates that come and go ------------------------
+
+
+async def rotate(secure: HttpsParticipant, until: asyncio.Event, seed: int) -> int:
+    """The participant's certificate swapped for an expired one and back, again and again."""
+    from devtools.control_plane.pki import serving_certificate
+
+    valid = serving_certificate(secure.ca, "participant")
+    expired = serving_certificate(secure.ca, "participant", not_after=datetime.now(UTC) - timedelta(days=1))
+    pick, swaps = random.Random(seed), 0
+    while not until.is_set():
+        secure.serve(expired)
+        await asyncio.sleep(pick.uniform(0.1, 0.5))
+        secure.serve(valid)
+        swaps += 1
+        await asyncio.sleep(pick.uniform(0.3, 1.0))
+    return swaps
+
+
+async def intruded_saga(kube: Kube, namespace: str, name: str, decoy: Body) -> int:
+    """An agent's saga of three entries, with two intruders the API refuses (a second entry at a
+    taken position, under a name that is not canonical) and one entry that names it but is
+    owned by another saga, then aborted. Returns how many writes the API refused."""
+    created = await kube.create("sagas", namespace, saga(name, compensationPolicy=PATIENT))
+    uid = created["metadata"]["uid"]
+    for position in (1, 2, 3):
+        body = undo_entry(name, position, owner_uid=uid, compensation=call("undo", n=position))
+        body["spec"]["effectId"] = f"{uid}:step{position}:fwd"
+        await kube.create("undoentries", namespace, body)
+        await kube.patch_status("undoentries", namespace, f"{name}-{position}", {"status": {"effect": "Committed"}})
+    refused = 0
+    for intruder in ({"name": f"{name}-02"}, {"name": f"{name}-2"}):
+        body = undo_entry(name, 2, owner_uid=uid, compensation=call("undo", n="intruder"))
+        body["metadata"].update(intruder)
+        try:
+            await kube.create("undoentries", namespace, body)
+        except (AlreadyExists, KubeError):
+            refused += 1
+    foreign = undo_entry(name, 4, owner_uid=decoy["metadata"]["uid"], compensation=call("undo", n="foreign"))
+    foreign["metadata"]["ownerReferences"][0]["name"] = decoy["metadata"]["name"]
+    await kube.create("undoentries", namespace, foreign)
+    await kube.patch("sagas", namespace, name, {"spec": {"outcome": "Abort"}})
+    return refused
+
+
+NOT_OWNED = "NotOwnedBySaga"
+PATIENT = {"backoff": {"initialMilliseconds": 100, "multiplier": 2, "maxMilliseconds": 1000, "maxRetries": 15}}
+
+
+async def test_intruders_entries_of_other_sagas_and_certificates_rotated(
+    kube: Kube, namespace: str, cluster: Cluster, tmp_path: Path
+) -> None:
+    sagas = 100 if FULL else 10
+    secure = HttpsParticipant(tmp_path)
+    secure.handle("/undo", lambda _: Reply(headers={"Connection": "close"}))  # every call a new handshake
+    hook = webhook("undo", url=secure.url("/undo"), caBundle=secure.bundle, timeoutSeconds=5)
+    await kube.create("webhooks", namespace, hook)
+    decoy = await kube.create("sagas", namespace, saga("decoy"))
+    operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path, extra_args=())
+    operator.start()
+    done = asyncio.Event()
+    rotating = asyncio.ensure_future(rotate(secure, done, seed=5))
+    try:
+        names = [f"x{i:04d}" for i in range(sagas)]
+        refused = sum(await asyncio.gather(*(intruded_saga(kube, namespace, n, decoy) for n in names)))
+        await kube.patch("sagas", namespace, "decoy", {"spec": {"outcome": "Abort"}})
+        finals = ("Completed", "Compensated", "Halted")
+
+        async def unfinished() -> list[str]:
+            listed = await kube.list("sagas", namespace)
+            return [s["metadata"]["name"] for s in listed if s.get("status", {}).get("phase") not in finals]
+
+        await eventually(unfinished, lambda stuck: not stuck, 600 if FULL else 150, f"all {sagas} sagas final")
+        done.set()
+        swaps = await rotating
+        listed = await kube.list("sagas", namespace)
+        entries = await kube.list("undoentries", namespace)
+        report = check(listed, entries, [], [as_call(r) for r in secure.received("/undo")])
+    finally:
+        done.set()
+        rotating.cancel()
+        operator.stop()
+        secure.close()
+    attempts = [a for e in entries for a in e.get("status", {}).get("attempts", [])]
+    rejected = sum(1 for a in attempts if "certificate" in a.get("error", ""))
+    counts = {
+        **report.as_dict(),
+        "intruders_refused": refused,
+        "entries_of_other_sagas_reported": sum(
+            1 for e in entries if e.get("status", {}).get("reason") == "NotOwnedBySaga"
+        ),
+        "certificate_swaps": swaps,
+        "attempts_on_a_rejected_certificate": rejected,
+        "halted": sum(1 for s in listed if s["status"]["phase"] == "Halted"),
+    }
+    record("intruders", counts)
+    assert report.violations == []
+    assert refused == 2 * sagas
+    assert counts["entries_of_other_sagas_reported"] == sagas
+    assert all(s["status"]["phase"] == "Compensated" for s in listed), [
+        s["status"] for s in listed if s["status"]["phase"] != "Compensated"
+    ][:3]
 
 
 # -- bad input ---------------------------------------------------------------------------------

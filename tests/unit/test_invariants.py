@@ -7,13 +7,19 @@ from typing import Any
 from tests.chaos.invariants import Call, check
 
 
-def saga(name: str, phase: str, reason: str = "Compensated") -> dict[str, Any]:
-    return {"metadata": {"namespace": "ns", "name": name}, "status": {"phase": phase, "reason": reason}}
-
-
-def entry(saga_name: str, position: int, state: str = "Compensated", effect: str = "Committed") -> dict[str, Any]:
+def saga(name: str, phase: str, reason: str = "Compensated", **status: Any) -> dict[str, Any]:
     return {
-        "metadata": {"namespace": "ns", "name": f"{saga_name}-{position}"},
+        "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}"},
+        "status": {"phase": phase, "reason": reason, **status},
+    }
+
+
+def entry(
+    saga_name: str, position: int, state: str = "Compensated", effect: str = "Committed", owner: str | None = None
+) -> dict[str, Any]:
+    owner_reference = {"kind": "Saga", "name": owner or saga_name, "uid": f"uid-{owner or saga_name}"}
+    return {
+        "metadata": {"namespace": "ns", "name": f"{saga_name}-{position}", "ownerReferences": [owner_reference]},
         "spec": {
             "saga": saga_name,
             "stackPosition": position,
@@ -97,3 +103,17 @@ def test_halted_with_a_reason_is_an_accepted_end() -> None:
         [saga("h", "Halted", "CompensationFailed")], [entry("h", 1, state="Failed")], [], [undo("h", 1, 1.0, 400)]
     )
     assert report.violations == []
+
+
+def test_an_entry_a_saga_does_not_own_must_be_left_alone_said_and_named() -> None:
+    foreign = entry("a", 2, state="Pending", owner="b")
+    foreign["status"]["reason"] = "NotOwnedBySaga"
+    clean = check([saga("a", "Compensated", unownedEntries=["a-2"])], [entry("a", 1), foreign], [], [undo("a", 1, 1.0)])
+    assert clean.violations == []
+    compensated = {**foreign, "status": {"state": "Compensated", "effect": "Committed"}}
+    found = check([saga("a", "Compensated")], [entry("a", 1), compensated], [], [undo("a", 2, 0.5), undo("a", 1, 1.0)])
+    assert found.violations == [
+        "ns/a: a-2, not its own, is Compensated with reason None",
+        "ns/a: a-2, not its own, is not named in status.unownedEntries",
+        "compensation under unknown key undo-a2 (1 calls)",
+    ]
