@@ -421,6 +421,7 @@ def unclaimed(entry: UndoEntry) -> bool:
 # -- status ----------------------------------------------------------------------------------
 
 _T, _F, _U = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
+MESSAGE_KEPT = frozenset({ConditionType.SUCCEEDED, ConditionType.HALTED})
 PHASE_CONDITIONS = (
     ConditionType.SUCCEEDED,
     ConditionType.COMPENSATED,
@@ -480,15 +481,16 @@ def with_phase(
     values = CONDITIONS[phase]
     if phase == SagaPhase.HALTED and reason == SagaReason.FORWARD_RECOVERY_EXHAUSTED:
         values = (_U, _F, _T, _F, _F, _T)
-    # The message goes where it is read: on Succeeded (why it failed) and on what is True now;
-    # a condition that does not hold says only its reason (the message was stored six times).
+    # The message goes where it is read: on Succeeded (why it failed), on Halted (why it halted,
+    # then the person's reason for the retry that resolved it) and on what is True now; another
+    # condition that does not hold says only its reason (the message was stored six times).
     conditions = [
         condition(
             status.conditions,
             type_,
             value,
             reason,
-            message if type_ == ConditionType.SUCCEEDED or value == _T else "",
+            message if type_ in MESSAGE_KEPT or value == _T else "",
             now,
             generation,
         )
