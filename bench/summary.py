@@ -1,6 +1,7 @@
 """bench/results/summary.json: the figures the issues ask for, from the JSON the last `make bench`
 wrote (compensation, compensation_idle, forward, scale, idle, replicas, footprint, archive). A
-figure that was not measured is null and `not_measured` says why; nothing is estimated.
+figure that was not measured is null and `not_measured` says why, or the committed run's value
+named in `carried_over`; nothing is estimated.
 Committed with the change that moves a figure, so figures can be checked without re-running."""
 
 from __future__ import annotations
@@ -140,9 +141,19 @@ def summarize() -> dict[str, Any]:
     return {**figures, "not_measured": missing}
 
 
+def carried(summary: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any]:
+    """Figures this run did not measure keep the committed run's value, named in `carried_over`
+    (a benchmark run alone, `python -m bench.deep`, updates its own keys and no others)."""
+    kept = {k: previous[k] for k, v in summary.items() if v is None and previous.get(k) is not None}
+    missing = {k: why for k, why in summary["not_measured"].items() if k not in kept}
+    return {**summary, **kept, "not_measured": missing, "carried_over": sorted(kept)}
+
+
 def main() -> None:
-    summary = summarize()
-    (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    path = RESULTS / "summary.json"
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    summary = carried(summarize(), previous)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
 
 
