@@ -121,7 +121,7 @@ async def run(options: OperatorOptions) -> None:
     metrics.series.busy = gauges.busy  # a namespace's series stay while this replica drives a saga there
     shards = all_shards(options.shards)
     policy = dataclasses.replace(options.retention, shards=len(shards))
-    pace = Pace(options.retention_rate)
+    pace = Pace(options.retention_rate, slots)
     leases = kube.apart()
     leaderships = [Leadership(leases, options.lease.of_shard(shard), me) for shard in shards]
     replicas = Replicas(leases, options.lease, me, leaderships)
@@ -138,9 +138,9 @@ async def run(options: OperatorOptions) -> None:
             slots=slots,
             gauges=gauges,
             labels=labels,
-            retention=Retention(ledger, policy, leadership, slots, pace, archiver),
+            retention=Retention(ledger, policy, leadership, pace, archiver),
             archiver=archiver,
-            storage=StorageMigration(kube, ledger, leases, leadership.settings, leadership, slots, pace, me),
+            storage=StorageMigration(kube, ledger, leases, leadership.settings, leadership, pace, me),
         )
         for shard, leadership in zip(shards, leaderships, strict=True)
     ]

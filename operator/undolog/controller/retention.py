@@ -1,6 +1,6 @@
 """Retention of one shard's finished sagas: each is deleted once due (decisions/retention.py),
 with its entries (the garbage collector's work), never before the archive holds it when an
-archive is configured, at a bounded rate, and not while every saga slot is taken (the operator
+archive is configured, at a bounded rate, slower while every saga slot is taken (the operator
 at its limit: compensations come first)."""
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ FAILED_DELETE_PAUSE = timedelta(seconds=10)
 # Deletions in flight at once: one at a time, a busy apiserver's latency (100 ms) capped retention
 # below the rate sagas finish at, and etcd grew under a steady load.
 DELETES_AT_ONCE = 8
+BUSY_SLOWDOWN = 4  # housekeeping's pace divided by this while every saga slot is taken
 
 
 class ArchiveGate(Protocol):
@@ -45,17 +46,22 @@ class ArchiveGate(Protocol):
 
 
 class Pace:
-    """At most `per_second` deletions by this process, whatever the shards (one every 1/rate s).
-    Hand-written: ten lines, where a rate-limiting library would be a dependency of its own."""
+    """At most `per_second` writes of housekeeping by this process, whatever the shards (one
+    every 1/rate s), a quarter of that while every saga slot is taken: compensation comes first,
+    and yet a ledger that stopped shrinking whenever the operator is busy grew without bound
+    under a steady load (bench.footprint's flat run). Hand-written: a few lines, where a
+    rate-limiting library would be a dependency of its own."""
 
-    def __init__(self, per_second: float) -> None:
+    def __init__(self, per_second: float, slots: SagaSlots | None = None) -> None:
         self.interval = 1.0 / per_second
+        self.slots = slots
         self.next = time.monotonic()
 
     async def turn(self) -> None:
         moment = time.monotonic()
         start = max(self.next, moment)
-        self.next = start + self.interval
+        busy = self.slots is not None and self.slots.locked()
+        self.next = start + self.interval * (BUSY_SLOWDOWN if busy else 1)
         await asyncio.sleep(start - moment)
 
 
@@ -65,11 +71,10 @@ class Retention:
         ledger: Ledger,
         policy: RetentionPolicy,
         fence: Fence,
-        slots: SagaSlots,
         pace: Pace,
         archive: ArchiveGate | None = None,
     ) -> None:
-        self.ledger, self.policy, self.fence, self.slots, self.pace = ledger, policy, fence, slots, pace
+        self.ledger, self.policy, self.fence, self.pace = ledger, policy, fence, pace
         self.archive = archive
         self.finished: dict[SagaKey, Finished] = {}
         self.per_namespace: Counter[str] = Counter()
@@ -156,7 +161,6 @@ class Retention:
         record = self.finished.get(due.saga.key)
         if record != due.saga:  # changed or gone since it was planned
             return
-        await self.slots.spare()
         await self.pace.turn()
         if self.archive is not None and not self.archive.holds(record):
             self.archive.offer(record)

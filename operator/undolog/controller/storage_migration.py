@@ -3,7 +3,7 @@ the storage version, so that a later release can stop serving the earlier one
 (the CRDs' status.storedVersions then lists the storage version alone). A write that changes
 nothing is enough: the API encodes what it stores in the storage version. Done once per shard,
 by its leader once it took charge, remembered on the shard's Lease, paced like retention
-and behind compensation work (it waits while every saga slot is taken). A Lease this replica
+and behind compensation work (slower while every saga slot is taken). A Lease this replica
 created has nothing to migrate: a new installation stores everything as v1beta1 from the start."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import logging
 from undolog import errors, metrics
 from undolog.api import VERSION
 from undolog.calls.runner import Fence
-from undolog.controller.context import SagaSlots
 from undolog.controller.leadership import LeaseSettings, LeaseStore
 from undolog.controller.retention import Pace
 from undolog.conventions import STORED_AS_ANNOTATION
@@ -35,14 +34,13 @@ class StorageMigration:
         leases: LeaseStore,
         lease: LeaseSettings,
         fence: Fence,
-        slots: SagaSlots,
         pace: Pace,
         me: str,
     ) -> None:
         """`me`: this replica's identity on the Lease."""
         self.me = me
         self.objects, self.ledger, self.leases, self.lease = objects, ledger, leases, lease
-        self.fence, self.slots, self.pace = fence, slots, pace
+        self.fence, self.pace = fence, pace
         self.task: asyncio.Task[None] | None = None
 
     def start(self, namespaces: list[str], shard: Shard) -> None:
@@ -64,7 +62,6 @@ class StorageMigration:
                 return
             objects = await self._listed(namespaces, shard)
             for plural, namespace, name in objects:
-                await self.slots.spare()
                 await self.pace.turn()
                 self.fence.check()
                 try:
