@@ -136,9 +136,7 @@ def operator(
     ] = None,
     retention_rate: Annotated[
         float,
-        typer.Option(
-            min=0.1, help="Finished sagas deleted per second at most (a quarter while every saga slot is taken)."
-        ),
+        typer.Option(min=0.1, help="Finished sagas deleted per second at most, beside the compensation work."),
     ] = 50.0,
     archive_dsn: Annotated[
         str | None,

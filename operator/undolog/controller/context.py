@@ -48,21 +48,13 @@ class SagaSlots:
     def __init__(self, total: int) -> None:
         self.free = total  # while some are free nobody waits
         self._waiting: Turns[asyncio.Future[None]] = Turns()
-        self._spare = asyncio.Event()  # set while a slot is free
-        self._spare.set()
 
     def locked(self) -> bool:
         return self.free == 0
 
-    async def spare(self) -> None:
-        """Until a slot is free: background work (retention) waits while sagas take them all."""
-        await self._spare.wait()
-
     async def acquire(self, namespace: str) -> None:
         if self.free and not self._waiting:
             self.free -= 1
-            if not self.free:
-                self._spare.clear()
             return
         granted = asyncio.get_running_loop().create_future()
         self._waiting.append(namespace, granted)
@@ -81,7 +73,6 @@ class SagaSlots:
                 granted.set_result(None)
                 return
         self.free += 1
-        self._spare.set()
 
 
 class Slot:

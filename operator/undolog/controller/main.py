@@ -121,7 +121,7 @@ async def run(options: OperatorOptions) -> None:
     metrics.series.busy = gauges.busy  # a namespace's series stay while this replica drives a saga there
     shards = all_shards(options.shards)
     policy = dataclasses.replace(options.retention, shards=len(shards))
-    pace = Pace(options.retention_rate, slots)
+    pace = Pace(options.retention_rate)
     leases = kube.apart()
     leaderships = [Leadership(leases, options.lease.of_shard(shard), me) for shard in shards]
     replicas = Replicas(leases, options.lease, me, leaderships)

@@ -1,7 +1,7 @@
 """Retention of one shard's finished sagas: each is deleted once due (decisions/retention.py),
 with its entries (the garbage collector's work), never before the archive holds it when an
-archive is configured, at a bounded rate, slower while every saga slot is taken (the operator
-at its limit: compensations come first)."""
+archive is configured, at a bounded rate (--retention-rate: what it may take of the apiserver
+beside compensation work)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from typing import Protocol
 from undolog import errors, metrics
 from undolog.api import Saga
 from undolog.calls.runner import Fence
-from undolog.controller.context import SagaSlots
 from undolog.controller.driver import woken
 from undolog.controller.entry_index import SagaKey
 from undolog.conventions import now
@@ -30,7 +29,6 @@ FAILED_DELETE_PAUSE = timedelta(seconds=10)
 # Deletions in flight at once (the pace bounds their rate): a busy apiserver takes a second or
 # more to answer one, and 8 at once deleted 5.5 a second while 9 a second finished.
 DELETES_AT_ONCE = 32
-BUSY_SLOWDOWN = 4  # housekeeping's pace divided by this while every saga slot is taken
 
 
 class ArchiveGate(Protocol):
@@ -47,21 +45,19 @@ class ArchiveGate(Protocol):
 
 class Pace:
     """At most `per_second` writes of housekeeping by this process, whatever the shards (one
-    every 1/rate s), a quarter of that while every saga slot is taken: compensation comes first,
-    and yet a ledger that stopped shrinking whenever the operator is busy grew without bound
-    under a steady load (bench.footprint's flat run). Hand-written: a few lines, where a
-    rate-limiting library would be a dependency of its own."""
+    every 1/rate s), busy or not: a ledger that stopped shrinking, or shrank slower, while the
+    operator was at its limit grew without bound under a steady load (bench.footprint's flat
+    run). Hand-written: a few lines, where a rate-limiting library would be a dependency of
+    its own."""
 
-    def __init__(self, per_second: float, slots: SagaSlots | None = None) -> None:
+    def __init__(self, per_second: float) -> None:
         self.interval = 1.0 / per_second
-        self.slots = slots
         self.next = time.monotonic()
 
     async def turn(self) -> None:
         moment = time.monotonic()
         start = max(self.next, moment)
-        busy = self.slots is not None and self.slots.locked()
-        self.next = start + self.interval * (BUSY_SLOWDOWN if busy else 1)
+        self.next = start + self.interval
         await asyncio.sleep(start - moment)
 
 

@@ -3,7 +3,7 @@ the storage version, so that a later release can stop serving the earlier one
 (the CRDs' status.storedVersions then lists the storage version alone). A write that changes
 nothing is enough: the API encodes what it stores in the storage version. Done once per shard,
 by its leader once it took charge, remembered on the shard's Lease, paced like retention
-and behind compensation work (slower while every saga slot is taken). A Lease this replica
+(--retention-rate). A Lease this replica
 created has nothing to migrate: a new installation stores everything as v1beta1 from the start."""
 
 from __future__ import annotations
