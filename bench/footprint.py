@@ -216,7 +216,8 @@ async def main(n: int, flat_minutes: float, rate: float, ttl: int) -> None:
                 ],
             )
         if flat_minutes:
-            results["flat"] = steady = await flat(bench, etcd, flat_minutes, rate, ttl)
+            steady = await flat(bench, etcd, flat_minutes, rate, ttl)
+            save("footprint_flat", steady)  # apart: the summary reads the footprint of N sagas
             sizes = steady["sizes"]
             print_table(
                 ["sagas/s asked", "reached", "TTL s", "minutes", "agents failed", "etcd MiB: first, max, last"],
@@ -233,7 +234,8 @@ async def main(n: int, flat_minutes: float, rate: float, ttl: int) -> None:
                     ]
                 ],
             )
-        save("footprint", results)
+        if results:
+            save("footprint", results)
 
 
 if __name__ == "__main__":
