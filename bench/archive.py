@@ -30,7 +30,10 @@ from undolog.controller.leadership import LeaseSettings
 
 def archived(postgres: LocalPostgres) -> int:
     with psycopg.connect(postgres.dsn) as connection:
-        found = connection.execute("SELECT count(*) FROM undolog_sagas").fetchone()
+        try:
+            found = connection.execute("SELECT count(*) FROM undolog_sagas").fetchone()
+        except psycopg.errors.UndefinedTable:  # the operator has not applied its migrations yet
+            return 0
         return int(found[0]) if found else 0
 
 
