@@ -1,10 +1,10 @@
 """Objects an earlier release stored as an earlier version (undolog.io/v1alpha1) written again in
-the storage version, so that a later release can stop serving the earlier one
-(the CRDs' status.storedVersions then lists the storage version alone). A write that changes
-nothing is enough: the API encodes what it stores in the storage version. Done once per shard,
-by its leader once it took charge, remembered on the shard's Lease, paced like retention
-(--retention-rate). A Lease this replica
-created has nothing to migrate: a new installation stores everything as v1beta1 from the start."""
+the storage version, so that a later release can stop serving the earlier one (the CRDs'
+status.storedVersions then lists the storage version alone). A write that changes nothing is
+enough: the API encodes what it stores in the storage version. Done once per shard, by its
+leader once it took charge, remembered on the shard's Lease, paced like retention
+(--retention-rate). A Lease this replica created has nothing to migrate: a new installation
+stores everything as v1beta1 from the start."""
 
 from __future__ import annotations
 
