@@ -14,6 +14,7 @@ from undolog.api import EntryState, Saga, SagaPhase, SagaReason, UndoEntry
 from undolog.conventions import FINALIZER, PHASE_LABEL, RETRY_ANNOTATION, SKIP_ANNOTATION
 from undolog.decisions import compensation_plan, moves, phases
 from undolog.decisions.moves import EntryProof
+from undolog.decisions.stack import Stack
 
 FRESH = EntryProof.FRESH
 
@@ -360,4 +361,5 @@ def test_the_lifo_plan_without_sorting_is_the_dependency_plan_without_dependenci
 ) -> None:
     entries = [with_state(make_entry(position), state) for position, state in enumerate(states, start=1)]
     done = compensation_plan.SETTLED if failed_blocks else compensation_plan.SETTLED | {EntryState.FAILED}
-    assert compensation_plan.lifo_ready(entries, done) == compensation_plan.dependency_ready(entries, done)
+    lifo = compensation_plan.lifo_ready(Stack(entries), failed_blocks=failed_blocks)
+    assert lifo == compensation_plan.dependency_ready(entries, done)

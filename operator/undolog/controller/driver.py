@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -38,9 +38,10 @@ from undolog.api import (
 )
 from undolog.controller.context import DriverContext, Slot
 from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, not_owned_why, now, owned_by
-from undolog.decisions import compensation_plan, lost_entries, moves, phases, retention, rewind
+from undolog.decisions import compensation_plan, lost_entries, moves, phases, retention
 from undolog.decisions.moves import EntryProof
 from undolog.decisions.retry import operator_retry_seconds
+from undolog.decisions.stack import Stack
 from undolog.kube.watch import Progress
 from undolog.ledger import EntryListing
 
@@ -51,7 +52,7 @@ NOT_LEADING_RECHECK = 1.0  # seconds before a driver that found the Lease in dou
 MAX_UNEXPECTED_TEXT = 1024  # of an unexpected error's text in an Event (its traceback goes to the log)
 WATCH_PROOF_WAIT = 5.0  # seconds a proof waits for the entry watch before it lists instead
 CALLS = (moves.CompensateEntries, moves.ExecuteStep, moves.DeliverEffect)  # moves that take time
-Entries = dict[str, UndoEntry]
+Entries = Stack
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +239,7 @@ class SagaDriver:
                 continue
             self.context.index.restored(found)
             if owned_by(found, saga.metadata.uid):
-                entries[found.metadata.name] = found
+                entries.put(found)
 
     def notify(self, saga: Saga | None) -> None:
         """The saga as a watch saw it; None: deleted. A saga relabelled out of its shard's watch
@@ -308,7 +309,7 @@ class SagaDriver:
         ledger, index = self.context.ledger, self.context.index
         saga = self.latest or await ledger.saga(self.namespace, self.name)
         # Entries of an earlier saga with the same name, not yet collected, are not ours.
-        entries = {n: e for n, e in index.of(self.key).items() if owned_by(e, saga.metadata.uid)}
+        entries = Stack(e for e in index.of(self.key).values() if owned_by(e, saga.metadata.uid))
         if self.proof == EntryProof.FRESH:
             self.proof = EntryProof.STALE  # time passed since the listing: something may have come
         while True:
@@ -316,15 +317,15 @@ class SagaDriver:
                 await self.confirm_vanished(saga, entries)
             if self.lost:  # noticed by the watch meanwhile: never compensate from a stale copy
                 for lost in self.lost:
-                    entries.pop(lost.name, None)
+                    entries.pop(lost.name)
                 saga = await self.report_lost(saga)
             saga = await self.report_unowned(saga, entries)
-            move = phases.decide(saga, list(entries.values()), now(), self.proof)
+            move = phases.decide(saga, entries, now(), self.proof)
             log.debug("saga %s/%s: %s", self.namespace, self.name, type(move).__name__)
             if isinstance(move, moves.Wait):
                 self.keep_newest(saga)
                 if move.finished:
-                    self.context.finished(saga, list(entries.values()))
+                    self.context.finished(saga, list(entries))
                 return move
             self.context.fence.check()
             try:
@@ -334,11 +335,11 @@ class SagaDriver:
                 if entry is None:
                     raise
                 # The entry was deleted while its call was being made: report it, go on.
-                entries.pop(entry.metadata.name, None)
+                entries.pop(entry.metadata.name)
                 self.lose(lost_entry(entry, "deleted by hand while its call was in flight"))
                 written = saga
             except errors.Invalid as refused:
-                written = await self.refused(move, saga, list(entries.values()), refused)
+                written = await self.refused(move, saga, entries, refused)
             except errors.Conflict:
                 # Someone else wrote the entry (beyond what can be replayed): decide again on its
                 # newest copy, not on what the watch may still hold.
@@ -350,7 +351,7 @@ class SagaDriver:
                 # What the move wrote is the newest copy, kept even when a later write of the move
                 # failed: decided again on the watch's older copy, an entry compensated a moment
                 # before was called again as attempt 1 (seen at 1,000 sagas, a saga write's 409).
-                for entry in entries.values():
+                for entry in entries.taken_changed():
                     index.keep(entry)
             if isinstance(move, CALLS) and self.proof == EntryProof.FRESH:
                 self.proof = EntryProof.STALE
@@ -368,9 +369,10 @@ class SagaDriver:
 
         async def one(name: str) -> None:
             try:
-                entries[name] = await compensator.compensate(saga, entries[name], outputs)
+                entries.put(await compensator.compensate(saga, entries[name], outputs))
             except errors.NotFound:  # deleted while its call was being made: report it, go on
-                self.lose(lost_entry(entries.pop(name), "deleted by hand while its call was in flight"))
+                self.lose(lost_entry(entries[name], "deleted by hand while its call was in flight"))
+                entries.pop(name)
             except (errors.Conflict, errors.NotLeading):
                 # Decide again on its newest copy, not on what the watch holds: a call cut off when
                 # the Lease fell in doubt may have marked the entry Running first, and an older copy
@@ -423,15 +425,13 @@ class SagaDriver:
                 self.lose(lost_entry(gone, "deleted by hand"))
         for unreadable in answer.unreadable:
             self.lose(unreadable.lost)
-        entries.clear()
-        entries.update((e.metadata.name, e) for e in answer.entries)
+        entries.replace(answer.entries)
         self.proof = EntryProof.FRESH
 
     def take_indexed(self, saga: Saga, entries: Entries) -> None:
         """The saga's entries as the index holds them, proven complete by the watch."""
         held = self.context.index.of(self.key)
-        entries.clear()
-        entries.update((name, e) for name, e in held.items() if owned_by(e, saga.metadata.uid))
+        entries.replace(e for e in held.values() if owned_by(e, saga.metadata.uid))
         self.proof = EntryProof.FRESH
 
     async def echoed_before(self, listing: asyncio.Future[EntryListing], progress: Progress, mark: int) -> bool:
@@ -462,13 +462,13 @@ class SagaDriver:
         entries within WATCH_PROOF_WAIT (deletions and unreadable entries up to there have then
         been reported to this driver too)."""
         progress = self.context.entries_seen(self.namespace)
-        revisions = [e.metadata.revision for e in entries.values()]
+        revisions = [e.metadata.revision for e in entries]
         if progress is None or not revisions:
             return False
         known = [r for r in revisions if r is not None]
         return len(known) == len(revisions) and await progress.reached(max(known), WATCH_PROOF_WAIT)
 
-    async def refused(self, move: moves.Move, saga: Saga, entries: list[UndoEntry], refused: errors.Invalid) -> Saga:
+    async def refused(self, move: moves.Move, saga: Saga, entries: Entries, refused: errors.Invalid) -> Saga:
         """The API refused a write this move needs, and would refuse it again: never retried
         forever. A step that cannot be registered fails the saga (what ran is compensated);
         anything else halts it for a person, with the API's own message."""
@@ -485,17 +485,14 @@ class SagaDriver:
     async def apply(self, move: moves.Move, saga: Saga, entries: Entries) -> Saga:
         context = self.context
         ledger, timeline = context.ledger, context.timeline
-        parsed = list(entries.values())
-        outputs = rewind.outputs(parsed)
+        outputs = entries.outputs()
         match move:
             case moves.Initialize():
-                return await self.enter(saga, parsed, SagaPhase.ACTIVE, SagaReason.STARTED, TOOK_CHARGE)
+                return await self.enter(saga, entries, SagaPhase.ACTIVE, SagaReason.STARTED, TOOK_CHARGE)
             case moves.SyncMetadata(labels=labels, finalizers=finalizers, final=final, entries_too=entries_too):
                 if entries_too:  # the entries' field owners go first: after the release nothing comes back
-                    forgotten = await asyncio.gather(*(ledger.forget_entry_owners(e) for e in entries.values()))
-                    for entry in forgotten:
-                        entries[entry.metadata.name] = entry
-                        self.context.index.keep(entry)
+                    for entry in await asyncio.gather(*(ledger.forget_entry_owners(e) for e in entries)):
+                        entries.put(entry)
                 synced = await ledger.write_saga_metadata(
                     saga, labels=labels, finalizers=finalizers, forget_owners=final
                 )
@@ -510,9 +507,9 @@ class SagaDriver:
                 await self.prove(saga, entries)
                 return saga
             case moves.Transition(phase=phase, reason=reason, message=message, failed_step=failed_step, rewind=rewound):
-                status = self.entering(saga, parsed, phase, reason, message, failed_step=failed_step, rewound=rewound)
+                status = self.entering(saga, entries, phase, reason, message, failed_step=failed_step, rewound=rewound)
                 entered = saga.model_copy(update={"status": status})
-                following = phases.decide(entered, parsed, now(), self.proof)
+                following = phases.decide(entered, entries, now(), self.proof)
                 if isinstance(following, moves.CompensateEntries):
                     return await self.enter_compensating(saga, entered, phase, reason, entries, following, outputs)
                 return await self.entered(saga, status, phase, reason)
@@ -521,7 +518,7 @@ class SagaDriver:
                 return await self.write_status(saga, saga.status.model_copy(update={"rewind": refused}))
             case moves.RegisterStep(position=position, step=step, again=again):
                 entry, created = await context.forwarder.register(saga, position, step, again=again)
-                entries[entry.metadata.name] = entry
+                entries.put(entry)
                 if created:
                     self.never_sent.add(entry.metadata.name)
                 return await self.counted(saga, entries)
@@ -531,9 +528,10 @@ class SagaDriver:
                 self.never_sent.discard(name)  # from here on an attempt may have left
                 sending = context.forwarder.execute(saga, entries[name], step, outputs, first_send=first_send)
                 if saga.status.phase is None:
-                    entries[name], saga = await self.active_if_slow(saga, list(entries.values()), sending)
+                    sent, saga = await self.active_if_slow(saga, entries, sending)
+                    entries.put(sent)
                 else:
-                    entries[name] = await sending
+                    entries.put(await sending)
                 return await self.counted(saga, entries)
             case moves.MarkPivot():
                 timeline.record(
@@ -563,17 +561,14 @@ class SagaDriver:
                     changes["rewound_at"] = now()
                 skipped = entries[name].status.model_copy(update=changes)
                 written = await ledger.write_entry_status(entries[name], skipped)
-                entries[name] = await ledger.drop_annotation(written, SKIP_ANNOTATION)
+                entries.put(await ledger.drop_annotation(written, SKIP_ANNOTATION))
                 timeline.record(entries[name], EventReason.SKIPPED, f"skipped by a person: {reason}", warning=True)
-                return await self.enter(
-                    saga, list(entries.values()), resume, SagaReason.ENTRY_SKIPPED, f"{name} skipped: {reason}"
-                )
+                return await self.enter(saga, entries, resume, SagaReason.ENTRY_SKIPPED, f"{name} skipped: {reason}")
             case moves.RefuseAnnotation(entry=entry, key=key, message=message):
                 timeline.record(saga, EventReason.ANNOTATION_IGNORED, message, warning=True)
                 if entry is None:
                     return await ledger.drop_annotation(saga, key)
-                name = entry.metadata.name
-                entries[name] = await ledger.drop_annotation(entries[name], key)
+                entries.put(await ledger.drop_annotation(entries[entry.metadata.name], key))
                 return saga
             case moves.RecordLateEntry(entry=entry):
                 return await self.record_late(saga, entries, entry)
@@ -587,7 +582,7 @@ class SagaDriver:
         settled = entry.status.model_copy(
             update={"state": EntryState.SKIPPED, "reason": EntryReason.REGISTERED_AFTER_COMPLETION, "skip_reason": why}
         )
-        entries[entry.metadata.name] = await self.context.ledger.write_entry_status(entry, settled)
+        entries.put(await self.context.ledger.write_entry_status(entry, settled))
         self.context.timeline.record(
             saga,
             EventReason.ENTRY_AFTER_COMPLETION,
@@ -670,7 +665,7 @@ class SagaDriver:
             )
             saga = await self.write_status(saga, status)
         else:
-            for name, entry in list(entries.items()):
+            for entry in list(entries):
                 was = entry.status
                 if (
                     resume == SagaPhase.ACTIVE
@@ -682,19 +677,17 @@ class SagaDriver:
                     again = was.model_copy(update={"state": EntryState.PENDING, "retry_count": 0, "reason": None})
                 else:
                     continue
-                entries[name] = await ledger.write_entry_status(entry, again)
+                entries.put(await ledger.write_entry_status(entry, again))
             # Retrying says the person dealt with the lost entries: the saga goes on without them.
             acknowledged = [e.model_copy(update={"acknowledged": True}) for e in saga.status.lost_entries]
             saga = saga.model_copy(update={"status": saga.status.model_copy(update={"lost_entries": acknowledged})})
-            saga = await self.enter(
-                saga, list(entries.values()), resume, SagaReason.RETRY_REQUESTED, f"retry requested: {request}"
-            )
+            saga = await self.enter(saga, entries, resume, SagaReason.RETRY_REQUESTED, f"retry requested: {request}")
         return await ledger.drop_annotation(saga, RETRY_ANNOTATION)
 
     async def enter(
         self,
         saga: Saga,
-        entries: list[UndoEntry],
+        entries: Entries,
         phase: SagaPhase,
         reason: SagaReason,
         message: str,
@@ -709,7 +702,7 @@ class SagaDriver:
     def entering(
         self,
         saga: Saga,
-        entries: list[UndoEntry],
+        entries: Entries,
         phase: SagaPhase,
         reason: SagaReason,
         message: str,
@@ -786,7 +779,7 @@ class SagaDriver:
         return written
 
     async def active_if_slow(
-        self, saga: Saga, entries: list[UndoEntry], sending: Awaitable[UndoEntry]
+        self, saga: Saga, entries: Entries, sending: Awaitable[UndoEntry]
     ) -> tuple[UndoEntry, Saga]:
         """A step sent before the saga's Active status was written (phases.steps_before_active):
         should its call outlast the moment, Active is written meanwhile, so that a saga never
@@ -819,7 +812,7 @@ class SagaDriver:
             or self.context.slots.locked()
         ):
             return saga
-        status = _with_counters(saga.status, list(entries.values()))
+        status = _with_counters(saga.status, entries)
         if status == saga.status:
             return saga
         return await self.write_status(saga, status)
@@ -830,7 +823,7 @@ class SagaDriver:
         return written
 
 
-def _with_counters(status: SagaStatus, entries: list[UndoEntry]) -> SagaStatus:
+def _with_counters(status: SagaStatus, entries: Collection[UndoEntry]) -> SagaStatus:
     return status.model_copy(
         update={"stack_depth": len(entries), "compensated_count": compensation_plan.settled_count(entries)}
     )

@@ -16,15 +16,17 @@ model) shows the same plan.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from undolog.api import Call, EffectState, EntryReason, EntryState, UndoEntry
+from undolog.decisions.stack import Stack
 
 PARALLEL = 10  # entries of one saga compensated at once, at most
 
 OWED = frozenset({EntryState.PENDING, EntryState.RUNNING})
 SETTLED = frozenset({EntryState.COMPENSATED, EntryState.SKIPPED})
 UNSETTLED = frozenset({*OWED, EntryState.FAILED})  # what a compensation still has to deal with
+FAILED = frozenset({EntryState.FAILED})
 FAILED_EFFECTS = frozenset({EffectState.FAILED, EffectState.NOT_SENT})  # the step did not commit
 
 
@@ -73,13 +75,13 @@ def depends(upper: UndoEntry, lower: UndoEntry, declared: dict[str, frozenset[st
     return names is None or lower.spec.step in names
 
 
-def ready(entries: Sequence[UndoEntry], *, failed_blocks: bool) -> list[UndoEntry]:
+def ready(entries: Collection[UndoEntry], *, failed_blocks: bool) -> list[UndoEntry]:
     """The owed entries that may be compensated now, newest first: every entry that must go
     before each is settled (or Failed, unless `failed_blocks`: onFailure Halt)."""
-    done = SETTLED if failed_blocks else SETTLED | {EntryState.FAILED}
-    if all(e.spec.depends_on is None for e in entries):
-        return lifo_ready(entries, done)
-    return dependency_ready(entries, done)
+    stack = Stack.of(entries)
+    if not stack.declares_dependencies:
+        return lifo_ready(stack, failed_blocks=failed_blocks)
+    return dependency_ready(list(stack), SETTLED if failed_blocks else SETTLED | FAILED)
 
 
 def dependency_ready(entries: Sequence[UndoEntry], done: frozenset[EntryState]) -> list[UndoEntry]:
@@ -103,13 +105,10 @@ def dependency_ready(entries: Sequence[UndoEntry], done: frozenset[EntryState]) 
     ]
 
 
-def lifo_ready(entries: Sequence[UndoEntry], done: frozenset[EntryState]) -> list[UndoEntry]:
-    """Without any dependsOn: the highest entry not done, if it is owed. One pass, no sorting:
-    it is decided once per entry compensated, and a stack may hold 10,000."""
-    top: UndoEntry | None = None
-    for entry in entries:
-        if entry.status.state not in done and (top is None or entry.spec.stack_position > top.spec.stack_position):
-            top = entry
+def lifo_ready(stack: Stack, *, failed_blocks: bool) -> list[UndoEntry]:
+    """Without any dependsOn: the highest entry not done, if it is owed (under Halt a Failed
+    entry is not done and keeps everything below it waiting)."""
+    top = stack.highest(UNSETTLED if failed_blocks else OWED)
     return [top] if top is not None and top.status.state in OWED else []
 
 
@@ -132,12 +131,15 @@ def waves(entries: Sequence[UndoEntry]) -> list[list[UndoEntry]]:
     return result
 
 
-def blocking_failure(entries: Sequence[UndoEntry]) -> UndoEntry | None:
+def blocking_failure(entries: Collection[UndoEntry]) -> UndoEntry | None:
     """The highest Failed entry, which (under Halt) keeps every lower entry waiting."""
-    failed = [e for e in entries if e.status.state == EntryState.FAILED]
-    return max(failed, key=lambda e: e.spec.stack_position) if failed else None
+    return Stack.of(entries).highest(FAILED)
 
 
-def settled_count(entries: Iterable[UndoEntry]) -> int:
+def settled_count(entries: Collection[UndoEntry]) -> int:
     """Entries compensated or skipped: the saga's compensatedCount."""
-    return sum(1 for e in entries if e.status.state in SETTLED)
+    return Stack.of(entries).count(SETTLED)
+
+
+def owed_count(entries: Collection[UndoEntry]) -> int:
+    return Stack.of(entries).count(OWED)

@@ -9,7 +9,7 @@ after it, Retriable steps are retried until they succeed, and a failure halts th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 
 from undolog.api import (
@@ -67,7 +67,7 @@ def reference_problems(steps: Sequence[Step]) -> list[str]:
     return problems
 
 
-def pivot_committed(steps: Sequence[Step], entries: Sequence[UndoEntry]) -> bool:
+def pivot_committed(steps: Sequence[Step], entries: Collection[UndoEntry]) -> bool:
     by_step = rewind.current(entries)
     for step in steps:
         if step.type == StepType.PIVOT:
@@ -76,7 +76,7 @@ def pivot_committed(steps: Sequence[Step], entries: Sequence[UndoEntry]) -> bool
     return False
 
 
-def forward_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, deadline: datetime | None) -> Move:
+def forward_move(saga: Saga, entries: Collection[UndoEntry], now: datetime, deadline: datetime | None) -> Move:
     steps = saga.spec.steps or []
     meta, status = saga.metadata, saga.status
     committed_pivot = pivot_committed(steps, entries)

@@ -16,7 +16,7 @@ consistent listing, or the watch's progress past a revision (docs/design.md says
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 
 from undolog.api import (
@@ -68,6 +68,7 @@ from undolog.decisions.moves import (
     Wait,
 )
 from undolog.decisions.retention import kept_long
+from undolog.decisions.stack import Stack
 
 TERMINAL: frozenset[SagaPhase] = frozenset({SagaPhase.COMPLETED, SagaPhase.COMPENSATED})
 FINAL: frozenset[SagaPhase] = TERMINAL | {SagaPhase.HALTED}  # nothing moves without a person
@@ -75,7 +76,13 @@ FINAL: frozenset[SagaPhase] = TERMINAL | {SagaPhase.HALTED}  # nothing moves wit
 ACTIVE_WRITE_AFTER = timedelta(seconds=2)
 
 
-def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof = EntryProof.NONE) -> Move:
+def decide(saga: Saga, entries: Collection[UndoEntry], now: datetime, proof: EntryProof = EntryProof.NONE) -> Move:
+    """The next move. `entries` as a Stack (the driver's) costs the same at any depth; any other
+    collection is made one first."""
+    return decided(saga, Stack.of(entries), now, proof)
+
+
+def decided(saga: Saga, entries: Stack, now: datetime, proof: EntryProof) -> Move:
     meta = saga.metadata
     if saga.status.phase is None:
         # The finalizer first: from the moment the saga is Active, deleting it compensates it.
@@ -100,7 +107,7 @@ def decide(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: Entry
     return metadata_move(saga) or move
 
 
-def steps_before_active(saga: Saga, entries: Sequence[UndoEntry], now: datetime) -> Move | None:
+def steps_before_active(saga: Saga, entries: Collection[UndoEntry], now: datetime) -> Move | None:
     """An orchestrated saga's steps, run before its Active status is written, within a moment of
     its creation: most sagas finish within it, and Completed is then their first status write
     (one saga write and its Active Event fewer). The finalizer is already held. Anything but a
@@ -109,7 +116,7 @@ def steps_before_active(saga: Saga, entries: Sequence[UndoEntry], now: datetime)
     created = saga.metadata.creation_timestamp
     if not saga.spec.steps or created is None or now >= created + ACTIVE_WRITE_AFTER:
         return None
-    if rewind.requested(saga) is not None or annotation_move(saga, entries) is not None:
+    if rewind.requested(saga) is not None or annotation_move(saga, Stack.of(entries)) is not None:
         return None
     move = forward_move(saga, entries, now, deadline_of(saga))
     if isinstance(move, (RegisterStep, ExecuteStep)):
@@ -128,7 +135,7 @@ def proof_due_by(saga: Saga, at: datetime) -> bool:
     return failure_of(saga, at) is not None or saga.spec.outcome == Outcome.COMMIT
 
 
-def failed_before_active(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof) -> Move | None:
+def failed_before_active(saga: Saga, entries: Stack, now: datetime, proof: EntryProof) -> Move | None:
     """An agent's saga that failed before the operator first wrote its status (aborted while the
     operator was down): Compensating is its first status, the failure on its conditions as from
     Active. One saga write fewer, and the listing taken on taking charge proves its entries."""
@@ -152,12 +159,12 @@ FAILURE_REASONS = frozenset(
 )
 
 
-def failing(failure: Transition, entries: Sequence[UndoEntry], proof: EntryProof) -> Move:
+def failing(failure: Transition, entries: Stack, proof: EntryProof) -> Move:
     """A failure and the start of its compensation in one write, once a LIST taken now has shown
     every entry (the compensation starts from the real top of the stack)."""
     if proof == EntryProof.NONE:
         return ProveEntries()
-    owed = len(compensation_plan.owed(entries))
+    owed = compensation_plan.owed_count(entries)
     return Transition(
         SagaPhase.COMPENSATING,
         failure.reason,
@@ -166,7 +173,7 @@ def failing(failure: Transition, entries: Sequence[UndoEntry], proof: EntryProof
     )
 
 
-def phase_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof) -> Move:
+def phase_move(saga: Saga, entries: Stack, now: datetime, proof: EntryProof) -> Move:
     phase = saga.status.phase
     if phase == SagaPhase.ACTIVE:
         request = rewind.requested(saga)
@@ -178,14 +185,14 @@ def phase_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: E
     if phase == SagaPhase.FAILED:
         if proof == EntryProof.NONE:
             return ProveEntries()
-        owed = len(compensation_plan.owed(entries))
+        owed = compensation_plan.owed_count(entries)
         return Transition(SagaPhase.COMPENSATING, SagaReason.COMPENSATING, f"undoing {owed} entries newest-first")
     if phase == SagaPhase.COMPENSATING:
         return compensating_move(saga, entries, proof)
     if phase == SagaPhase.REWINDING:
         return rewinding_move(saga, entries, now, proof)
-    if phase == SagaPhase.COMPENSATED and compensation_plan.owed(entries):
-        late = compensation_plan.owed(entries)[0]
+    late = entries.highest(compensation_plan.OWED) if phase == SagaPhase.COMPENSATED else None
+    if late is not None:
         return Transition(
             SagaPhase.COMPENSATING,
             SagaReason.LATE_ENTRY,
@@ -225,7 +232,7 @@ def failure_of(saga: Saga, now: datetime) -> Transition | None:
     return None
 
 
-def external_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof) -> Move:
+def external_move(saga: Saga, entries: Stack, now: datetime, proof: EntryProof) -> Move:
     """An agent's saga: it ends by spec.outcome, a deadline or a delete; entries come from the SDK."""
     spec, status = saga.spec, saga.status
     failure = failure_of(saga, now)
@@ -242,15 +249,16 @@ def external_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof
     return Wait(until=deadline)
 
 
-def registered_after_completion(saga: Saga, entries: Sequence[UndoEntry]) -> list[UndoEntry]:
+def registered_after_completion(saga: Saga, entries: Stack) -> list[UndoEntry]:
     """Entries of a Completed external saga above the top of its stack at the commit."""
     top = saga.status.top_position
-    if saga.spec.steps or top is None:
-        return []
+    highest = entries.highest(compensation_plan.OWED)
+    if saga.spec.steps or top is None or highest is None or highest.spec.stack_position <= top:
+        return []  # the highest owed entry is at or below the top: so is every other
     return [e for e in entries if e.spec.stack_position > top and e.status.state in compensation_plan.OWED]
 
 
-def start_rewind(saga: Saga, entries: Sequence[UndoEntry], request: Rewind, now: datetime) -> Move:
+def start_rewind(saga: Saga, entries: Stack, request: Rewind, now: datetime) -> Move:
     refused = rewind.refusal(saga, request)
     if refused is not None:
         return RefuseRewind(rewind.refused(request, refused))
@@ -263,7 +271,7 @@ def start_rewind(saga: Saga, entries: Sequence[UndoEntry], request: Rewind, now:
     )
 
 
-def rewinding_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proof: EntryProof) -> Move:
+def rewinding_move(saga: Saga, entries: Stack, now: datetime, proof: EntryProof) -> Move:
     """Like a compensation, limited to the entries above the rewind's position; then Active."""
     failure = failure_of(saga, now)
     if failure is not None:  # the whole saga is undone now: the compensation takes over
@@ -285,7 +293,7 @@ def rewinding_move(saga: Saga, entries: Sequence[UndoEntry], now: datetime, proo
 
 def compensating_move(
     saga: Saga,
-    entries: Sequence[UndoEntry],
+    entries: Stack,
     proof: EntryProof,
     *,
     scope: set[str] | None = None,
@@ -298,7 +306,7 @@ def compensating_move(
     A rewind limits it to `scope` (entry names) and ends with `finished` instead."""
     if proof == EntryProof.NONE:
         return ProveEntries()
-    in_scope = [e for e in entries if scope is None or e.metadata.name in scope]
+    in_scope = entries if scope is None else Stack(e for e in entries if e.metadata.name in scope)
     failure = compensation_plan.blocking_failure(in_scope)
     halting = saga.spec.compensation_policy.on_failure == OnFailure.HALT
     ready = compensation_plan.ready(entries, failed_blocks=halting)
@@ -324,7 +332,7 @@ def compensating_move(
     )
 
 
-def halt_reason(saga: Saga, failure: UndoEntry, entries: Sequence[UndoEntry]) -> tuple[SagaReason, str]:
+def halt_reason(saga: Saga, failure: UndoEntry, entries: Collection[UndoEntry]) -> tuple[SagaReason, str]:
     compensation = failure.spec.compensation
     function = f"{compensation.function} {compensation.version}" if compensation else "no function"
     failed = [e for e in entries if e.status.state == EntryState.FAILED]
@@ -341,7 +349,7 @@ def halt_reason(saga: Saga, failure: UndoEntry, entries: Sequence[UndoEntry]) ->
     )
 
 
-def annotation_move(saga: Saga, entries: Sequence[UndoEntry]) -> Move | None:
+def annotation_move(saga: Saga, entries: Stack) -> Move | None:
     """A person's retry (on the saga) or skip (on an entry), checked by the shared rules."""
     request = saga.metadata.annotations.get(RETRY_ANNOTATION)
     if request is not None:
@@ -349,8 +357,7 @@ def annotation_move(saga: Saga, entries: Sequence[UndoEntry]) -> Move | None:
         if isinstance(verdict, resolutions.Allowed):
             return Retry(clip(request, 1024), verdict.resume)
         return RefuseAnnotation(None, RETRY_ANNOTATION, verdict.why)
-    annotated = [e for e in entries if SKIP_ANNOTATION in e.metadata.annotations]
-    for entry in compensation_plan.newest_first(annotated):
+    for entry in compensation_plan.newest_first(entries.annotated()):
         reason = entry.metadata.annotations.get(SKIP_ANNOTATION)
         if reason is None:
             continue

@@ -7,7 +7,7 @@ the operator checks them again when it consumes the request (it is the only writ
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from undolog.api import EffectDeliveryState, EntryState, Saga, SagaPhase, SagaReason, UndoEntry
@@ -96,7 +96,7 @@ def how_to_resolve(saga: Saga, entry: UndoEntry | None, *, skip: bool = True) ->
     return text
 
 
-def halted_on(saga: Saga, entries: Sequence[UndoEntry]) -> str | None:
+def halted_on(saga: Saga, entries: Collection[UndoEntry]) -> str | None:
     """The function a Halted saga waits on: its blocking compensation's, or (halted going
     forward) its failed step's action. What a batch retry "after fixing function F" picks."""
     if saga.status.phase != SagaPhase.HALTED:
