@@ -6,6 +6,7 @@ nothing else looks at HTTP status codes of the API. Reasons are enums, never par
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -16,15 +17,38 @@ class UndoLogError(Exception):
 # -- the Kubernetes API --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class StatusCause:
+    """One cause of a refusal, from the API's Status: the field (a JSON path) and what is wrong."""
+
+    message: str
+    field: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class StatusDetails:
+    """What the API's Status says the refusal is about: the object and each cause."""
+
+    kind: str = ""
+    name: str = ""
+    group: str = ""
+    causes: tuple[StatusCause, ...] = ()
+
+
 class KubeError(UndoLogError):
     """The Kubernetes API refused or could not answer. `message` is the apiserver's own (it names
-    the object and the field), or what went wrong on the way."""
+    the object and the field), or what went wrong on the way; `details`, the Status's details
+    when it sent them (a validation refusal names every field that is wrong there)."""
 
-    def __init__(self, message: str, *, status: int | None = None, reason: str = "") -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, reason: str = "", details: StatusDetails | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.reason = reason
+        self.details = details
 
 
 class NotFound(KubeError):
@@ -43,8 +67,13 @@ class Gone(KubeError):
     """410: a watch's resourceVersion is too old to resume from."""
 
 
+class Unauthorized(KubeError):
+    """401: the API did not accept the credentials (a token or certificate expired, revoked, or
+    for another cluster), even once read again; log in again."""
+
+
 class Forbidden(KubeError):
-    """401 or 403: RBAC (or authentication) refused the request."""
+    """403: the user is known, and RBAC (or an admission policy) refused the request."""
 
 
 class Invalid(KubeError):

@@ -63,3 +63,23 @@ def test_the_chart_and_the_examples_name_the_image_make_image_tags() -> None:
     pods = [d for d in yaml.safe_load_all((REPO / "examples" / "onboarding" / "in-cluster.yaml").read_text()) if d]
     used = {c["image"] for d in pods if d["kind"] == "Deployment" for c in d["spec"]["template"]["spec"]["containers"]}
     assert used == {image}
+
+
+# How the work was organised belongs to git and CHANGELOG.md: numbered parts and sessions,
+# issue numbers, dated runs ("the run of 2026-12-01") in a page about the product.
+HISTORY = re.compile(
+    r"\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|"
+    r"thirteenth|fourteenth|\d+(?:st|nd|rd|th)) (?:part|session)\b|\bissue \d+|\b20\d\d-\d\d-\d\d\b",
+    re.IGNORECASE,
+)
+
+
+def outside_code(text: str) -> str:
+    """The page without its fenced code blocks (an example's timestamp is not history)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+
+
+@pytest.mark.parametrize("page", [p for p in DOCS if p.suffix == ".md"], ids=lambda p: p.name)
+def test_no_docs_page_tells_the_history_of_the_work(page: Path) -> None:
+    told = [m.group(0) for m in HISTORY.finditer(outside_code(page.read_text()))]
+    assert told == [], f"{page.name} tells the history of the work; that belongs to git and CHANGELOG.md"

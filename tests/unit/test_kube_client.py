@@ -11,6 +11,7 @@ from email.utils import format_datetime
 import pytest
 from aiohttp import web
 
+from undolog import errors
 from undolog.conventions import CLUSTER_CLOCK, ClusterClock, now
 from undolog.kube import Kube, Timeouts
 from undolog.kube.client import POOL_SIZE
@@ -125,3 +126,50 @@ def test_a_skew_of_a_second_is_left_alone_and_one_slow_answer_does_not_move_the_
     for estimate in (-3.0, -3.2, 40.0, -2.9, -3.1):  # 40: an answer held up on the way
         behind.observe(estimate)
     assert behind.offset == timedelta(seconds=-3.0)
+
+
+async def test_a_refused_login_is_unauthorized_and_a_refused_request_forbidden_with_the_status_details() -> None:
+    """401 (the credentials were not accepted, even read again) and 403 (RBAC said no) need
+    different fixes; a 422's Status names the object and every field that is wrong."""
+    statuses = {
+        "login": (401, {"kind": "Status", "message": "Unauthorized", "reason": "Unauthorized", "code": 401}),
+        "rbac": (403, {"message": 'sagas.undolog.io "rbac" is forbidden', "reason": "Forbidden", "code": 403}),
+        "bad": (
+            422,
+            {
+                "message": 'Saga.undolog.io "bad" is invalid: spec.deadlineSeconds: Invalid value: -1',
+                "reason": "Invalid",
+                "details": {
+                    "name": "bad",
+                    "group": "undolog.io",
+                    "kind": "Saga",
+                    "causes": [
+                        {"reason": "FieldValueInvalid", "message": "Invalid value: -1", "field": "spec.deadlineSeconds"}
+                    ],
+                },
+                "code": 422,
+            },
+        ),
+    }
+
+    async def answer(request: web.Request) -> web.Response:
+        status, body = statuses[request.match_info["name"]]
+        return web.json_response(body, status=status)
+
+    async with api(answer) as url, Kube(Credentials(server=url, token="t")) as kube:
+        with pytest.raises(errors.Unauthorized) as login:
+            await kube.get("sagas", "ns", "login")
+        with pytest.raises(errors.Forbidden) as rbac:
+            await kube.get("sagas", "ns", "rbac")
+        with pytest.raises(errors.Invalid) as bad:
+            await kube.get("sagas", "ns", "bad")
+    assert not isinstance(login.value, errors.Forbidden)
+    assert login.value.status == 401
+    assert not isinstance(rbac.value, errors.Unauthorized)
+    assert rbac.value.status == 403
+    assert bad.value.details == errors.StatusDetails(
+        kind="Saga",
+        name="bad",
+        group="undolog.io",
+        causes=(errors.StatusCause("Invalid value: -1", "spec.deadlineSeconds", "FieldValueInvalid"),),
+    )

@@ -33,18 +33,21 @@ from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner
 from undolog.calls.transport import PreparedCall
 from undolog.calls.webhook_cache import WebhookCache
-from undolog.controller import driver as driver_module
+from undolog.controller import entry_proof
 from undolog.controller.compensation import Compensator
+from undolog.controller.concurrency import woken
 from undolog.controller.context import DriverContext, SagaSlots, Slot, wait_without_slot
-from undolog.controller.driver import Listed, SagaDriver, woken
+from undolog.controller.driver import SagaDriver
 from undolog.controller.engine import Engine
 from undolog.controller.entry_index import EntryIndex
+from undolog.controller.entry_proof import Listed
 from undolog.controller.forward import Forwarder
 from undolog.controller.recorded_call import IN_FLIGHT_MARK_AFTER, CallRecorder
-from undolog.controller.shard_labels import ShardLabels
+from undolog.controller.shard_labels import ShardLabels, filed_in
 from undolog.controller.timeline import Timeline
 from undolog.conventions import BUCKET_LABEL, FINALIZER, PHASE_LABEL, bucket_of, now
 from undolog.decisions import phases
+from undolog.decisions.lost_entries import lost_entry
 from undolog.decisions.retry import CallOutcome
 from undolog.decisions.sharding import Shard
 from undolog.errors import CallRefusal
@@ -309,7 +312,7 @@ async def test_a_watch_that_does_not_reach_the_last_write_is_not_taken_as_proof(
 ) -> None:
     """The watch is stuck (an outage) while an entry is registered during the compensation: the
     driver lists instead, finds it and compensates it before the saga is done."""
-    monkeypatch.setattr(driver_module, "WATCH_PROOF_WAIT", 0.05)
+    monkeypatch.setattr(entry_proof, "WATCH_PROOF_WAIT", 0.05)
     operator.watched = Progress()
     saga = operator.saga("s", outcome="Abort")
     operator.entry(saga, 1)
@@ -477,15 +480,15 @@ async def test_a_driver_holds_the_newest_copy_of_its_saga_as_it_was(operator: Op
         return done.model_copy(update={"metadata": done.metadata.model_copy(update={"resource_version": version})})
 
     driver.notify(done)  # out of its slot: held as JSON
-    assert driver._shrunk is not None
+    assert driver.copy.as_json
     driver.notify(at("1"))  # an older event arriving late
     assert driver.latest == done
     newer = at("99999999")
     driver.notify(newer)
-    driver._working(True)  # in its slot: parsed
-    assert driver._shrunk is None
+    driver.copy.work(True)  # in its slot: parsed
+    assert not driver.copy.as_json
     assert driver.latest == newer
-    assert driver.keep_newest(at("not-a-number")) is None  # cannot be ordered: read again
+    assert driver.copy.keep_newest(at("not-a-number")) is None  # cannot be ordered: read again
     assert driver.latest is None
 
 
@@ -978,7 +981,7 @@ async def test_a_saga_and_entry_labelled_into_the_wrong_shard_are_filed_where_th
     entry = operator.entry(saga, 1, indexed=False)
     engine = operator.engine(shard=Shard(0, 2), labels=ShardLabels(operator.context.ledger))
     engine.saga_event("MODIFIED", saga)
-    assert not engine._owned(UndoEntry.model_validate(entry))
+    assert not filed_in(engine.shard, engine.labels, UndoEntry.model_validate(entry))
     assert engine.drivers == {}
     await until_filed(operator.kube, [("sagas", name), ("undoentries", f"{name}-1")], str(bucket_of(NS, name)))
     assert operator.transport.sent == []
@@ -1204,7 +1207,7 @@ async def test_a_conflict_after_a_compensation_does_not_send_it_again(
     """Seen at 1,000 sagas: an entry compensated, then the saga's progress write lost to the
     benchmark's own abort patch (409); the driver decided again from an index that lacked what
     the compensation had written (the watch lagging), and called the entry again as attempt 1."""
-    monkeypatch.setattr("undolog.controller.driver.COUNTER_INTERVAL", 0.0)  # progress after every entry
+    monkeypatch.setattr("undolog.controller.saga_status.COUNTER_INTERVAL", 0.0)  # progress after every entry
     saga = operator.saga("s", outcome="Abort")
     for position in (1, 2):
         operator.entry(saga, position)
@@ -1223,7 +1226,7 @@ async def test_no_progress_write_while_every_slot_is_taken(operator: Operator, m
     """A slow saga shows its progress (compensatedCount) while it runs, but not while every slot
     is taken: then the operator is at its limit (thousands of sagas resuming), and a progress
     write per saga only slowed them all."""
-    monkeypatch.setattr("undolog.controller.driver.COUNTER_INTERVAL", 0.0)  # progress after every entry
+    monkeypatch.setattr("undolog.controller.saga_status.COUNTER_INTERVAL", 0.0)  # progress after every entry
     writes: list[Body] = []
     plain = operator.kube.patch_status
 
@@ -1368,7 +1371,7 @@ async def test_a_lost_entry_whose_report_loses_to_another_writer_is_reported_aga
     operator.context.index.deleted(gone)
     conflicts = operator.saga_write_lost_once(lambda patch: "lostEntries" in patch.get("status", {}))
     driver = SagaDriver(operator.context, NS, "s")
-    driver.lose(driver_module.lost_entry(gone, "deleted by hand"))
+    driver.lose(lost_entry(gone, "deleted by hand"))
     driver.task = asyncio.create_task(driver.run())
 
     async def phase() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from undolog.cli import triage
+from undolog.cli.connection import NamespacedCommand, UserCommand
 from undolog.cli.dashboard import dashboard
 from undolog.cli.history import history
 from undolog.cli.operator import operator
@@ -19,12 +20,11 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 app.command()(operator)
-app.command()(dashboard)
-app.command("list", epilog=triage.EXIT_CODES)(triage.list_sagas)
-for command in (triage.show, triage.plan, triage.retry, triage.skip, triage.abort, triage.rewind, triage.wait):
-    app.command(epilog=triage.EXIT_CODES)(command)
-app.command(epilog=triage.EXIT_CODES)(history)
-app.command(epilog=triage.EXIT_CODES)(verify)
+app.command(cls=UserCommand)(dashboard)
+app.command("list", cls=NamespacedCommand, epilog=triage.EXIT_CODES)(triage.list_sagas)
+for command in (triage.show, triage.plan, triage.retry, triage.skip, triage.abort, triage.rewind, triage.wait, history):
+    app.command(cls=NamespacedCommand, epilog=triage.EXIT_CODES)(command)
+app.command(cls=UserCommand, epilog=triage.EXIT_CODES)(verify)
 
 
 def main() -> None:

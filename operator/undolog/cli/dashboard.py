@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from undolog.cli.triage import As, AsGroup, Context, Kubeconfig
+from undolog.cli.connection import connection
 
 
 class Auth(StrEnum):
@@ -17,6 +17,7 @@ class Auth(StrEnum):
 
 
 def dashboard(
+    ctx: typer.Context,
     port: Annotated[int, typer.Option(help="Port to serve on.")] = 8000,
     address: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0 in a pod).")] = "127.0.0.1",
     auth: Annotated[
@@ -40,10 +41,6 @@ def dashboard(
             "from the cluster.",
         ),
     ] = None,
-    context: Context = None,
-    kubeconfig: Kubeconfig = None,
-    as_: As = None,
-    as_group: AsGroup = None,
 ) -> None:
     """Serve the triage dashboard: halted sagas first, their undo stacks live, retry/skip/abort
     with a reason, with your own permissions."""
@@ -58,7 +55,8 @@ def dashboard(
         except ValueError as error:
             raise typer.BadParameter(str(error)) from None
     else:
-        viewers = KubeconfigViewer(kubeconfig, context, as_, tuple(as_group or ()))
+        user = connection(ctx)
+        viewers = KubeconfigViewer(user.kubeconfig, user.context, user.as_user, user.as_groups)
     from undolog.archive import ArchiveStore
 
     serve(viewers, address, port, ArchiveStore(archive_dsn) if archive_dsn else None)

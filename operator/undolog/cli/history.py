@@ -12,11 +12,6 @@ from undolog.api import Saga, SagaPhase
 from undolog.archive import HistoryQuery
 from undolog.cli.triage import (
     AllNamespaces,
-    As,
-    AsGroup,
-    Context,
-    Kubeconfig,
-    Namespace,
     Output,
     document,
     printable,
@@ -74,7 +69,7 @@ def render_history(listing: HistoryListing, output: Output, with_namespace: bool
 
 
 def history(
-    namespace: Namespace = None,
+    ctx: typer.Context,
     all_namespaces: AllNamespaces = False,
     phase: Annotated[
         SagaPhase | None, typer.Option(case_sensitive=False, help="Only sagas that finished in this phase.")
@@ -94,13 +89,9 @@ def history(
         str | None,
         typer.Option(envvar="UNDOLOG_ARCHIVE_DSN", help="The archive's PostgreSQL connection string (libpq's)."),
     ] = None,
-    context: Context = None,
-    kubeconfig: Kubeconfig = None,
-    as_: As = None,
-    as_group: AsGroup = None,
 ) -> None:
     """Finished sagas from the archive, newest first; only of namespaces where you may list sagas."""
-    where = target(kubeconfig, context, namespace, as_, as_group, all_namespaces)
+    where = target(ctx, all_namespaces)
     if archive_dsn:
         where = where.with_archive(archive_dsn)
     query = HistoryQuery(

@@ -10,7 +10,8 @@ timeline, see what a compensation would do, resolve them.
     undolog wait SAGA --for PHASE --timeout SECONDS
 
 Every command takes -n/--namespace (default: the kubeconfig context's), --context,
---kubeconfig, --as and --as-group (impersonation, checked by the API). The commands render the
+--kubeconfig, --as and --as-group (impersonation, checked by the API), declared once in
+cli/connection.py. The commands render the
 read model (undolog.inspect) as plain text; the rules are the operator's own.
 """
 
@@ -31,8 +32,9 @@ import typer
 import yaml
 
 from undolog import errors
-from undolog.api import Saga, SagaPhase
+from undolog.api import Saga, SagaPhase, UndoEntry
 from undolog.archive import ArchiveStore
+from undolog.cli.connection import connection
 from undolog.inspect import Inspector, PlannedCompensation, SagaDetail, SagaListing, age, duration, expires_in
 from undolog.kube import Kube, default_namespace
 
@@ -69,16 +71,7 @@ def _saga_names(ctx: typer.Context, incomplete: str) -> list[str]:
 
 
 SagaName = Annotated[str, typer.Argument(help="The saga's name.", autocompletion=_saga_names)]
-Namespace = Annotated[
-    str | None, typer.Option("--namespace", "-n", help="The namespace (default: the kubeconfig context's).")
-]
 AllNamespaces = Annotated[bool, typer.Option("--all-namespaces", "-A", help="Every namespace you may read.")]
-Context = Annotated[str | None, typer.Option("--context", help="The kubeconfig context to use.")]
-Kubeconfig = Annotated[
-    str | None, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="The kubeconfig file to use.")
-]
-As = Annotated[str | None, typer.Option("--as", help="Impersonate this user (the API checks you may).")]
-AsGroup = Annotated[list[str] | None, typer.Option("--as-group", help="Impersonate this group (repeatable).")]
 Reason = Annotated[str, typer.Option(help="Why (kept on the saga or entry, with who and when).")]
 
 
@@ -123,20 +116,25 @@ class Target:
         return main()
 
 
-def target(
-    kubeconfig: str | None,
-    context: str | None,
-    namespace: str | None,
-    as_: str | None,
-    as_group: list[str] | None,
-    all_namespaces: bool = False,
-) -> Target:
-    return Target(kubeconfig, context, namespace, as_, tuple(as_group or ()), all_namespaces)
+def target(ctx: typer.Context, all_namespaces: bool = False, *, namespace: str | None = None) -> Target:
+    """Where the command acts, from the connection options (cli/connection.py); `namespace`: a
+    command's own -n, where it has one."""
+    found = connection(ctx)
+    return Target(
+        found.kubeconfig, found.context, namespace or found.namespace, found.as_user, found.as_groups, all_namespaces
+    )
 
 
 def fail(message: str) -> NoReturn:
     typer.echo(f"error: {printable(message)}", err=True)
     raise typer.Exit(1)
+
+
+def described(error: errors.KubeError) -> str:
+    """The API's message, and under it each cause its Status names (the field and what is wrong)."""
+    causes = error.details.causes if error.details is not None else ()
+    lines = [f"  {c.field}: {c.message}" if c.field else f"  {c.message}" for c in causes]
+    return "\n".join([error.message, *lines])
 
 
 def run(where: Target, command: Callable[[Inspector], Awaitable[T]]) -> T:
@@ -146,10 +144,12 @@ def run(where: Target, command: Callable[[Inspector], Awaitable[T]]) -> T:
         return asyncio.run(where.run(command))
     except errors.CommandError as error:
         fail(str(error))
+    except errors.Unauthorized as error:
+        fail(f"unauthorized: {error.message}: the API did not accept the kubeconfig's credentials; log in again")
     except errors.Forbidden as error:
-        fail(f"forbidden: {error.message}")
+        fail(f"forbidden: {described(error)}")
     except errors.KubeError as error:
-        fail(error.message)
+        fail(described(error))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -250,43 +250,33 @@ def render_detail(detail: SagaDetail, output: Output) -> str:
     if status.failed_step:
         lines.append(f"failed step: {printable(status.failed_step)}")
     lines += [f"steps {status.stack_depth}, undone {status.compensated_count}", "", "Undo stack (newest first)"]
-    stack: list[tuple[int, list[str]]] = []  # by position, newest first
-    for entry in detail.entries:
-        call = entry.spec.compensation
-        stack.append(
-            (
-                entry.spec.stack_position,
-                [
-                    str(entry.spec.stack_position),
-                    entry.spec.step,
-                    f"{call.function} {call.version}" if call else "-",
-                    entry.status.effect,
-                    entry.status.state,
-                    str(entry.status.retry_count),
-                    (entry.status.last_error or entry.status.skip_reason or "").replace("\n", " ")[:80],
-                    clock(entry.spec.registered_at),
-                    clock(entry.status.executed_at),
-                    clock(entry.status.compensated_at),
-                ],
-            )
-        )
+    stack = [(e.spec.stack_position, entry_row(e)) for e in detail.entries]
     for lost in detail.unreadable:  # the API took them, UndoLog cannot read them: the operator halts on them
         at = lost.stack_position
-        row = [
-            "?" if at is None else str(at),
-            lost.step or "?",
-            lost.function or "?",
-            "?",
-            "Unreadable",
-            "",
-            lost.why[:80],
-        ]
-        stack.append((at if at is not None else sys.maxsize, [*row, "", "", ""]))
+        row = ["?" if at is None else str(at), lost.step or "?", lost.function or "?", "?", "Unreadable", ""]
+        stack.append((at if at is not None else sys.maxsize, [*row, lost.why[:80], "", "", ""]))
     header = ["POS", "STEP", "FUNCTION", "EFFECT", "STATE", "RETRIES", "LAST ERROR", "REGISTERED", "EXECUTED", "UNDONE"]
     lines += [table(header, [row for _, row in sorted(stack, key=lambda r: -r[0])]), "", "Timeline"]
     events = [[clock(e.time), e.type, e.reason, e.message.replace("\n", " ")] for e in detail.events]
     lines.append(table(["TIME", "TYPE", "REASON", "MESSAGE"], events))
     return "\n".join(lines)
+
+
+def entry_row(entry: UndoEntry) -> list[str]:
+    """An entry's row in the undo stack of `undolog show`."""
+    call, status = entry.spec.compensation, entry.status
+    return [
+        str(entry.spec.stack_position),
+        entry.spec.step,
+        f"{call.function} {call.version}" if call else "-",
+        status.effect,
+        status.state,
+        str(status.retry_count),
+        (status.last_error or status.skip_reason or "").replace("\n", " ")[:80],
+        clock(entry.spec.registered_at),
+        clock(status.executed_at),
+        clock(status.compensated_at),
+    ]
 
 
 def render_plan(where: str, planned: list[PlannedCompensation], output: Output) -> str:
@@ -331,7 +321,7 @@ def render_plan(where: str, planned: list[PlannedCompensation], output: Output) 
 
 
 def list_sagas(
-    namespace: Namespace = None,
+    ctx: typer.Context,
     all_namespaces: AllNamespaces = False,
     phase: Annotated[
         SagaPhase | None, typer.Option(case_sensitive=False, help="Only sagas in this phase, e.g. Halted.")
@@ -342,13 +332,9 @@ def list_sagas(
     older_than: Annotated[str | None, typer.Option(help="Only sagas older than this, e.g. 15m.")] = None,
     output: Annotated[Output, typer.Option("--output", "-o", help="table, wide, json, yaml or name.")] = Output.table,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Then print each change as it happens.")] = False,
-    context: Context = None,
-    kubeconfig: Kubeconfig = None,
-    as_: As = None,
-    as_group: AsGroup = None,
 ) -> None:
     """Sagas, halted first: phase, steps, undone, reason, age."""
-    where = target(kubeconfig, context, namespace, as_, as_group, all_namespaces)
+    where = target(ctx, all_namespaces)
     minimum_age = older(older_than)
 
     async def fetch(inspector: Inspector) -> SagaListing:
@@ -390,17 +376,13 @@ async def follow(
 
 
 def show(
+    ctx: typer.Context,
     saga: SagaName,
-    namespace: Namespace = None,
     output: Annotated[Output, typer.Option("--output", "-o", help="table, json, yaml or name.")] = Output.table,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Then show it again at each change.")] = False,
-    context: Context = None,
-    kubeconfig: Kubeconfig = None,
-    as_: As = None,
-    as_group: AsGroup = None,
 ) -> None:
     """The undo stack (newest first) and the event timeline of one saga."""
-    where = target(kubeconfig, context, namespace, as_, as_group)
+    where = target(ctx)
     detail = run(where, lambda inspector: inspector.show(where.namespace, saga))
     typer.echo(render_detail(detail, output))
     if watch:
@@ -409,16 +391,12 @@ def show(
 
 
 def plan(
+    ctx: typer.Context,
     saga: SagaName,
-    namespace: Namespace = None,
     output: Annotated[Output, typer.Option("--output", "-o", help="table, wide, json, yaml or name.")] = Output.table,
-    context: Context = None,
-    kubeconfig: Kubeconfig = None,
-    as_: As = None,
-    as_group: AsGroup = None,
 ) -> None:
     """What a compensation would do now (or after a retry), in order, without doing it."""
-    where = target(kubeconfig, context, namespace, as_, as_group)
+    where = target(ctx)
     planned = run(where, lambda inspector: inspector.plan(where.namespace, saga))
     typer.echo(render_plan(f"{where.namespace}/{saga}", planned.steps, output))
     for lost in planned.halts_on:  # on stderr, like kubectl's warnings: the plan itself stays parseable
@@ -434,23 +412,19 @@ def plan(
 
 
 def retry(
+    ctx: typer.Context,
     saga: Annotated[
         str | None, typer.Argument(help="The saga; or -l / --function.", autocompletion=_saga_names)
     ] = None,
     reason: Reason = "retry requested",
     selector: Annotated[str | None, typer.Option("--selector", "-l", help="Every Halted saga matching it.")] = None,
     function: Annotated[str | None, typer.Option(help="Every saga halted on this function (after fixing it).")] = None,
-    namespace: Namespace = None,
     all_namespaces: AllNamespaces = False,
-    context: Context = None,
-    kubeconfig: Kubeconfig = None,
-    as_: As = None,
-    as_group: AsGroup = None,
 ) -> None:
     """Retry a Halted saga (or a batch): Failed entries go back to Pending and it resumes."""
     if (saga is None) == (selector is None and function is None):
         raise typer.BadParameter("give a SAGA, or -l/--selector or --function for a batch")
-    where = target(kubeconfig, context, namespace, as_, as_group, all_namespaces)
+    where = target(ctx, all_namespaces)
     if saga is not None:
         run(where, lambda inspector: inspector.retry(where.namespace, saga, reason))
         typer.echo(
@@ -479,50 +453,38 @@ def retry(
 
 
 def skip(
+    ctx: typer.Context,
     saga: SagaName,
     position: Annotated[int, typer.Argument(help="The entry's stack position (`undolog show` lists them).")],
     reason: Reason,
-    namespace: Namespace = None,
-    context: Context = None,
-    kubeconfig: Kubeconfig = None,
-    as_: As = None,
-    as_group: AsGroup = None,
 ) -> None:
     """Mark one entry of a Halted saga Skipped (undone by hand) and let the saga go on."""
-    where = target(kubeconfig, context, namespace, as_, as_group)
+    where = target(ctx)
     entry = run(where, lambda inspector: inspector.skip(where.namespace, saga, position, reason))
     typer.echo(f"entry {entry.metadata.name} will be skipped; the saga then goes on")
 
 
 def abort(
+    ctx: typer.Context,
     saga: SagaName,
     reason: Reason,
-    namespace: Namespace = None,
-    context: Context = None,
-    kubeconfig: Kubeconfig = None,
-    as_: As = None,
-    as_group: AsGroup = None,
 ) -> None:
     """Abort an Active saga: it fails and is compensated, newest first."""
-    where = target(kubeconfig, context, namespace, as_, as_group)
+    where = target(ctx)
     run(where, lambda inspector: inspector.abort(where.namespace, saga, reason))
     typer.echo(f"{where.namespace}/{saga} aborted; it will be compensated newest-first")
 
 
 def rewind(
+    ctx: typer.Context,
     saga: SagaName,
     to: Annotated[
         str, typer.Option("--to", help="Keep this stack position (or this step's latest run); undo everything above.")
     ],
     reason: Reason,
-    namespace: Namespace = None,
-    context: Context = None,
-    kubeconfig: Kubeconfig = None,
-    as_: As = None,
-    as_group: AsGroup = None,
 ) -> None:
     """Rewind an Active saga: undo the entries above a position, newest first, then go on from there."""
-    where = target(kubeconfig, context, namespace, as_, as_group)
+    where = target(ctx)
     position_or_step = int(to) if to.isdigit() else to
     request = run(where, lambda inspector: inspector.rewind(where.namespace, saga, position_or_step, reason))
     typer.echo(
@@ -532,19 +494,15 @@ def rewind(
 
 
 def wait(
+    ctx: typer.Context,
     saga: SagaName,
     for_: Annotated[
         SagaPhase, typer.Option("--for", case_sensitive=False, help="The phase to wait for, e.g. Compensated.")
     ],
-    namespace: Namespace = None,
     timeout: Annotated[float, typer.Option(help="Seconds before giving up (exit 1).")] = 60.0,
-    context: Context = None,
-    kubeconfig: Kubeconfig = None,
-    as_: As = None,
-    as_group: AsGroup = None,
 ) -> None:
     """Wait until a saga reaches a phase (exit 1 when it ends in another, or time runs out)."""
-    where = target(kubeconfig, context, namespace, as_, as_group)
+    where = target(ctx)
     reached = run(where, lambda inspector: inspector.wait(where.namespace, saga, for_, timeout))
     typer.echo(f"{where.namespace}/{saga} is {reached.status.phase}")
 

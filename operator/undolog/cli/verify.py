@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from undolog.cli.triage import As, AsGroup, Context, Kubeconfig, fail, run, table, target
+from undolog.cli.triage import fail, run, table, target
 from undolog.inspect import Inspector
 from undolog.verify import Run, Verifier, scratch_namespace
 
@@ -28,6 +28,7 @@ def documents(paths: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def verify(
+    ctx: typer.Context,
     manifests: Annotated[
         list[Path], typer.Argument(metavar="FILE...", help="The saga manifest, and the Webhooks it calls.")
     ],
@@ -36,15 +37,11 @@ def verify(
         typer.Option("--namespace", "-n", help="Run in this namespace (default: a scratch one, deleted after)."),
     ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds each run may take.")] = 120.0,
-    context: Context = None,
-    kubeconfig: Kubeconfig = None,
-    as_: As = None,
-    as_group: AsGroup = None,
 ) -> None:
     """Run an orchestrated saga once per way it can fail (after each step; in each compensation)
     against its participants, and check each run undid everything in order. Exit 1 on any gap."""
     saga, webhooks = documents(manifests)
-    where = target(kubeconfig, context, namespace, as_, as_group)
+    where = target(ctx, namespace=namespace)
 
     async def runs(inspector: Inspector) -> tuple[str, list[Run]]:
         scratch = namespace or await scratch_namespace(inspector.kube)

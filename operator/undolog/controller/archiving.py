@@ -22,7 +22,7 @@ from undolog import errors, metrics
 from undolog.api import Resource, Saga, UndoEntry
 from undolog.api.common import revision_of
 from undolog.archive import ArchivedEvent, ArchivedSaga, ArchiveStore, ArchiveUnavailable, archived_saga
-from undolog.controller.driver import woken
+from undolog.controller.concurrency import woken
 from undolog.controller.entry_index import SagaKey
 from undolog.conventions import now
 from undolog.decisions.retention import Finished

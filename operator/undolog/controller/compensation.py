@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from undolog.api import Attempt, AttemptKind, Call, EntryReason, EntryState, EventReason, Saga, SagaPhase, UndoEntry
-from undolog.calls.runner import AttemptRecord
+from undolog.calls.runner import AttemptRecord, CallResult
 from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
 from undolog.conventions import clip, compensation_key, now
 from undolog.decisions import compensation_plan
@@ -29,16 +29,21 @@ def rewound(saga: Saga) -> dict[str, Any]:
 class Compensator:
     recorder: CallRecorder
 
+    async def _skipped(self, saga: Saga, entry: UndoEntry, reason: EntryReason, why: str) -> UndoEntry:
+        """Settled without a call: there is nothing to call, or nothing was ever done."""
+        self.recorder.timeline.record(
+            saga, EventReason.ENTRY_SKIPPED, f"{entry.metadata.name} (step {entry.spec.step}): {why}"
+        )
+        skipped = {"state": EntryState.SKIPPED, "reason": reason, "skip_reason": why} | rewound(saga)
+        return await self.recorder.ledger.write_entry_status(entry, entry.status.model_copy(update=skipped))
+
     async def compensate(
         self, saga: Saga, entry: UndoEntry, outputs: Mapping[str, Mapping[str, Any] | None]
     ) -> UndoEntry:
-        ledger, timeline = self.recorder.ledger, self.recorder.timeline
+        ledger = self.recorder.ledger
         name, call = entry.metadata.name, compensation_plan.call_or_skip(entry)
         if not isinstance(call, Call):
-            reason, why = call
-            timeline.record(saga, EventReason.ENTRY_SKIPPED, f"{name} (step {entry.spec.step}): {why}")
-            skipped = {"state": EntryState.SKIPPED, "reason": reason, "skip_reason": why} | rewound(saga)
-            return await ledger.write_entry_status(entry, entry.status.model_copy(update=skipped))
+            return await self._skipped(saga, entry, *call)
         label = f"{name} (step {entry.spec.step}, {call.function} {call.version})"
         prepared = await self.recorder.prepare(
             saga, call, outputs, label, missing_as_null=True, kind=AttemptKind.COMPENSATION
@@ -76,16 +81,22 @@ class Compensator:
             attempts=list(entry.status.attempts),
         )
         result, entry = await self.recorder.run(saga, entry, spec)
-        last = result.last
-        changes: dict[str, Any] = {"retry_count": last.number - 1, "attempts": spec.attempts}
-        if result.verdict == Verdict.SUCCEEDED:
-            timeline.record(
-                saga,
-                EventReason.ENTRY_COMPENSATED,
-                f"{label}: HTTP {last.outcome.status_code} in {last.duration_milliseconds} ms, attempt {last.number}",
-            )
-            changes |= {"state": EntryState.COMPENSATED, "compensated_at": now(), "reason": None} | rewound(saga)
-        else:
-            changes |= {"state": EntryState.FAILED}
-            changes |= failure_changes(result, saga, label, EventReason.COMPENSATION_FAILED, timeline)
+        changes = self._outcome(saga, result, label) | {
+            "retry_count": result.last.number - 1,
+            "attempts": spec.attempts,
+        }
         return await ledger.write_entry_status(entry, entry.status.model_copy(update=changes))
+
+    def _outcome(self, saga: Saga, result: CallResult, label: str) -> dict[str, Any]:
+        """The entry's state once its call is over: Compensated, or Failed with why."""
+        timeline, last = self.recorder.timeline, result.last
+        if result.verdict != Verdict.SUCCEEDED:
+            return {"state": EntryState.FAILED} | failure_changes(
+                result, saga, label, EventReason.COMPENSATION_FAILED, timeline
+            )
+        timeline.record(
+            saga,
+            EventReason.ENTRY_COMPENSATED,
+            f"{label}: HTTP {last.outcome.status_code} in {last.duration_milliseconds} ms, attempt {last.number}",
+        )
+        return {"state": EntryState.COMPENSATED, "compensated_at": now(), "reason": None} | rewound(saga)

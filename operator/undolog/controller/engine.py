@@ -12,26 +12,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from undolog import metrics
-from undolog.api import EntryReason, EventReason, ObjectMeta, Resource, Saga, SagaPhase, UndoEntry
+from undolog.api import EventReason, ObjectMeta, Resource, Saga, SagaPhase, UndoEntry
 from undolog.calls.runner import Fence, fence_this_task
 from undolog.controller.archiving import Archiver
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import DriverContext, SagaSlots, Slot
-from undolog.controller.driver import Listed, SagaDriver
+from undolog.controller.driver import SagaDriver
+from undolog.controller.driver_queue import DriverQueue
 from undolog.controller.entry_index import EntryIndex, SagaKey
+from undolog.controller.entry_losses import report_orphans
+from undolog.controller.entry_proof import Listed
 from undolog.controller.entry_watch import EntryEvent, EntryWatch
 from undolog.controller.forward import Forwarder
 from undolog.controller.gauges import SagaGauges
 from undolog.controller.retention import Retention
-from undolog.controller.shard_labels import ShardLabels
+from undolog.controller.shard_labels import ShardLabels, filed_in
 from undolog.controller.storage_migration import StorageMigration
 from undolog.controller.timeline import Timeline
 from undolog.conventions import now
 from undolog.decisions import compensation_plan, phases, resolutions, retention
 from undolog.decisions.retention import RetentionPolicy
 from undolog.decisions.sharding import Shard
-from undolog.decisions.turns import Turns
-from undolog.errors import KubeError
 from undolog.kube import Body, Kube
 from undolog.kube.watch import OrderedWatch, Progress, as_body
 from undolog.ledger import Ledger, Unreadable, UnreadableSaga, parse_saga
@@ -69,14 +70,14 @@ class Engine:
     index: EntryIndex = field(default_factory=EntryIndex)
     entry_watches: dict[str | None, EntryWatch] = field(default_factory=dict)  # by namespace (None: all)
     listed_before_entries: dict[SagaKey, Listed] = field(default_factory=dict)  # while taking charge
-    queued: Turns[SagaDriver] = field(default_factory=Turns)  # drivers waiting for a slot, namespaces in turn
-    dispatcher: asyncio.Task[None] | None = None  # runs the queued drivers while there are any
+    queued: DriverQueue = field(init=False)  # drivers waiting for a slot
     retention: Retention | None = None  # deletes the shard's finished sagas once due
     archiver: Archiver | None = None  # writes every finished saga to the archive
     storage: StorageMigration | None = None  # writes what an earlier release stored again, once
     context: DriverContext = field(init=False)
 
     def __post_init__(self) -> None:
+        self.queued = DriverQueue(self.slots, self._run, lambda driver: self.drivers.get(driver.key) is driver)
         self.context = DriverContext(
             ledger=self.ledger,
             timeline=self.timeline,
@@ -109,8 +110,9 @@ class Engine:
         (a failure, a commit), having been taken after it: no saga lists its own to resume."""
         targets: list[str | None] = [*self.namespaces] or [None]
         selector = self.shard.selector()
+        in_shard = functools.partial(filed_in, self.shard, self.labels)
         self.entry_watches = {
-            ns: EntryWatch(self.kube, self.index, self.entry_event, ns, selector, self._owned) for ns in targets
+            ns: EntryWatch(self.kube, self.index, self.entry_event, ns, selector, in_shard) for ns in targets
         }
         sagas = [
             OrderedWatch(
@@ -181,20 +183,9 @@ class Engine:
             return
         saga = parse_saga(body)
         if isinstance(saga, UnreadableSaga):  # the API took it, this version cannot use it: say so on it
-            why = saga.why
             if self.leading:
-                meta = body["metadata"]
-                reference = Resource(
-                    kind="Saga",
-                    metadata=ObjectMeta(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", "")),
-                )
-                self.timeline.record(
-                    reference,
-                    EventReason.SAGA_UNREADABLE,
-                    f"this operator cannot read the saga ({why}); it is left alone until it can",
-                    warning=True,
-                )
-            log.error("saga %s/%s cannot be read and is left alone: %s", *key, why)
+                said_unreadable(self.timeline, body, saga.why)
+            log.error("saga %s/%s cannot be read and is left alone: %s", *key, saga.why)
             return
         if self.leading:
             self.saga_seen(saga)
@@ -223,14 +214,6 @@ class Engine:
                 self.saga_event("MODIFIED", item)
 
         return relisted
-
-    def _owned(self, entry: UndoEntry) -> bool:
-        meta = entry.metadata
-        if self.shard.owns(meta.namespace, entry.spec.saga):
-            return True
-        if self.labels is not None:
-            self.labels.file("undoentries", meta.namespace, meta.name, entry.spec.saga)
-        return False
 
     def saga_seen(self, saga: Saga) -> None:
         key = saga.key
@@ -321,38 +304,21 @@ class Engine:
         return None if watch is None else watch.progress
 
     def _start(self, key: SagaKey) -> SagaDriver:
-        """A driver for the saga, run once a slot is free: until then it waits in a queue, not as
-        a task of its own (10,000 tasks waiting for a slot, with their coroutines, were ~40 MiB
-        when an operator took charge of as many sagas); what wakes it meanwhile is kept for it."""
+        """A driver for the saga, run once a slot is free (it waits in the queue until then;
+        what wakes it meanwhile is kept for it)."""
         driver = SagaDriver(self.context, *key)
         driver.listed = self.listed_before_entries.get(key)
         self.drivers[key] = driver
-        self.queued.append(key[0], driver)
-        if self.dispatcher is None:
-            self.dispatcher = asyncio.create_task(self._dispatch(), name="saga drivers waiting for a slot")
+        self.queued.append(driver)
         return driver
 
-    async def _dispatch(self) -> None:
-        """Run the queued drivers, a namespace at a time in turn, each in the slot taken for it."""
-        try:
-            while self.queued:
-                slot = await Slot(self.slots, self.queued.upcoming()).take()
-                driver = self.queued.popleft()
-                key = driver.key
-                if self.drivers.get(key) is not driver:  # stopped while it waited
-                    slot.give_back()
-                    continue
-                driver.task = asyncio.create_task(self._run(key, driver, slot), name=f"saga {key[0]}/{key[1]}")
-                driver.task.add_done_callback(functools.partial(given_back, slot))  # stopped before it ran
-        finally:
-            self.dispatcher = None
-
-    async def _run(self, key: SagaKey, driver: SagaDriver, slot: Slot) -> None:
+    async def _run(self, driver: SagaDriver, slot: Slot) -> None:
+        key = driver.key
         fence_this_task(self.fence)  # the calls the driver makes carry its shard's Lease
         try:
             await driver.run(slot)
             if not driver.seen_saga and key not in self.sagas:
-                await self._orphans(key)
+                await report_orphans(self.context, key)
         finally:
             if self.drivers.get(key) is driver:
                 del self.drivers[key]
@@ -370,37 +336,13 @@ class Engine:
         if seen is not None and seen.phase in phases.TERMINAL and key not in self.drivers and not self.taking_charge:
             self.index.forget(key)
 
-    async def _orphans(self, key: SagaKey) -> None:
-        """Entries that name a saga that does not exist (in their namespace) are owed by nobody:
-        said on each entry (reason SagaNotFound) and in a Warning Event, never ignored. They stay
-        Pending; a saga created later under that name does not take them on (it does not own
-        them: conventions.owned_by) but names them (status.unownedEntries)."""
-        namespace, saga = key
-        for entry in self.index.of(key).values():
-            if not phases.unclaimed(entry):
-                continue
-            why = (
-                f"no Saga {saga!r} in namespace {namespace}: nothing will compensate this entry until that saga "
-                "exists (an entry belongs to the saga of its spec.saga in its own namespace)"
-            )
-            status = entry.status.model_copy(update={"reason": EntryReason.SAGA_NOT_FOUND, "last_error": why})
-            try:
-                self.index.keep(await self.ledger.write_entry_status(entry, status))
-            except KubeError as error:
-                log.warning("could not record SagaNotFound on %s: %s", entry.reference, error.message)
-                continue
-            self.timeline.record(entry, EventReason.SAGA_NOT_FOUND, why, warning=True)
-
     async def stop(self) -> None:
         """Stop driving and watching (a new `lead` lists afresh)."""
         if self.retention is not None:
             await self.retention.stop()
         if self.storage is not None:
             await self.storage.stop()
-        tasks = [d.task for d in self.drivers.values() if d.task is not None] + self.watches
-        if self.dispatcher is not None:
-            tasks.append(self.dispatcher)
-        self.queued.clear()
+        tasks = [d.task for d in self.drivers.values() if d.task is not None] + self.watches + self.queued.stop()
         for task in tasks:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -410,5 +352,15 @@ class Engine:
         self.entry_watches.clear()
 
 
-def given_back(slot: Slot, _: asyncio.Task[None]) -> None:
-    slot.give_back()
+def said_unreadable(timeline: Timeline, body: Body, why: str) -> None:
+    """A Warning Event on a saga this operator cannot read: it is left alone until it can."""
+    meta = body["metadata"]
+    reference = Resource(
+        kind="Saga", metadata=ObjectMeta(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", ""))
+    )
+    timeline.record(
+        reference,
+        EventReason.SAGA_UNREADABLE,
+        f"this operator cannot read the saga ({why}); it is left alone until it can",
+        warning=True,
+    )

@@ -33,7 +33,7 @@ from undolog.api import (
     StepType,
     UndoEntry,
 )
-from undolog.calls.runner import AttemptRecord
+from undolog.calls.runner import AttemptRecord, CallResult
 from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
 from undolog.conventions import (
     clip,
@@ -88,7 +88,7 @@ class Forwarder:
     ) -> UndoEntry:
         """Send the step's call. `first_send`: no attempt of it can have left before (the
         entry was just created here), so a refusal before sending proves NotSent."""
-        ledger, timeline = self.recorder.ledger, self.recorder.timeline
+        ledger = self.recorder.ledger
         call = step.action
         label = f"{entry.metadata.name} (step {step.name}, {call.function} {call.version})"
         prepared = await self.recorder.prepare(
@@ -128,27 +128,25 @@ class Forwarder:
             attempts=previous,
         )
         result, entry = await self.recorder.run(saga, entry, spec)
-        last = result.last
-        changes: dict[str, Any] = {"executed_at": now(), "attempts": spec.attempts}
-        if result.verdict == Verdict.SUCCEEDED:
-            output, kept_omitted = kept_output(last.outcome.output)
-            omitted = last.outcome.omitted or kept_omitted
-            note = f"; {omitted.message}" if omitted else ""
-            timeline.record(
-                saga,
-                EventReason.STEP_COMMITTED,
-                f"{label}: HTTP {last.outcome.status_code}, attempt {last.number}{note}",
-            )
-            changes |= {
-                "effect": EffectState.COMMITTED,
-                "output": output,
-                "output_omitted": last.outcome.omitted or omitted,
-            }
-        else:
-            never_left = first_send and all(a.outcome.refusal is not None for a in result.attempts)
-            changes |= {"effect": EffectState.NOT_SENT if never_left else EffectState.FAILED}
-            changes |= failure_changes(result, saga, label, EventReason.STEP_FAILED, timeline)
+        changes = self._outcome(saga, result, label, first_send) | {"executed_at": now(), "attempts": spec.attempts}
         return await ledger.write_entry_status(entry, entry.status.model_copy(update=changes))
+
+    def _outcome(self, saga: Saga, result: CallResult, label: str, first_send: bool) -> dict[str, Any]:
+        """The step's effect once its call is over: Committed with its output, else Failed, or
+        NotSent when no attempt of a first send ever left."""
+        last, timeline = result.last, self.recorder.timeline
+        if result.verdict != Verdict.SUCCEEDED:
+            never_left = first_send and all(a.outcome.refusal is not None for a in result.attempts)
+            return {"effect": EffectState.NOT_SENT if never_left else EffectState.FAILED} | failure_changes(
+                result, saga, label, EventReason.STEP_FAILED, timeline
+            )
+        output, kept_omitted = kept_output(last.outcome.output)
+        omitted = last.outcome.omitted or kept_omitted
+        note = f"; {omitted.message}" if omitted else ""
+        timeline.record(
+            saga, EventReason.STEP_COMMITTED, f"{label}: HTTP {last.outcome.status_code}, attempt {last.number}{note}"
+        )
+        return {"effect": EffectState.COMMITTED, "output": output, "output_omitted": last.outcome.omitted or omitted}
 
     async def deliver(
         self, saga: Saga, effect: Effect, outputs: Mapping[str, Mapping[str, Any] | None]

@@ -94,76 +94,154 @@ def own_addresses() -> set[str]:
     return {address.split("%", 1)[0] for address in found}
 
 
-async def run(options: OperatorOptions) -> None:
-    asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER  # this process's own connections only
+@dataclass
+class Calls:
+    """What makes and records participant calls: shared by every shard's engine."""
+
+    recorder: CallRecorder
+    runner: Runner
+    webhooks: WebhookCache
+
+
+async def calls_of(kube: Kube, ledger: Ledger, timeline: Timeline, options: OperatorOptions) -> Calls:
+    fence = TaskFence()  # each driver's task carries its shard's Lease
+    transport = HttpTransport(options.egress(), guard=fence.check)
+    runner = Runner(transport, fence, sleep=wait_without_slot)
+    webhooks = WebhookCache(kube, options.namespaces)
+    await webhooks.start()
+    registry = Registry(ledger, options.cross_namespace_services, webhooks)
+    return Calls(CallRecorder(ledger, registry, runner, timeline), runner, webhooks)
+
+
+@dataclass
+class Operator:
+    """The process's parts, wired once: an engine and a Lease per shard, and what they share."""
+
+    options: OperatorOptions
+    kube: Kube
+    ledger: Ledger
+    timeline: Timeline
+    calls: Calls
+    archiver: Archiver | None
+    labels: ShardLabels
+    leases: Kube = field(init=False)
+    leaderships: list[Leadership] = field(init=False)
+    replicas: Replicas = field(init=False)
+    engines: list[Engine] = field(init=False)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)  # as long as the process
+    stopped: bool = False
+
+    def __post_init__(self) -> None:
+        options, me = self.options, self.options.identity or identity()
+        shards = all_shards(options.shards)
+        self.leases = self.kube.apart()
+        self.leaderships = [Leadership(self.leases, options.lease.of_shard(shard), me) for shard in shards]
+        self.replicas = Replicas(self.leases, options.lease, me, self.leaderships)
+        slots, gauges = SagaSlots(options.max_concurrent_sagas), SagaGauges()
+        metrics.series.busy = gauges.busy  # a namespace's series stay while this replica drives a saga there
+        policy = dataclasses.replace(options.retention, shards=len(shards))
+        pace = Pace(options.retention_rate)
+        self.engines = [
+            Engine(
+                self.kube,
+                self.ledger,
+                Compensator(self.calls.recorder),
+                Forwarder(self.calls.recorder),
+                self.timeline,
+                leadership,
+                namespaces=options.namespaces,
+                shard=shard,
+                slots=slots,
+                gauges=gauges,
+                labels=self.labels,
+                retention=Retention(self.ledger, policy, leadership, pace, self.archiver),
+                archiver=self.archiver,
+                storage=StorageMigration(
+                    self.kube, self.ledger, self.leases, leadership.settings, leadership, pace, me
+                ),
+            )
+            for shard, leadership in zip(shards, self.leaderships, strict=True)
+        ]
+
+    async def start(self) -> None:
+        """Stand for the shards' Leases (a little apart) and, with several shards, file what
+        arrives without a bucket label; a task that ends on its own ends the process."""
+        if self.archiver is not None:
+            self.archiver.committed.extend(e.retention.archived for e in self.engines if e.retention)
+            self.archiver.start()
+        await self.replicas.refresh()  # know how many replicas share the shards before standing for any
+        period = self.options.lease.retry_period / len(self.engines)
+        self.tasks = [asyncio.create_task(self.replicas.run(), name="replicas")]
+        for index, (engine, leadership) in enumerate(zip(self.engines, self.leaderships, strict=True)):
+            election = functools.partial(
+                leadership.run,
+                engine.lead,
+                engine.follow,
+                may_take=self.replicas.may_take,
+                hand_back=self.replicas.hand_back(index),
+            )
+            self.tasks.append(
+                asyncio.create_task(staggered(index * period, election), name=f"Lease of shard {engine.shard}")
+            )
+        # With one shard its engine watches every object, labelled or not: nothing to file.
+        unfiled = unfiled_watches(self.kube, self.labels, self.options.namespaces) if len(self.engines) > 1 else []
+        self.tasks += [
+            asyncio.create_task(w.run(), name=f"unfiled {w.plural} of {w.namespace or 'all'}") for w in unfiled
+        ]
+        for task in self.tasks:
+            task.add_done_callback(ends_the_process)
+
+    async def stop(self) -> None:
+        """Everything UndoLog runs stopped, its Leases handed back. kopf calls it as its cleanup:
+        kopf waits 5 s for any task started after it as "hung" before it exits, and every
+        engine, watch and driver was."""
+        if self.stopped:
+            return
+        self.stopped = True
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for engine in self.engines:
+            await engine.stop()
+        await self.labels.stop()
+        await self.calls.webhooks.stop()
+        for leadership in self.leaderships:
+            await leadership.release()
+        await self.replicas.leave()
+        await self.timeline.stop()
+        if self.archiver is not None:
+            await self.archiver.stop()
+
+    async def close(self) -> None:
+        await self.calls.runner.close()
+        await self.kube.close()
+        await self.leases.close()
+
+    @property
+    def ended_on_its_own(self) -> bool:
+        return any(task.done() and not task.cancelled() for task in self.tasks)
+
+
+async def wired(options: OperatorOptions) -> Operator:
     kube = await Kube.connect(options.kubeconfig)
     ledger = Ledger(kube)
-    archiver = (
-        Archiver(ArchiveStore(options.archive_dsn), ledger, options.archive_ttl)
-        if options.archive_dsn is not None
-        else None
-    )
+    archiver = None
+    if options.archive_dsn is not None:
+        archiver = Archiver(ArchiveStore(options.archive_dsn), ledger, options.archive_ttl)
     timeline = Timeline(
         kube,
         quiet=frozenset() if options.success_events else SUCCESSES,
         capture=archiver.events if archiver is not None else None,
     )
     timeline.start()
-    me = options.identity or identity()
-    fence = TaskFence()  # each driver's task carries its shard's Lease
-    transport = HttpTransport(options.egress(), guard=fence.check)
-    runner = Runner(transport, fence, sleep=wait_without_slot)
-    webhooks = WebhookCache(kube, options.namespaces)
-    await webhooks.start()
-    recorder = CallRecorder(ledger, Registry(ledger, options.cross_namespace_services, webhooks), runner, timeline)
-    labels = ShardLabels(ledger)
-    slots, gauges = SagaSlots(options.max_concurrent_sagas), SagaGauges()
-    metrics.series.busy = gauges.busy  # a namespace's series stay while this replica drives a saga there
-    shards = all_shards(options.shards)
-    policy = dataclasses.replace(options.retention, shards=len(shards))
-    pace = Pace(options.retention_rate)
-    leases = kube.apart()
-    leaderships = [Leadership(leases, options.lease.of_shard(shard), me) for shard in shards]
-    replicas = Replicas(leases, options.lease, me, leaderships)
-    engines = [
-        Engine(
-            kube,
-            ledger,
-            Compensator(recorder),
-            Forwarder(recorder),
-            timeline,
-            leadership,
-            namespaces=options.namespaces,
-            shard=shard,
-            slots=slots,
-            gauges=gauges,
-            labels=labels,
-            retention=Retention(ledger, policy, leadership, pace, archiver),
-            archiver=archiver,
-            storage=StorageMigration(kube, ledger, leases, leadership.settings, leadership, pace, me),
-        )
-        for shard, leadership in zip(shards, leaderships, strict=True)
-    ]
-    if archiver is not None:
-        archiver.committed.extend(engine.retention.archived for engine in engines if engine.retention)
-        archiver.start()
-    await replicas.refresh()  # know how many replicas share the shards before standing for any
-    elections = [asyncio.create_task(replicas.run(), name="replicas")] + [
-        asyncio.create_task(
-            staggered(
-                index * options.lease.retry_period / len(shards),
-                functools.partial(
-                    leadership.run,
-                    engine.lead,
-                    engine.follow,
-                    may_take=replicas.may_take,
-                    hand_back=replicas.hand_back(index),
-                ),
-            ),
-            name=f"Lease of shard {engine.shard}",
-        )
-        for index, (engine, leadership) in enumerate(zip(engines, leaderships, strict=True))
-    ]
+    calls = await calls_of(kube, ledger, timeline, options)
+    return Operator(options, kube, ledger, timeline, calls, archiver, ShardLabels(ledger))
+
+
+async def run(options: OperatorOptions) -> None:
+    asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER  # this process's own connections only
+    operator = await wired(options)
+    await operator.start()
     if options.metrics_port:
         start_http_server(options.metrics_port)
     # What was made to start (modules, schemas, clients) lives as long as the process: out of the
@@ -174,49 +252,15 @@ async def run(options: OperatorOptions) -> None:
     log.info(
         "watching %s; %s shard(s), Lease %s",
         ", ".join(options.namespaces) or "all namespaces",
-        len(shards),
-        ", ".join(leadership.reference for leadership in leaderships),
+        len(operator.engines),
+        ", ".join(leadership.reference for leadership in operator.leaderships),
     )
-
-    # With one shard its engine watches every object, labelled or not: nothing to file.
-    filing = [
-        asyncio.create_task(watch.run(), name=f"unfiled {watch.plural} of {watch.namespace or 'all'}")
-        for watch in (unfiled_watches(kube, labels, options.namespaces) if len(shards) > 1 else [])
-    ]
-    for task in elections + filing:
-        task.add_done_callback(ends_the_process)
-    stopped = False
-
-    async def stop_own_work() -> None:
-        """Everything UndoLog runs stopped, its Leases handed back. kopf calls it as its cleanup:
-        kopf waits 5 s for any task started after it as "hung" before it exits, and every
-        engine, watch and driver was."""
-        nonlocal stopped
-        if stopped:
-            return
-        stopped = True
-        for task in elections + filing:
-            task.cancel()
-        await asyncio.gather(*elections, *filing, return_exceptions=True)
-        for engine in engines:
-            await engine.stop()
-        await labels.stop()
-        await webhooks.stop()
-        for leadership in leaderships:
-            await leadership.release()
-        await replicas.leave()
-        await timeline.stop()
-        if archiver is not None:
-            await archiver.stop()
-
     try:
-        await run_kopf(kube, options.namespaces, options.liveness_port, stop_own_work)
+        await run_kopf(operator.kube, options.namespaces, options.liveness_port, operator.stop)
     finally:
-        await stop_own_work()  # when kopf ended before its cleanup
-        await runner.close()
-        await kube.close()
-        await leases.close()
-    if any(task.done() and not task.cancelled() for task in elections + filing):
+        await operator.stop()  # when kopf ended before its cleanup
+        await operator.close()
+    if operator.ended_on_its_own:
         raise SystemExit(1)  # one ended on its own (ends_the_process): not a clean stop
 
 

@@ -118,62 +118,73 @@ class CallRecorder:
         return CallResult(retried.verdict, [*result.attempts, *retried.attempts]), entry
 
     async def _attempts(self, saga: Saga, entry: UndoEntry, spec: EntryCall) -> tuple[CallResult, UndoEntry]:
-        writing = asyncio.Lock()  # the in-flight mark and the attempt records share one copy
-        latest = entry
+        attempts = _Attempts(self, saga, entry, spec)
+        return await attempts.run(), attempts.latest
 
-        async def write(changes: Changes) -> None:
-            nonlocal latest
-            async with writing:
-                latest = await self.ledger.write_entry_status(latest, latest.status.model_copy(update=changes))
 
-        async def on_attempt(record: AttemptRecord, delay: float | None) -> None:
-            spec.attempts.append(attempt_of(record, spec.kind))
-            del spec.attempts[:-MAX_ATTEMPTS]
-            metrics.attempted(spec.kind, saga.metadata.namespace, spec.call.function, record)
-            if delay is None:
-                return
-            await write({**spec.in_flight, **spec.retried(record, list(spec.attempts))})
-            self.timeline.record(
-                saga,
-                spec.retry_reason,
-                f"{spec.label} attempt {record.number}: {record.error}; retrying in {delay:.2f} s",
-                warning=True,
-            )
+class _Attempts:
+    """One run of an entry's call: its attempts recorded on the entry, and the in-flight mark
+    written beside the call when it is slow. The mark and the attempt records share one copy."""
 
-        left = asyncio.Event()
-        writing_mark = False
+    def __init__(self, recorder: CallRecorder, saga: Saga, entry: UndoEntry, spec: EntryCall) -> None:
+        self.recorder, self.saga, self.spec = recorder, saga, spec
+        self.latest = entry
+        self.writing = asyncio.Lock()
+        self.left = asyncio.Event()
+        self.writing_mark = False
 
-        async def mark_in_flight() -> None:
-            nonlocal writing_mark
-            await left.wait()
-            await asyncio.sleep(IN_FLIGHT_MARK_AFTER)
-            writing_mark = True
-            try:
-                await write(spec.in_flight)
-            except KubeError as error:  # only a mark for people: never cut off a call sent for it
-                log.warning("%s is in flight; that could not be marked: %s", latest.reference, error.message)
-
+    async def run(self) -> CallResult:
+        spec = self.spec
         # The call is made in this task and the mark beside it, not the other way round: a task
         # starts on the event loop's next turn, which with sagas failing together came
         # milliseconds after the decision to call.
-        marking = None if spec.already_in_flight else asyncio.create_task(mark_in_flight())
+        marking = None if spec.already_in_flight else asyncio.create_task(self.mark_in_flight())
         try:
-            result = await self.runner.call(
+            result = await self.recorder.runner.call(
                 spec.target,
                 spec.args,
                 spec.headers,
                 backoff=spec.backoff,
                 max_retries=spec.max_retries,
-                on_attempt=on_attempt,
+                on_attempt=self.on_attempt,
                 first_attempt=spec.first_attempt,
-                leaving=left.set,
+                leaving=self.left.set,
             )
-            if marking is not None and writing_mark:
+            if marking is not None and self.writing_mark:
                 await marking  # the mark's write is in flight: the next write needs its copy
         finally:
             if marking is not None:
                 marking.cancel()
-        return result, latest
+        return result
+
+    async def write(self, changes: Changes) -> None:
+        async with self.writing:
+            status = self.latest.status.model_copy(update=changes)
+            self.latest = await self.recorder.ledger.write_entry_status(self.latest, status)
+
+    async def on_attempt(self, record: AttemptRecord, delay: float | None) -> None:
+        spec = self.spec
+        spec.attempts.append(attempt_of(record, spec.kind))
+        del spec.attempts[:-MAX_ATTEMPTS]
+        metrics.attempted(spec.kind, self.saga.metadata.namespace, spec.call.function, record)
+        if delay is None:
+            return
+        await self.write({**spec.in_flight, **spec.retried(record, list(spec.attempts))})
+        self.recorder.timeline.record(
+            self.saga,
+            spec.retry_reason,
+            f"{spec.label} attempt {record.number}: {record.error}; retrying in {delay:.2f} s",
+            warning=True,
+        )
+
+    async def mark_in_flight(self) -> None:
+        await self.left.wait()
+        await asyncio.sleep(IN_FLIGHT_MARK_AFTER)
+        self.writing_mark = True
+        try:
+            await self.write(self.spec.in_flight)
+        except KubeError as error:  # only a mark for people: never cut off a call sent for it
+            log.warning("%s is in flight; that could not be marked: %s", self.latest.reference, error.message)
 
 
 def failure_changes(result: CallResult, saga: Saga, label: str, event: EventReason, timeline: Timeline) -> Changes:

@@ -16,7 +16,7 @@ from typing import Protocol
 from undolog import errors, metrics
 from undolog.api import Saga
 from undolog.calls.runner import Fence
-from undolog.controller.driver import woken
+from undolog.controller.concurrency import woken
 from undolog.controller.entry_index import SagaKey
 from undolog.conventions import now
 from undolog.decisions import retention

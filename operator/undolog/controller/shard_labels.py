@@ -18,7 +18,9 @@ import logging
 from dataclasses import dataclass, field
 
 from undolog import errors
+from undolog.api import UndoEntry
 from undolog.conventions import BUCKET_LABEL, BUCKETS
+from undolog.decisions.sharding import Shard
 from undolog.kube import Body, Kube, Plural
 from undolog.kube.watch import OrderedWatch, as_body
 from undolog.ledger import Ledger
@@ -96,3 +98,13 @@ def unfiled_watches(kube: Kube, labels: ShardLabels, namespaces: list[str]) -> l
         for plural in plurals
         for namespace in targets
     ]
+
+
+def filed_in(shard: Shard, labels: ShardLabels | None, entry: UndoEntry) -> bool:
+    """Whether the entry belongs to `shard`; one labelled into it by hand is filed where it belongs."""
+    meta = entry.metadata
+    if shard.owns(meta.namespace, entry.spec.saga):
+        return True
+    if labels is not None:
+        labels.file("undoentries", meta.namespace, meta.name, entry.spec.saga)
+    return False

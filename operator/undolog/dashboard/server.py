@@ -122,6 +122,9 @@ def page(handler: Callable[[Page], Awaitable[web.StreamResponse]]) -> Handler:
             return await handler(current)
         except errors.CommandError as refused:
             return current.render("error.html", status=409, message=str(refused))
+        except errors.Unauthorized as refused:
+            message = f"unauthorized: {refused.message}: your credentials were not accepted; log in again"
+            return current.render("error.html", status=401, message=message)
         except errors.Forbidden as refused:
             return current.render("error.html", status=403, message=f"forbidden: {refused.message}")
         except errors.KubeError as refused:

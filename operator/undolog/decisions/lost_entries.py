@@ -11,7 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from undolog.api import MAX_LOST_ENTRIES, LostEntry
+from undolog.api import MAX_LOST_ENTRIES, LostEntry, UndoEntry
+
+
+def lost_entry(entry: UndoEntry, why: str) -> LostEntry:
+    """What the saga's status keeps of an entry it can no longer compensate."""
+    call = entry.spec.compensation
+    return LostEntry(
+        name=entry.metadata.name,
+        stack_position=entry.spec.stack_position,
+        step=entry.spec.step,
+        function=call.function if call else None,
+        why=why[:1024],
+    )
 
 
 def _keep_first(entry: LostEntry) -> tuple[bool, int]:

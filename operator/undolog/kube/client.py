@@ -13,113 +13,35 @@ from __future__ import annotations
 
 import base64
 import builtins
-import contextlib
-import functools
-import json
-import os
-import ssl
-import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from datetime import datetime
 from typing import Any
 
 import aiohttp
-from multidict import CIMultiDict
 
 from undolog import errors
 from undolog.api import GROUP, VERSION
 from undolog.api.common import Plural
-from undolog.conventions import CLUSTER_CLOCK, MAX_EVENT_MESSAGE, now
-from undolog.kube.decoding import decoded
-from undolog.kube.kubeconfig import (
-    Credentials,
-    ExecCredential,
-    TokenSource,
-    credentials,
-    ssl_context,
+from undolog.kube.connection import (
+    JSON,
+    POOL_SIZE,
+    TIMEOUTS,
+    Connection,
+    Timeouts,
+    as_kube_error,
+    mapped,
+    status_error,
 )
+from undolog.kube.decoding import decoded
+from undolog.kube.events import EventRecord, event_body, event_records
+from undolog.kube.kubeconfig import Credentials, ExecCredential, credentials
+
+__all__ = ["POOL_SIZE", "TIMEOUTS", "Body", "EventRecord", "Kube", "Timeouts", "as_kube_error"]
 
 Body = dict[str, Any]
-JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-POOL_SIZE = 100  # connections to the apiserver at most; more concurrent requests wait for one
-WATCH_LINE_BYTES = 2**21  # a watch event is one line; objects reach 1.5 MiB in etcd
-
-
-@dataclass(frozen=True)
-class EventRecord:
-    """A core/v1 Event about an object, as the timeline shows it."""
-
-    time: datetime | None
-    type: str
-    reason: str
-    message: str
-    name: str
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    """Every client-side bound on the API, for this client and for kopf's."""
-
-    request: float = 75  # above the apiserver's own 60 s: a silent connection must not hang a saga
-    watch: int = 300  # the apiserver ends a watch after this long...
-    watch_client: int = 330  # ...and the client gives up a little later (a stream gone silent)
-    connect: float = 10
-
-
-TIMEOUTS = Timeouts()
-
-_ERRORS: dict[int, type[errors.KubeError]] = {
-    400: errors.Invalid,
-    401: errors.Forbidden,
-    403: errors.Forbidden,
-    404: errors.NotFound,
-    409: errors.Conflict,
-    410: errors.Gone,
-    422: errors.Invalid,
-    429: errors.Unavailable,
-}
-
-
-def status_error(code: int, status: object, fallback: str = "") -> errors.KubeError:
-    """The KubeError an apiserver Status (a refusal's body, or a watch's ERROR event) stands for,
-    with the apiserver's own message: it names the object and the field."""
-    message, reason = fallback or f"HTTP {code}", ""
-    if isinstance(status, dict):
-        message = str(status.get("message") or message)
-        reason = str(status.get("reason") or "")
-    kind = _ERRORS.get(code, errors.Unavailable)
-    if kind is errors.Conflict and reason == "AlreadyExists":
-        kind = errors.AlreadyExists
-    return kind(message, status=code, reason=reason)
-
-
-def as_kube_error(error: BaseException) -> errors.KubeError | None:
-    """The KubeError a transport exception stands for; None for anything else."""
-    if isinstance(error, errors.KubeError):
-        return error
-    if isinstance(error, aiohttp.ClientConnectorError):  # its own text ends in the TLS context's repr
-        return errors.Unavailable(f"the API at {error.host}:{error.port} could not be reached: {error.os_error}")
-    if isinstance(error, (aiohttp.ClientError, TimeoutError, OSError)):
-        return errors.Unavailable(f"the API could not be reached: {error or type(error).__name__}")
-    return None
-
-
-@contextlib.contextmanager
-def mapped() -> Iterator[None]:
-    """Transport exceptions raised inside become KubeErrors."""
-    try:
-        yield
-    except errors.KubeError:
-        raise
-    except Exception as error:
-        kube_error = as_kube_error(error)
-        if kube_error is None:
-            raise
-        raise kube_error from error
 
 
 def trimmed(body: Body) -> Body:
@@ -138,53 +60,16 @@ def _leases(namespace: str, name: str | None = None) -> str:
     return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases" + (f"/{name}" if name else "")
 
 
-def _clock_seen(date: str | None, sent: float, received: float) -> None:
-    """The API server's clock from an answer's `Date` (whole seconds, somewhere in the second it
-    names, written between `sent` and `received`): an answer that took a second or more tells
-    too little to be counted."""
-    if date is None or received - sent >= 1.0:
-        return
-    named = _date_seconds(date)
-    if named is not None:
-        CLUSTER_CLOCK.observe(named + 0.5 - (sent + received) / 2)
-
-
-@functools.lru_cache(maxsize=4)
-def _date_seconds(date: str) -> float | None:
-    """An HTTP date as a POSIX time; the answers of one second share it, so it is parsed once."""
-    try:
-        named = parsedate_to_datetime(date)
-    except (TypeError, ValueError):
-        return None
-    return (named if named.tzinfo else named.replace(tzinfo=UTC)).timestamp()
-
-
-def _event_times(when: datetime) -> tuple[str, str]:
-    """An Event's Time (seconds) and MicroTime, as the API writes them."""
-    utc = when.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%SZ"), utc.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parsed_time(value: object) -> datetime | None:
-    return datetime.fromisoformat(value) if isinstance(value, str) and value else None
-
-
 @dataclass
 class Kube:
-    """The API as one user: JSON bodies over one pooled aiohttp session (made on first use, so
-    that a client can be built outside the event loop)."""
+    """The API as one user, JSON bodies in and out (over `Connection`)."""
 
     credentials: Credentials
     timeouts: Timeouts = TIMEOUTS
-    _tokens: TokenSource = field(init=False)
-    _session: aiohttp.ClientSession | None = field(default=None, init=False)
-    # Watches hold their connection for minutes: over the requests' pool, 34 watched namespaces
-    # (3 watches each) took all of its 100 connections and every request waited for good.
-    _watch_session: aiohttp.ClientSession | None = field(default=None, init=False)
-    _tls: tuple[ExecCredential | None, ssl.SSLContext] | None = field(default=None, init=False)
+    connection: Connection = field(init=False)
 
     def __post_init__(self) -> None:
-        self._tokens = TokenSource(self.credentials)
+        self.connection = Connection(self.credentials, self.timeouts)
 
     @classmethod
     async def connect(
@@ -200,7 +85,7 @@ class Kube:
         the real user may impersonate, and then checks the impersonated one's RBAC). A
         kubeconfig that cannot be used is errors.KubeconfigInvalid here, before any request."""
         kube = cls(credentials(kubeconfig, context, as_user=as_user, as_groups=as_groups))
-        await kube._authorization()
+        await kube.connection.authorization()
         return kube
 
     @classmethod
@@ -218,106 +103,22 @@ class Kube:
         of the connections the sagas' requests hold (at 10,000 sagas every renewal came late, and
         a holder whose renewal is late sends nothing until the next)."""
         other = Kube(self.credentials, self.timeouts)
-        other._tokens = self._tokens
+        other.connection = self.connection.apart()
         return other
 
     async def fresh_credentials(self) -> tuple[str | None, ExecCredential | None]:
         """The bearer token and the exec plugin's credential, read or issued again: kopf logs in
         with exactly these, at start and when its own expired or were refused."""
-        self._tokens.forget()
-        return await self._tokens.token(), await self._tokens.issued()
+        return await self.connection.fresh_credentials()
 
     async def close(self) -> None:
-        for session in (self._session, self._watch_session):
-            if session is not None:
-                await session.close()
-        self._session = self._watch_session = None
+        await self.connection.close()
 
     async def __aenter__(self) -> Kube:
         return self
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
-
-    # -- the HTTP exchange ---------------------------------------------------------------------
-
-    def _http(self, watching: bool = False) -> aiohttp.ClientSession:
-        """The requests' pool (POOL_SIZE connections), or the watches' (one connection each, as
-        many as the process runs watches: their number is set by what it watches)."""
-        if watching:
-            self._watch_session = self._watch_session or self._new_session(limit=0)
-            return self._watch_session
-        self._session = self._session or self._new_session(limit=POOL_SIZE)
-        return self._session
-
-    def _new_session(self, limit: int) -> aiohttp.ClientSession:
-        impersonation = CIMultiDict[str]()
-        if self.credentials.as_user:
-            impersonation.add("Impersonate-User", self.credentials.as_user)
-        for group in self.credentials.as_groups:  # several headers of one name
-            impersonation.add("Impersonate-Group", group)
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=limit),
-            trust_env=False,  # no .netrc or proxy lookups per request
-            read_bufsize=WATCH_LINE_BYTES,
-            headers=impersonation,
-        )
-
-    async def _authorization(self) -> tuple[dict[str, str], ssl.SSLContext]:
-        """The bearer header (if any) and the TLS context for the next request; the context is
-        built again only when an exec plugin issued a new client certificate."""
-        issued = await self._tokens.issued()
-        if self._tls is None or self._tls[0] is not issued:
-            self._tls = (issued, ssl_context(self.credentials, issued))
-        token = await self._tokens.token()
-        return ({"Authorization": f"Bearer {token}"} if token else {}), self._tls[1]
-
-    @contextlib.asynccontextmanager
-    async def _exchange(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: dict[str, str] | None = None,
-        body: Any = None,
-        content_type: str = JSON,
-        accept: str = JSON,
-        bound: aiohttp.ClientTimeout | None = None,
-        watching: bool = False,
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """One request, its refusal raised as a KubeError; a 401 is tried once more with the
-        credentials read again (a rotated token file, an expired exec credential)."""
-        data = None if body is None else json.dumps(body)
-        # sock_connect, not connect: aiohttp's connect timeout also counts the wait for one of the
-        # pool's connections, which under load is queueing, not an unreachable API.
-        bound = bound or aiohttp.ClientTimeout(total=self.timeouts.request, sock_connect=self.timeouts.connect)
-        for attempt in (1, 2):
-            headers, tls = await self._authorization()
-            generation = self._tokens.generation
-            headers["Accept"] = accept
-            if data is not None:
-                headers["Content-Type"] = content_type
-            sent = time.time()
-            with mapped():
-                async with self._http(watching).request(
-                    method,
-                    self.server + path,
-                    params=params,
-                    data=data,
-                    headers=headers,
-                    ssl=tls,
-                    server_hostname=self.credentials.tls_server_name,
-                    timeout=bound,
-                ) as response:
-                    _clock_seen(response.headers.get("Date"), sent, time.time())
-                    if response.status == 401 and attempt == 1:
-                        self._tokens.forget(generation)
-                        continue
-                    if response.status >= 400:
-                        raw = await response.read()
-                        raise status_error(response.status, decoded(raw), raw.decode(errors="replace")[:200])
-                    yield response
-                    return
 
     async def request(
         self,
@@ -330,7 +131,9 @@ class Kube:
     ) -> Body:
         """Any API path, JSON in and out (`path` from the server's root, such as
         /apis/apps/v1/namespaces/x/deployments)."""
-        async with self._exchange(method, path, params=params, body=body, content_type=content_type) as response:
+        async with self.connection.exchange(
+            method, path, params=params, body=body, content_type=content_type
+        ) as response:
             with mapped():
                 raw = await response.read()
         answer = decoded(raw)
@@ -424,7 +227,7 @@ class Kube:
             params["labelSelector"] = label_selector
         bound = aiohttp.ClientTimeout(total=self.timeouts.watch_client, sock_connect=self.timeouts.connect)
         path = _custom_path(plural, namespace)
-        async with self._exchange("GET", path, params=params, bound=bound, watching=True) as stream:
+        async with self.connection.exchange("GET", path, params=params, bound=bound, watching=True) as stream:
             with mapped():
                 async for line in stream.content:
                     event = decoded(line)
@@ -472,7 +275,7 @@ class Kube:
 
     async def raw_get(self, path: str) -> str:
         """GET a non-resource path (such as /metrics) with this client's credentials."""
-        async with self._exchange("GET", path, accept="text/plain") as response:
+        async with self.connection.exchange("GET", path, accept="text/plain") as response:
             with mapped():
                 return (await response.read()).decode(errors="replace")
 
@@ -513,18 +316,7 @@ class Kube:
         """core/v1 Events about one object, oldest first (names sort by creation for ours)."""
         selector = f"involvedObject.name={name}" + (f",involvedObject.uid={uid}" if uid else "")
         path = f"/api/v1/namespaces/{namespace}/events"
-        listed = await self.request("GET", path, params={"fieldSelector": selector})
-        records = [
-            EventRecord(
-                time=_parsed_time(e.get("eventTime") or e.get("lastTimestamp") or e.get("firstTimestamp")),
-                type=e.get("type") or "",
-                reason=e.get("reason") or "",
-                message=e.get("message") or "",
-                name=e["metadata"]["name"],
-            )
-            for e in listed.get("items") or []
-        ]
-        return sorted(records, key=lambda r: (r.time or datetime.min.replace(tzinfo=UTC), r.name))
+        return event_records(await self.request("GET", path, params={"fieldSelector": selector}))
 
     async def emit_event(
         self,
@@ -538,34 +330,10 @@ class Kube:
         name: str | None = None,
     ) -> None:
         """A core/v1 Event about an object, so `kubectl describe` reads as a timeline."""
-        meta = regarding["metadata"]
-        seconds, micro = _event_times(at or now())
-        naming = {"name": name} if name else {"generateName": f"{meta['name']}."}
-        event: Body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {**naming, "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": regarding.get("apiVersion", f"{GROUP}/{VERSION}"),
-                "kind": regarding.get("kind"),
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta.get("uid"),
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "reason": reason,
-            "message": message[:MAX_EVENT_MESSAGE],
-            "type": "Warning" if warning else "Normal",
-            "firstTimestamp": seconds,
-            "lastTimestamp": seconds,
-            "eventTime": micro,
-            "action": reason,
-            "reportingComponent": component,
-            "reportingInstance": os.environ.get("HOSTNAME", component),
-            "source": {"component": component},
-            "count": 1,
-        }
-        await self.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", event)
+        event = event_body(
+            regarding, reason=reason, message=message, warning=warning, component=component, at=at, name=name
+        )
+        await self.request("POST", f"/api/v1/namespaces/{regarding['metadata']['namespace']}/events", event)
 
     # -- Leases (leader election) ------------------------------------------------------------
 

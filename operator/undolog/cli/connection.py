@@ -1,0 +1,80 @@
+"""The options that say who a command acts as and where, declared once: every command that
+talks to the API takes them after its name, as kubectl's commands do, and finds them in
+`ctx.obj` (a `Connection`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperCommand
+
+
+@dataclass(frozen=True)
+class Connection:
+    kubeconfig: str | None = None
+    context: str | None = None
+    as_user: str | None = None
+    as_groups: tuple[str, ...] = ()
+    namespace: str | None = None  # -n, on the commands that take it
+
+
+def _user(
+    context: Annotated[str | None, typer.Option("--context", help="The kubeconfig context to use.")] = None,
+    kubeconfig: Annotated[
+        str | None, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="The kubeconfig file to use.")
+    ] = None,
+    as_user: Annotated[str | None, typer.Option("--as", help="Impersonate this user (the API checks you may).")] = None,
+    as_groups: Annotated[
+        list[str] | None, typer.Option("--as-group", help="Impersonate this group (repeatable).")
+    ] = None,
+) -> None:
+    """The options themselves (typer turns this signature into them once)."""
+
+
+def _namespace(
+    namespace: Annotated[
+        str | None, typer.Option("--namespace", "-n", help="The namespace (default: the kubeconfig context's).")
+    ] = None,
+) -> None:
+    """-n, for the commands that act in one namespace."""
+
+
+def _options(*declared: Any) -> tuple[Any, ...]:
+    """The options typer makes of these functions' parameters."""
+    made = typer.Typer()
+    for function in declared:
+        made.command(function.__name__)(function)
+    group = typer.main.get_group(made)
+    return tuple(param for name in group.list_commands(typer.Context(group)) for param in group.commands[name].params)
+
+
+class UserCommand(TyperCommand):
+    """A command that acts as the kubeconfig's user (or one it impersonates)."""
+
+    shared: tuple[Any, ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.extend(self.shared)
+
+    def invoke(self, ctx: Any) -> Any:
+        values = {param.name: ctx.params.pop(param.name) for param in self.shared}
+        values["as_groups"] = tuple(values.get("as_groups") or ())
+        ctx.obj = Connection(**values)
+        return super().invoke(ctx)
+
+
+class NamespacedCommand(UserCommand):
+    """A command that also acts in one namespace (-n)."""
+
+
+UserCommand.shared = _options(_user)
+NamespacedCommand.shared = _options(_namespace, _user)
+
+
+def connection(ctx: typer.Context) -> Connection:
+    found = ctx.obj
+    assert isinstance(found, Connection), "a command that connects is registered with cls=UserCommand"
+    return found

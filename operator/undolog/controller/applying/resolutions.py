@@ -1,0 +1,87 @@
+"""Moves a person asked for: a retry of the saga, a skip of an entry, or the refusal of an
+annotation that does not apply now (decisions/resolutions.py decides which)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from undolog.api import (
+    EffectDeliveryState,
+    EffectState,
+    EntryReason,
+    EntryState,
+    EventReason,
+    Saga,
+    SagaPhase,
+    SagaReason,
+    UndoEntryStatus,
+)
+from undolog.controller.applying.turn import Turn
+from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, now
+from undolog.decisions import compensation_plan, moves
+
+
+async def retry(turn: Turn, move: moves.Retry) -> Saga:
+    """What failed goes back to Pending, and the saga resumes."""
+    saga, entries, ledger = turn.saga, turn.entries, turn.context.ledger
+    message = f"retry requested: {move.request}"
+    if move.resume == SagaPhase.COMPLETED:
+        effects = [
+            e.model_copy(update={"state": EffectDeliveryState.PENDING}) if e.state == EffectDeliveryState.FAILED else e
+            for e in saga.status.effects
+        ]
+        status = saga.status.model_copy(
+            update={"effects": effects, "reason": SagaReason.RETRY_REQUESTED, "message": message}
+        )
+        saga = await turn.status.write(saga, status)
+    else:
+        for entry in list(entries):
+            again = _retried(entry.status, move.resume)
+            if again is not None:
+                entries.put(await ledger.write_entry_status(entry, again))
+        # Retrying says the person dealt with the lost entries: the saga goes on without them.
+        acknowledged = [e.model_copy(update={"acknowledged": True}) for e in saga.status.lost_entries]
+        saga = saga.model_copy(update={"status": saga.status.model_copy(update={"lost_entries": acknowledged})})
+        saga = await turn.status.enter(
+            saga, entries, moves.Transition(move.resume, SagaReason.RETRY_REQUESTED, message)
+        )
+    return await ledger.drop_annotation(saga, RETRY_ANNOTATION)
+
+
+def _retried(was: UndoEntryStatus, resume: SagaPhase) -> UndoEntryStatus | None:
+    """An entry's status once a retry resumes the saga, or None when the retry leaves it be."""
+    if (
+        resume == SagaPhase.ACTIVE
+        and was.effect in compensation_plan.FAILED_EFFECTS
+        and was.state != EntryState.SKIPPED
+    ):
+        return was.model_copy(update={"effect": EffectState.PENDING, "reason": None})
+    if resume in (SagaPhase.COMPENSATING, SagaPhase.REWINDING) and was.state == EntryState.FAILED:
+        return was.model_copy(update={"state": EntryState.PENDING, "retry_count": 0, "reason": None})
+    return None
+
+
+async def skip_entry(turn: Turn, move: moves.SkipEntry) -> Saga:
+    saga, entries, ledger = turn.saga, turn.entries, turn.context.ledger
+    name, reason = move.entry.metadata.name, move.reason
+    changes: dict[str, Any] = {
+        "state": EntryState.SKIPPED,
+        "skip_reason": reason,
+        "reason": EntryReason.SKIPPED_BY_PERSON,
+    }
+    if move.resume == SagaPhase.REWINDING:  # settled by the rewind: history from now on
+        changes["rewound_at"] = now()
+    written = await ledger.write_entry_status(entries[name], entries[name].status.model_copy(update=changes))
+    entries.put(await ledger.drop_annotation(written, SKIP_ANNOTATION))
+    turn.context.timeline.record(entries[name], EventReason.SKIPPED, f"skipped by a person: {reason}", warning=True)
+    resumed = moves.Transition(move.resume, SagaReason.ENTRY_SKIPPED, f"{name} skipped: {reason}")
+    return await turn.status.enter(saga, entries, resumed)
+
+
+async def refuse_annotation(turn: Turn, move: moves.RefuseAnnotation) -> Saga:
+    saga, ledger = turn.saga, turn.context.ledger
+    turn.context.timeline.record(saga, EventReason.ANNOTATION_IGNORED, move.message, warning=True)
+    if move.entry is None:
+        return await ledger.drop_annotation(saga, move.key)
+    turn.entries.put(await ledger.drop_annotation(turn.entries[move.entry.metadata.name], move.key))
+    return saga

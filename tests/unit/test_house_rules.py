@@ -1,0 +1,30 @@
+"""The rules of the house that a reader relies on: every move the state machine can decide has
+its applier, and no unit outgrows what one reader holds in mind (devtools/sizes.py)."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+from devtools import sizes
+
+from undolog.controller import applying
+from undolog.decisions import moves
+
+
+def test_every_move_but_wait_has_one_applier() -> None:
+    decided = set(typing.get_args(moves.Move)) - {moves.Wait}
+    assert set(applying.APPLIERS) == decided
+
+
+def test_no_class_over_300_lines_and_no_function_over_50() -> None:
+    over = [f"{u.name}: {u.kind} of {u.lines} lines" for u in sizes.over_limits()]
+    assert over == [], "split these (python -m devtools.sizes shows the longest)"
+
+
+def test_the_size_check_sees_a_long_function(tmp_path: Path) -> None:
+    package = tmp_path / "undolog"
+    package.mkdir()
+    body = "\n".join(f"    x{n} = {n}" for n in range(51))
+    (package / "long.py").write_text(f'def long():\n    """Docstring lines are not counted."""\n{body}\n')
+    assert [(u.name, u.lines) for u in sizes.over_limits(package)] == [("undolog.long:long", 51)]
