@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from undolog import errors
 from undolog.api import EntryReason, LostEntry, Resource, Saga, SagaStatus, UndoEntry, UndoEntryStatus, Webhook
+from undolog.api.changes import changed
 from undolog.api.common import revision_of
 from undolog.conventions import bucket_labels, creation_body, owned_by
 from undolog.kube import Body, Plural
@@ -329,7 +330,7 @@ class Ledger:
 
     async def mark_not_owned(self, entry: UndoEntry, why: str) -> UndoEntry:
         """The entry names a saga that does not own it: said on the entry, which stays as it is."""
-        status = entry.status.model_copy(update={"reason": EntryReason.NOT_OWNED_BY_SAGA, "last_error": why})
+        status = changed(entry.status, {"reason": EntryReason.NOT_OWNED_BY_SAGA, "last_error": why})
         return await self.write_entry_status(entry, status)
 
     async def forget_entry_owners(self, entry: UndoEntry) -> UndoEntry:

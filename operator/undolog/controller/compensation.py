@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from undolog.api import Attempt, AttemptKind, Call, EntryReason, EntryState, EventReason, Saga, SagaPhase, UndoEntry
+from undolog.api.changes import EntryStatusChange, changed
 from undolog.calls.runner import AttemptRecord, CallResult
 from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
 from undolog.conventions import clip, compensation_key, now
@@ -20,7 +21,7 @@ from undolog.decisions.retry import Verdict
 from undolog.errors import CallNotPossible
 
 
-def rewound(saga: Saga) -> dict[str, Any]:
+def rewound(saga: Saga) -> EntryStatusChange:
     """An entry settled while its saga rewinds is history from then on."""
     return {"rewound_at": now()} if saga.status.phase == SagaPhase.REWINDING else {}
 
@@ -35,7 +36,7 @@ class Compensator:
             saga, EventReason.ENTRY_SKIPPED, f"{entry.metadata.name} (step {entry.spec.step}): {why}"
         )
         skipped = {"state": EntryState.SKIPPED, "reason": reason, "skip_reason": why} | rewound(saga)
-        return await self.recorder.ledger.write_entry_status(entry, entry.status.model_copy(update=skipped))
+        return await self.recorder.ledger.write_entry_status(entry, changed(entry.status, skipped))
 
     async def compensate(
         self, saga: Saga, entry: UndoEntry, outputs: Mapping[str, Mapping[str, Any] | None]
@@ -59,7 +60,7 @@ class Compensator:
             return await ledger.write_entry_status(entry, failed)
         args, target = prepared
 
-        def retried(record: AttemptRecord, attempts: list[Attempt]) -> dict[str, Any]:
+        def retried(record: AttemptRecord, attempts: list[Attempt]) -> EntryStatusChange:
             return {"retry_count": record.number, "last_error": record.error, "attempts": attempts}
 
         spec = EntryCall(
@@ -85,9 +86,9 @@ class Compensator:
             "retry_count": result.last.number - 1,
             "attempts": spec.attempts,
         }
-        return await ledger.write_entry_status(entry, entry.status.model_copy(update=changes))
+        return await ledger.write_entry_status(entry, changed(entry.status, changes))
 
-    def _outcome(self, saga: Saga, result: CallResult, label: str) -> dict[str, Any]:
+    def _outcome(self, saga: Saga, result: CallResult, label: str) -> EntryStatusChange:
         """The entry's state once its call is over: Compensated, or Failed with why."""
         timeline, last = self.recorder.timeline, result.last
         if result.verdict != Verdict.SUCCEEDED:

@@ -8,6 +8,7 @@ import logging
 
 from undolog import errors
 from undolog.api import MAX_LOST_ENTRIES, EntryReason, EventReason, LostEntry, Saga, UndoEntry
+from undolog.api.changes import changed
 from undolog.controller.context import DriverContext
 from undolog.controller.saga_status import StatusWriter
 from undolog.conventions import not_owned_why, owned_by
@@ -70,7 +71,7 @@ class EntryLosses:
         new = [e for e in self.lost if e.name not in known]
         if new:
             listed, omitted = lost_entries.recorded(saga.status.lost_entries, saga.status.lost_entries_omitted, new)
-            status = saga.status.model_copy(update={"lost_entries": listed, "lost_entries_omitted": omitted})
+            status = changed(saga.status, {"lost_entries": listed, "lost_entries_omitted": omitted})
             saga = await self.status.write(saga, status)
             for entry in new:
                 self.context.timeline.record(
@@ -93,7 +94,7 @@ class EntryLosses:
         if names == saga.status.unowned_entries:
             return saga
         new = sorted(set(names) - set(saga.status.unowned_entries))
-        saga = await self.status.write(saga, saga.status.model_copy(update={"unowned_entries": names}))
+        saga = await self.status.write(saga, changed(saga.status, {"unowned_entries": names}))
         if new:
             self.context.timeline.record(
                 saga,
@@ -136,7 +137,7 @@ async def report_orphans(context: DriverContext, key: tuple[str, str]) -> None:
             f"no Saga {saga!r} in namespace {namespace}: nothing will compensate this entry until that saga "
             "exists (an entry belongs to the saga of its spec.saga in its own namespace)"
         )
-        status = entry.status.model_copy(update={"reason": EntryReason.SAGA_NOT_FOUND, "last_error": why})
+        status = changed(entry.status, {"reason": EntryReason.SAGA_NOT_FOUND, "last_error": why})
         try:
             context.index.keep(await context.ledger.write_entry_status(entry, status))
         except errors.KubeError as error:

@@ -33,6 +33,7 @@ from undolog.api import (
     StepType,
     UndoEntry,
 )
+from undolog.api.changes import EntryStatusChange, changed
 from undolog.calls.runner import AttemptRecord, CallResult
 from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
 from undolog.conventions import (
@@ -106,7 +107,7 @@ class Forwarder:
             return await ledger.write_entry_status(entry, failed)
         args, target = prepared
 
-        def retried(record: AttemptRecord, attempts: list[Attempt]) -> dict[str, Any]:
+        def retried(record: AttemptRecord, attempts: list[Attempt]) -> EntryStatusChange:
             return {"last_error": record.error, "attempts": attempts}
 
         previous = list(entry.status.attempts)
@@ -129,9 +130,9 @@ class Forwarder:
         )
         result, entry = await self.recorder.run(saga, entry, spec)
         changes = self._outcome(saga, result, label, first_send) | {"executed_at": now(), "attempts": spec.attempts}
-        return await ledger.write_entry_status(entry, entry.status.model_copy(update=changes))
+        return await ledger.write_entry_status(entry, changed(entry.status, changes))
 
-    def _outcome(self, saga: Saga, result: CallResult, label: str, first_send: bool) -> dict[str, Any]:
+    def _outcome(self, saga: Saga, result: CallResult, label: str, first_send: bool) -> EntryStatusChange:
         """The step's effect once its call is over: Committed with its output, else Failed, or
         NotSent when no attempt of a first send ever left."""
         last, timeline = result.last, self.recorder.timeline

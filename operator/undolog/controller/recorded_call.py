@@ -17,6 +17,7 @@ from typing import Any
 
 from undolog import metrics
 from undolog.api import Attempt, AttemptKind, Backoff, Call, EntryReason, EventReason, Saga, UndoEntry
+from undolog.api.changes import EntryStatusChange, changed
 from undolog.api.undo_entry import MAX_ATTEMPTS
 from undolog.calls import protocol
 from undolog.calls.registry import Registry
@@ -31,7 +32,7 @@ from undolog.ledger import Ledger
 
 log = logging.getLogger("undolog.calls")
 IN_FLIGHT_MARK_AFTER = 0.5  # seconds a call may take before its entry is marked in flight
-Changes = dict[str, Any]  # UndoEntryStatus fields to update, by Python name
+Changes = EntryStatusChange
 
 
 def attempt_of(record: AttemptRecord, kind: AttemptKind) -> Attempt:
@@ -159,7 +160,7 @@ class _Attempts:
 
     async def write(self, changes: Changes) -> None:
         async with self.writing:
-            status = self.latest.status.model_copy(update=changes)
+            status = changed(self.latest.status, changes)
             self.latest = await self.recorder.ledger.write_entry_status(self.latest, status)
 
     async def on_attempt(self, record: AttemptRecord, delay: float | None) -> None:
@@ -169,7 +170,7 @@ class _Attempts:
         metrics.attempted(spec.kind, self.saga.metadata.namespace, spec.call.function, record)
         if delay is None:
             return
-        await self.write({**spec.in_flight, **spec.retried(record, list(spec.attempts))})
+        await self.write(spec.in_flight | spec.retried(record, list(spec.attempts)))
         self.recorder.timeline.record(
             self.saga,
             spec.retry_reason,

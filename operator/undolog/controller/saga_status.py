@@ -9,6 +9,7 @@ from datetime import datetime
 
 from undolog import metrics
 from undolog.api import EffectStatus, Saga, SagaPhase, SagaReason, SagaStatus, UndoEntry
+from undolog.api.changes import changed
 from undolog.controller.context import DriverContext
 from undolog.controller.entry_proof import EntryProver
 from undolog.conventions import now
@@ -38,7 +39,7 @@ class StatusWriter:
         phase = transition.phase
         before = saga.status
         if before.phase is None and phase != SagaPhase.ACTIVE:  # its steps ran before Active was written
-            before = before.model_copy(update={"start_time": saga.metadata.creation_timestamp})
+            before = changed(before, {"start_time": saga.metadata.creation_timestamp})
         moment = now()
         status = phases.with_phase(
             before,
@@ -51,13 +52,13 @@ class StatusWriter:
         )
         status = with_counters(status, entries)
         if transition.failed_step:
-            status = status.model_copy(update={"failed_step": transition.failed_step})
+            status = changed(status, {"failed_step": transition.failed_step})
         if transition.rewind is not None:
-            status = status.model_copy(update={"rewind": transition.rewind})
+            status = changed(status, {"rewind": transition.rewind})
         if phase == SagaPhase.COMPLETED and not saga.spec.steps:
             # The proven top of the stack at the commit: an entry above it came later.
             top = max((e.spec.stack_position for e in entries), default=0)
-            status = status.model_copy(update={"top_position": top})
+            status = changed(status, {"top_position": top})
         if phase == SagaPhase.ACTIVE:
             self.prover.forget()  # a new failure needs a new proof
         return status
@@ -98,14 +99,12 @@ class StatusWriter:
 
 
 def with_counters(status: SagaStatus, entries: Collection[UndoEntry]) -> SagaStatus:
-    return status.model_copy(
-        update={"stack_depth": len(entries), "compensated_count": compensation_plan.settled_count(entries)}
-    )
+    return changed(status, {"stack_depth": len(entries), "compensated_count": compensation_plan.settled_count(entries)})
 
 
 def with_effect(status: SagaStatus, delivered: EffectStatus) -> SagaStatus:
     previous = next((e for e in status.effects if e.name == delivered.name), None)
     if previous is not None:
-        delivered = delivered.model_copy(update={"attempts": previous.attempts + delivered.attempts})
+        delivered = changed(delivered, {"attempts": previous.attempts + delivered.attempts})
     effects = [e for e in status.effects if e.name != delivered.name] + [delivered]
-    return status.model_copy(update={"effects": effects})
+    return changed(status, {"effects": effects})

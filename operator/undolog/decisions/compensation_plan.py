@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 
 from undolog.api import Call, EffectState, EntryReason, EntryState, UndoEntry
+from undolog.api.changes import changed, with_status
 from undolog.decisions.stack import Stack
 
 PARALLEL = 10  # entries of one saga compensated at once, at most
@@ -116,7 +117,7 @@ def waves(entries: Sequence[UndoEntry]) -> list[list[UndoEntry]]:
     """What a compensation would do from here (after a retry) if every call succeeded: the
     unsettled entries in the groups that may run together, first group first, newest first."""
     simulated = {
-        e.metadata.name: e.model_copy(update={"status": e.status.model_copy(update={"state": EntryState.PENDING})})
+        e.metadata.name: with_status(e, changed(e.status, {"state": EntryState.PENDING}))
         if e.status.state == EntryState.FAILED
         else e
         for e in entries
@@ -126,8 +127,9 @@ def waves(entries: Sequence[UndoEntry]) -> list[list[UndoEntry]]:
     while wave := ready(list(simulated.values()), failed_blocks=True):
         result.append([original[w.metadata.name] for w in wave])
         for entry in wave:
-            settled = entry.status.model_copy(update={"state": EntryState.COMPENSATED})
-            simulated[entry.metadata.name] = entry.model_copy(update={"status": settled})
+            simulated[entry.metadata.name] = with_status(
+                entry, changed(entry.status, {"state": EntryState.COMPENSATED})
+            )
     return result
 
 

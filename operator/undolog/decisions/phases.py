@@ -36,6 +36,7 @@ from undolog.api import (
     SagaStatus,
     UndoEntry,
 )
+from undolog.api.changes import changed
 from undolog.conventions import (
     ABORT_REASON_ANNOTATION,
     FAILED_STEP_ANNOTATION,
@@ -285,7 +286,7 @@ def rewinding_move(saga: Saga, entries: Stack, now: datetime, proof: EntryProof)
         SagaPhase.ACTIVE,
         SagaReason.REWOUND,
         f"rewound to position {last.to_position}: {undone} entries undone; the saga goes on from there",
-        rewind=last.model_copy(update={"state": RewindState.DONE, "finished_at": now, "undone": undone}),
+        rewind=changed(last, {"state": RewindState.DONE, "finished_at": now, "undone": undone}),
     )
     scope = {e.metadata.name for e in rewind.undone_by(saga, entries)}
     return compensating_move(saga, entries, proof, scope=scope, finished=finished)
@@ -531,7 +532,7 @@ def condition(
     so Succeeded=False keeps saying why the saga failed while it is compensated."""
     before = next((c for c in previous if c.type == type_), None)
     if before is not None and before.status == value:
-        return before.model_copy(update={"observed_generation": generation})
+        return changed(before, {"observed_generation": generation})
     return Condition(
         type=type_,
         status=value,

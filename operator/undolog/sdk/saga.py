@@ -26,6 +26,7 @@ from undolog.api import (
     SagaSpec,
     UndoEntry,
 )
+from undolog.api.changes import EntryStatusChange, changed
 from undolog.conventions import (
     ABORT_REASON_ANNOTATION,
     FAILED_STEP_ANNOTATION,
@@ -190,9 +191,7 @@ class SagaRun:
         entry = await ledger.create_entry(
             new_undo_entry(self.saga, position, step, compensation, depends_on=dependencies)
         )
-        entry = await ledger.write_entry_status(
-            entry, entry.status.model_copy(update={"effect": EffectState.EXECUTING})
-        )
+        entry = await ledger.write_entry_status(entry, changed(entry.status, {"effect": EffectState.EXECUTING}))
         return StepRun(self, step, position, entry)
 
     async def finish(self, run: StepRun, error: BaseException | None = None) -> None:
@@ -201,12 +200,12 @@ class SagaRun:
         ledger = await self._client()
         if error is None:
             output, omitted = kept_output(run.output)
-            changes: dict[str, Any] = {"effect": EffectState.COMMITTED, "output": output, "output_omitted": omitted}
+            changes: EntryStatusChange = {"effect": EffectState.COMMITTED, "output": output, "output_omitted": omitted}
         else:
             effect = EffectState.NOT_SENT if isinstance(error, NotSent) else EffectState.FAILED
             changes = {"effect": effect, "last_error": describe_error(error)[:4096]}
         changes["executed_at"] = now()
-        status = run.entry.status.model_copy(update=changes)
+        status = changed(run.entry.status, changes)
         # Its output is what a compensation may need to find the effect: worth waiting out an outage.
         run.entry = await recorded(
             lambda: ledger.write_entry_status(run.entry, status), f"the outcome of step {run.name!r}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from undolog.api import EventReason, Saga, SagaPhase, SagaReason
+from undolog.api.changes import changed, with_status
 from undolog.controller.applying.compensation import enter_compensating
 from undolog.controller.applying.turn import Turn
 from undolog.conventions import now
@@ -22,7 +23,7 @@ async def transition(turn: Turn, move: moves.Transition) -> Saga:
     """Enter the phase; a compensation's first call leaves beside the write (enter_compensating)."""
     saga, entries = turn.saga, turn.entries
     status = turn.status.entering(saga, entries, move)
-    entered = saga.model_copy(update={"status": status})
+    entered = with_status(saga, status)
     following = phases.decide(entered, entries, now(), turn.prover.proof)
     if isinstance(following, moves.CompensateEntries):
         return await enter_compensating(turn, entered, move.phase, move.reason, following)
@@ -42,7 +43,7 @@ async def sync_metadata(turn: Turn, move: moves.SyncMetadata) -> Saga:
 
 
 async def update_depth(turn: Turn, move: moves.UpdateDepth) -> Saga:
-    return await turn.status.write(turn.saga, turn.saga.status.model_copy(update={"stack_depth": move.stack_depth}))
+    return await turn.status.write(turn.saga, changed(turn.saga.status, {"stack_depth": move.stack_depth}))
 
 
 async def prove_entries(turn: Turn, _: moves.ProveEntries) -> Saga:
@@ -54,7 +55,7 @@ async def prove_entries(turn: Turn, _: moves.ProveEntries) -> Saga:
 async def refuse_rewind(turn: Turn, move: moves.RefuseRewind) -> Saga:
     saga, refused = turn.saga, move.rewind
     turn.context.timeline.record(saga, EventReason.REWIND_REFUSED, refused.message or "rewind refused", warning=True)
-    return await turn.status.write(saga, saga.status.model_copy(update={"rewind": refused}))
+    return await turn.status.write(saga, changed(saga.status, {"rewind": refused}))
 
 
 async def mark_pivot(turn: Turn, _: moves.MarkPivot) -> Saga:
@@ -62,11 +63,11 @@ async def mark_pivot(turn: Turn, _: moves.MarkPivot) -> Saga:
     turn.context.timeline.record(
         saga, EventReason.PIVOT_COMMITTED, "the Pivot step committed: the saga only goes forward now"
     )
-    return await turn.status.write(saga, saga.status.model_copy(update={"pivot_committed": True}))
+    return await turn.status.write(saga, changed(saga.status, {"pivot_committed": True}))
 
 
 async def refuse_abort(turn: Turn, move: moves.RefuseAbort) -> Saga:
     saga = turn.saga
     turn.context.timeline.record(saga, EventReason.ABORT_REFUSED, move.message, warning=True)
-    status = saga.status.model_copy(update={"reason": SagaReason.ABORT_REFUSED, "message": move.message})
+    status = changed(saga.status, {"reason": SagaReason.ABORT_REFUSED, "message": move.message})
     return await turn.status.write(saga, status)

@@ -3,8 +3,6 @@ annotation that does not apply now (decisions/resolutions.py decides which)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from undolog.api import (
     EffectDeliveryState,
     EffectState,
@@ -16,6 +14,7 @@ from undolog.api import (
     SagaReason,
     UndoEntryStatus,
 )
+from undolog.api.changes import EntryStatusChange, changed, with_status
 from undolog.controller.applying.turn import Turn
 from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, now
 from undolog.decisions import compensation_plan, moves
@@ -27,12 +26,10 @@ async def retry(turn: Turn, move: moves.Retry) -> Saga:
     message = f"retry requested: {move.request}"
     if move.resume == SagaPhase.COMPLETED:
         effects = [
-            e.model_copy(update={"state": EffectDeliveryState.PENDING}) if e.state == EffectDeliveryState.FAILED else e
+            changed(e, {"state": EffectDeliveryState.PENDING}) if e.state == EffectDeliveryState.FAILED else e
             for e in saga.status.effects
         ]
-        status = saga.status.model_copy(
-            update={"effects": effects, "reason": SagaReason.RETRY_REQUESTED, "message": message}
-        )
+        status = changed(saga.status, {"effects": effects, "reason": SagaReason.RETRY_REQUESTED, "message": message})
         saga = await turn.status.write(saga, status)
     else:
         for entry in list(entries):
@@ -40,8 +37,8 @@ async def retry(turn: Turn, move: moves.Retry) -> Saga:
             if again is not None:
                 entries.put(await ledger.write_entry_status(entry, again))
         # Retrying says the person dealt with the lost entries: the saga goes on without them.
-        acknowledged = [e.model_copy(update={"acknowledged": True}) for e in saga.status.lost_entries]
-        saga = saga.model_copy(update={"status": saga.status.model_copy(update={"lost_entries": acknowledged})})
+        acknowledged = [changed(e, {"acknowledged": True}) for e in saga.status.lost_entries]
+        saga = with_status(saga, changed(saga.status, {"lost_entries": acknowledged}))
         saga = await turn.status.enter(
             saga, entries, moves.Transition(move.resume, SagaReason.RETRY_REQUESTED, message)
         )
@@ -55,23 +52,23 @@ def _retried(was: UndoEntryStatus, resume: SagaPhase) -> UndoEntryStatus | None:
         and was.effect in compensation_plan.FAILED_EFFECTS
         and was.state != EntryState.SKIPPED
     ):
-        return was.model_copy(update={"effect": EffectState.PENDING, "reason": None})
+        return changed(was, {"effect": EffectState.PENDING, "reason": None})
     if resume in (SagaPhase.COMPENSATING, SagaPhase.REWINDING) and was.state == EntryState.FAILED:
-        return was.model_copy(update={"state": EntryState.PENDING, "retry_count": 0, "reason": None})
+        return changed(was, {"state": EntryState.PENDING, "retry_count": 0, "reason": None})
     return None
 
 
 async def skip_entry(turn: Turn, move: moves.SkipEntry) -> Saga:
     saga, entries, ledger = turn.saga, turn.entries, turn.context.ledger
     name, reason = move.entry.metadata.name, move.reason
-    changes: dict[str, Any] = {
+    changes: EntryStatusChange = {
         "state": EntryState.SKIPPED,
         "skip_reason": reason,
         "reason": EntryReason.SKIPPED_BY_PERSON,
     }
     if move.resume == SagaPhase.REWINDING:  # settled by the rewind: history from now on
         changes["rewound_at"] = now()
-    written = await ledger.write_entry_status(entries[name], entries[name].status.model_copy(update=changes))
+    written = await ledger.write_entry_status(entries[name], changed(entries[name].status, changes))
     entries.put(await ledger.drop_annotation(written, SKIP_ANNOTATION))
     turn.context.timeline.record(entries[name], EventReason.SKIPPED, f"skipped by a person: {reason}", warning=True)
     resumed = moves.Transition(move.resume, SagaReason.ENTRY_SKIPPED, f"{name} skipped: {reason}")
