@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -37,7 +36,7 @@ from undolog.decisions.arguments import resolve
 from undolog.decisions.phases import TERMINAL
 from undolog.errors import CallNotPossible, CommandError
 from undolog.kube import EventRecord, Kube
-from undolog.ledger import Ledger, UnreadableSaga, parse_saga, through_outage
+from undolog.ledger import Ledger, UnreadableSaga, WaitTimedOut, parse_saga, until
 
 OWN_LISTINGS = 50  # sagas whose entries are listed one saga at a time; for more, one listing of all
 # Halted first (a person is needed), then what is moving, then what is done.
@@ -404,11 +403,8 @@ class Inspector:
         verdict = resolutions.abort(saga)
         if isinstance(verdict, resolutions.Refused):
             raise CommandError(verdict.why)
-        patch = {
-            "metadata": {"annotations": {ABORT_REASON_ANNOTATION: await self.stamp(reason)}},
-            "spec": {"outcome": Outcome.ABORT.value},
-        }
-        return Saga.model_validate(await self.kube.patch("sagas", namespace, name, patch))
+        annotations = {ABORT_REASON_ANNOTATION: await self.stamp(reason)}
+        return await self.ledger.request_outcome(namespace, name, Outcome.ABORT, annotations)
 
     async def rewind(self, namespace: str, name: str, to: str | int, reason: str) -> Rewind:
         """Ask for a rewind (spec.rewind) to a position or a step, checked by the shared rules."""
@@ -421,21 +417,20 @@ class Inspector:
         refused = rewind.may_request(saga, request)
         if refused:
             raise CommandError(refused)
-        await self.kube.patch("sagas", namespace, name, {"spec": {"rewind": request.model_dump(by_alias=True)}})
+        await self.ledger.request_rewind(namespace, name, request)
         return request
 
     async def wait(self, namespace: str, name: str, phase: SagaPhase, within: float, poll: float = 0.2) -> Saga:
         """Until the saga is in `phase`; CommandError when it can no longer get there or time runs out."""
-        deadline = time.monotonic() + within
-        while True:
-            try:  # an apiserver restart is waited out, as kubectl wait does
-                saga = await through_outage(lambda: self.saga(namespace, name), deadline, lambda _: poll)
-            except errors.Unavailable as unreachable:
-                raise CommandError(f"saga {name!r} could not be read for {within:g} s: {unreachable.message}") from None
-            if saga.status.phase == phase:
-                return saga
-            if saga.status.phase in TERMINAL:
+
+        def settled(saga: Saga) -> Saga | None:
+            if saga.status.phase in TERMINAL and saga.status.phase != phase:
                 raise CommandError(f"saga {name!r} ended {saga.status.phase}; it will never be {phase}")
-            if time.monotonic() > deadline:
-                raise CommandError(f"saga {name!r} is {saga.status.phase}, not {phase}, after {within:g} s")
-            await asyncio.sleep(poll)
+            return saga if saga.status.phase == phase else None
+
+        try:
+            return await until(lambda: self.saga(namespace, name), settled, within=within, poll=poll)
+        except errors.Unavailable as unreachable:
+            raise CommandError(f"saga {name!r} could not be read for {within:g} s: {unreachable.message}") from None
+        except WaitTimedOut as late:
+            raise CommandError(f"saga {name!r} is {late.saga.status.phase}, not {phase}, after {within:g} s") from None

@@ -19,7 +19,18 @@ from typing import Protocol, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from undolog import errors
-from undolog.api import EntryReason, LostEntry, Resource, Saga, SagaStatus, UndoEntry, UndoEntryStatus, Webhook
+from undolog.api import (
+    EntryReason,
+    LostEntry,
+    Outcome,
+    Resource,
+    Rewind,
+    Saga,
+    SagaStatus,
+    UndoEntry,
+    UndoEntryStatus,
+    Webhook,
+)
 from undolog.api.changes import changed
 from undolog.api.common import revision_of
 from undolog.conventions import bucket_labels, creation_body, owned_by
@@ -131,6 +142,30 @@ async def through_outage(act: Callable[[], Awaitable[T]], deadline: float, pause
             if time.monotonic() + delay > deadline:
                 raise
             await asyncio.sleep(delay)
+
+
+class WaitTimedOut(TimeoutError):
+    """`until` ran out of time; `saga` is the copy read last."""
+
+    def __init__(self, saga: Saga) -> None:
+        super().__init__(f"saga {saga.reference} is {saga.status.phase}")
+        self.saga = saga
+
+
+async def until(
+    read: Callable[[], Awaitable[Saga]], settled: Callable[[Saga], T | None], *, within: float, poll: float
+) -> T:
+    """Read the saga every `poll` seconds until `settled` answers (or raises); an API that cannot
+    be reached (a restart) is waited out, as kubectl wait does. The SDK's and the CLI's waits."""
+    deadline = time.monotonic() + within
+    while True:
+        saga = await through_outage(read, deadline, lambda _: poll)
+        found = settled(saga)
+        if found is not None:
+            return found
+        if time.monotonic() > deadline:
+            raise WaitTimedOut(saga)
+        await asyncio.sleep(poll)
 
 
 @dataclass(frozen=True)
@@ -350,6 +385,20 @@ class Ledger:
         """Write the object unchanged: the API stores it again, in the storage version."""
         written = self.kube.patch(plural, namespace, name, {})
         await (self.entry_writes.written(namespace, written) if plural == "undoentries" else written)
+
+    # -- requests: what an agent (the SDK) and a person (the CLI, the dashboard) ask the operator
+
+    async def request_outcome(self, namespace: str, name: str, outcome: Outcome, annotations: dict[str, str]) -> Saga:
+        """spec.outcome, Commit or Abort (an abort's reason and failed step as annotations)."""
+        patch: Body = {"spec": {"outcome": outcome.value}}
+        if annotations:
+            patch["metadata"] = {"annotations": annotations}
+        return Saga.model_validate(await self.kube.patch("sagas", namespace, name, patch))
+
+    async def request_rewind(self, namespace: str, name: str, request: Rewind) -> Saga:
+        """spec.rewind: the entries above its position undone, then the saga handed back Active."""
+        body = {"spec": {"rewind": request.model_dump(by_alias=True)}}
+        return Saga.model_validate(await self.kube.patch("sagas", namespace, name, body))
 
     async def delete_finished(self, namespace: str, name: str, uid: str, version: str) -> None:
         """Delete a finished saga as it was read (uid and resourceVersion as preconditions: a saga

@@ -203,6 +203,9 @@ class FakeKube:
     def body(self, plural: Plural, namespace: str, name: str) -> Body:
         return copy.deepcopy(self._object(plural, namespace, name))
 
+    async def whoami(self) -> str:
+        return "alice"
+
 
 @dataclass
 class FakeTransport:

@@ -21,6 +21,7 @@ from undolog.api import (
     Outcome,
     Rewind,
     RewindState,
+    RewindStatus,
     Saga,
     SagaPhase,
     SagaSpec,
@@ -46,7 +47,7 @@ from undolog.decisions.phases import FINAL
 from undolog.decisions.retry import operator_retry_seconds
 from undolog.errors import NoSaga, NotSent, RewindNotDone, SagaEnded
 from undolog.kube import Body, Kube, default_namespace
-from undolog.ledger import Ledger, through_outage
+from undolog.ledger import Ledger, WaitTimedOut, through_outage, until
 
 CONFLICT_RETRIES = 10
 POLL_SECONDS = 0.2
@@ -286,19 +287,21 @@ class SagaRun:
         refused = rewind.may_request(self.saga, request)
         if refused:
             raise RewindNotDone(refused)
-        body = {"spec": {"rewind": request.model_dump(by_alias=True)}}
-        self.saga = Saga.model_validate(await self.kube.patch("sagas", self.namespace, self.name, body))
-        deadline = time.monotonic() + within
-        while (done := rewind.outcome(self.saga, request)) is None:
-            if self.saga.status.phase in (*FINAL, SagaPhase.FAILED, SagaPhase.COMPENSATING):
+        self.saga = await ledger.request_rewind(self.namespace, self.name, request)
+
+        def settled(saga: Saga) -> RewindStatus | None:
+            self.saga = saga
+            done = rewind.outcome(saga, request)
+            if done is None and saga.status.phase in (*FINAL, SagaPhase.FAILED, SagaPhase.COMPENSATING):
                 raise RewindNotDone(
-                    f"saga {self.namespace}/{self.name} is {self.saga.status.phase} while rewinding: "
-                    f"{self.saga.status.message}"
+                    f"saga {self.namespace}/{self.name} is {saga.status.phase} while rewinding: {saga.status.message}"
                 )
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"saga {self.namespace}/{self.name} did not finish rewinding in {within} s")
-            await asyncio.sleep(POLL_SECONDS)
-            await self._read(ledger, deadline)
+            return done
+
+        try:
+            done = await until(self._reader(ledger), settled, within=within, poll=POLL_SECONDS)
+        except WaitTimedOut:
+            raise TimeoutError(f"saga {self.namespace}/{self.name} did not finish rewinding in {within} s") from None
         if done.state != RewindState.DONE:
             raise RewindNotDone(done.message or "rewind refused")
         return self.saga
@@ -309,46 +312,38 @@ class SagaRun:
         if self._outcome_written:
             return
         self._ended = outcome
-        await self._client()
-        patch: dict[str, Any] = {"spec": {"outcome": outcome.value}}
-        if annotations:
-            patch["metadata"] = {"annotations": annotations}
+        ledger = await self._client()
         again = (
             f"`undolog abort {self.name} -n {self.namespace} --reason ...`, or abort() again"
             if outcome == Outcome.ABORT
             else "commit() again"
         )
-        written = await recorded(
-            lambda: self.kube.patch("sagas", self.namespace, self.name, patch),
+        self.saga = await recorded(
+            lambda: ledger.request_outcome(self.namespace, self.name, outcome, annotations),
             f"{outcome} of saga {self.namespace}/{self.name} (it stays Active until it is: {again})",
         )
-        self.saga = Saga.model_validate(written)
         self._outcome_written = True
 
     async def wait(self, phases: tuple[SagaPhase, ...] = tuple(FINAL), within: float = 60.0) -> Saga:
         """Poll until the saga reaches one of `phases`; TimeoutError after `within` seconds.
         Works after the `async with` block too (it reconnects)."""
         ledger = await self._client()
-        deadline = time.monotonic() + within
+
+        def settled(saga: Saga) -> Saga | None:
+            self.saga = saga
+            return saga if saga.status.phase in phases else None
+
         try:
-            while True:
-                await self._read(ledger, deadline)
-                if self.saga.status.phase in phases:
-                    return self.saga
-                if time.monotonic() > deadline:
-                    wanted = " or ".join(phases)
-                    raise TimeoutError(f"saga {self.namespace}/{self.name} is {self.saga.status.phase}, not {wanted}")
-                await asyncio.sleep(POLL_SECONDS)
+            return await until(self._reader(ledger), settled, within=within, poll=POLL_SECONDS)
+        except WaitTimedOut as late:
+            wanted = " or ".join(phases)
+            raise TimeoutError(f"saga {self.namespace}/{self.name} is {late.saga.status.phase}, not {wanted}") from None
         finally:
             if self._ended:
                 await self.close()
 
-    async def _read(self, ledger: Ledger, deadline: float) -> Saga:
-        """The saga as it is now; an API that cannot be reached (a restart) is waited for until
-        `deadline`, as any other wait is."""
-        read = functools.partial(ledger.saga, self.namespace, self.name)
-        self.saga = await through_outage(read, deadline, lambda _: POLL_SECONDS)
-        return self.saga
+    def _reader(self, ledger: Ledger) -> Callable[[], Awaitable[Saga]]:
+        return functools.partial(ledger.saga, self.namespace, self.name)
 
     async def close(self) -> None:
         if self.owns_client and not self._closed:

@@ -1,0 +1,46 @@
+"""The operator under test, on fakes (harness.Operator)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.support.fakes import FakeKube, FakeTransport, FixedFence
+from tests.unit.operator.harness import Operator
+from undolog.calls.registry import Registry
+from undolog.calls.runner import Runner
+from undolog.controller.compensation import Compensator
+from undolog.controller.context import DriverContext, SagaSlots, wait_without_slot
+from undolog.controller.entry_index import EntryIndex
+from undolog.controller.forward import Forwarder
+from undolog.controller.recorded_call import CallRecorder
+from undolog.controller.timeline import Timeline
+from undolog.ledger import Ledger
+
+
+@pytest.fixture
+async def operator() -> AsyncIterator[Operator]:
+    kube, transport, fence = FakeKube(), FakeTransport(), FixedFence()
+    ledger = Ledger(kube)
+    timeline = Timeline(kube)
+    timeline.start()
+    runner = Runner(transport, fence, rng=random.Random(1), sleep=wait_without_slot)
+    recorder = CallRecorder(ledger, Registry(ledger), runner, timeline)
+    context = DriverContext(
+        ledger=ledger,
+        timeline=timeline,
+        index=EntryIndex(),
+        compensator=Compensator(recorder),
+        forwarder=Forwarder(recorder),
+        slots=SagaSlots(10),
+        phase_changed=lambda saga: None,
+        fence=fence,
+        entries_seen=lambda namespace: None,
+    )
+    harness = Operator(kube, transport, fence, context, timeline)
+    context.entries_seen = lambda namespace: harness.watched
+    harness.webhook("undo")
+    yield harness
+    await timeline.stop(drain_seconds=1)

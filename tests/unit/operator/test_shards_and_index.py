@@ -1,0 +1,59 @@
+"""Shards and the entry index: objects filed where they belong, finished sagas' entries let go."""
+
+from __future__ import annotations
+
+from tests.support.fakes import FakeKube
+from tests.support.waiting import eventually
+from tests.unit.operator.harness import NS, Operator
+from undolog.api import (
+    UndoEntry,
+)
+from undolog.controller.shard_labels import ShardLabels, filed_in
+from undolog.conventions import BUCKET_LABEL, PHASE_LABEL, bucket_of
+from undolog.decisions.sharding import Shard
+from undolog.kube import Plural
+
+
+async def until_filed(kube: FakeKube, objects: list[tuple[Plural, str]], bucket: str) -> None:
+    async def filed() -> bool:
+        return all(kube.body(p, NS, n)["metadata"]["labels"].get(BUCKET_LABEL) == bucket for p, n in objects)
+
+    await eventually(filed, lambda done: done, 5, "the bucket labels put right")
+
+
+async def test_a_saga_and_entry_labelled_into_the_wrong_shard_are_filed_where_they_belong_not_driven(
+    operator: Operator,
+) -> None:
+    """A bucket label edited by hand would put a saga in a shard whose replica lists it, while its
+    entries (labelled by the SDK) are in another: that replica leaves it alone and puts the
+    label right, so the replica of its real shard drives it with its entries."""
+    name = next(n for n in (f"s{i}" for i in range(100)) if Shard(1, 2).owns(NS, n))
+    saga = operator.saga(name, outcome="Abort")
+    saga["metadata"]["labels"][BUCKET_LABEL] = str(Shard(0, 2).buckets[0])
+    entry = operator.entry(saga, 1, indexed=False)
+    engine = operator.engine(shard=Shard(0, 2), labels=ShardLabels(operator.context.ledger))
+    engine.saga_event("MODIFIED", saga)
+    assert not filed_in(engine.shard, engine.labels, UndoEntry.model_validate(entry))
+    assert engine.drivers == {}
+    await until_filed(operator.kube, [("sagas", name), ("undoentries", f"{name}-1")], str(bucket_of(NS, name)))
+    assert operator.transport.sent == []
+
+
+async def test_the_entries_of_a_finished_saga_are_let_go_until_one_changes(operator: Operator) -> None:
+    """Memory: a Compensated saga's entries leave the index (a late one brings its saga back)."""
+    saga = operator.saga("s", phase="Compensated")
+    saga["metadata"].update(finalizers=[], labels={PHASE_LABEL: "compensated"})
+    operator.entry(saga, 1, state="Compensated")
+    engine = operator.engine(index=operator.context.index)
+    engine.saga_event("MODIFIED", saga)
+    assert engine.index.of((NS, "s")) == {}
+    assert engine.drivers == {}
+    # The watch's echo of an entry write made before the saga settled, arriving after it did.
+    echo = UndoEntry.model_validate(operator.kube.body("undoentries", NS, "s-1"))
+    engine.index.keep(echo)
+    engine.entry_event((echo, False))
+    assert engine.index.of((NS, "s")) == {}
+    late = UndoEntry.model_validate(operator.entry(saga, 2))
+    engine.entry_event((late, False))
+    assert (NS, "s") in engine.drivers
+    await engine.stop()

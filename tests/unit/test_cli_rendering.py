@@ -1,0 +1,48 @@
+"""What the CLI prints of the read model: plain text, kubectl's shapes, nothing a terminal
+would interpret, every line a person acts on present."""
+
+from __future__ import annotations
+
+import yaml
+
+from tests.unit.test_phases import make_entry, make_saga, with_state
+from undolog import errors
+from undolog.api import LostEntry
+from undolog.cli.triage import Output, described, render_detail, render_sagas
+from undolog.inspect import SagaDetail
+
+
+def test_the_undo_stack_is_drawn_newest_first_with_an_unreadable_entry_in_its_place() -> None:
+    entries = [with_state(make_entry(3), "Compensated"), make_entry(1)]
+    unreadable = [LostEntry(name="s-2", stack_position=2, step="step2", why="spec.args nested too deep")]
+    shown = render_detail(SagaDetail(make_saga("Halted"), entries, [], unreadable), Output.table)
+    stack = shown.split("Undo stack (newest first)\n", 1)[1].split("\n\nTimeline", 1)[0].splitlines()
+    assert [line.split()[0] for line in stack] == ["POS", "3", "2", "1"]
+    assert "Unreadable" in stack[2]
+    assert "spec.args nested too deep" in stack[2]
+
+
+def test_text_others_wrote_cannot_move_the_terminal() -> None:
+    saga = make_saga("Halted")
+    saga.status.message = "refund failed: \x1b[2J\x1b[31mred\x07"
+    shown = render_detail(SagaDetail(saga, [], []), Output.table)
+    assert "\x1b" not in shown
+    assert "\x07" not in shown
+
+
+def test_listings_as_json_or_yaml_are_the_objects_the_api_holds() -> None:
+    saga = make_saga("Active")
+    parsed = yaml.safe_load(render_sagas([saga], Output.yaml, with_namespace=False))
+    assert parsed["items"][0]["metadata"]["name"] == "s"
+    assert render_sagas([saga], Output.name, with_namespace=False) == "saga.undolog.io/s"
+
+
+def test_a_refusal_prints_each_cause_under_the_apis_message() -> None:
+    cause = errors.StatusCause("Invalid value: -1", "spec.deadlineSeconds", "FieldValueInvalid")
+    refused = errors.Invalid(
+        'Saga.undolog.io "bad" is invalid', details=errors.StatusDetails(kind="Saga", name="bad", causes=(cause,))
+    )
+    assert described(refused).splitlines() == [
+        'Saga.undolog.io "bad" is invalid',
+        "  spec.deadlineSeconds: Invalid value: -1",
+    ]
