@@ -14,11 +14,11 @@ from typing import Any
 from undolog.api import Attempt, AttemptKind, Call, EntryReason, EntryState, EventReason, Saga, SagaPhase, UndoEntry
 from undolog.api.changes import EntryStatusChange, changed
 from undolog.calls.runner import AttemptRecord, CallResult
+from undolog.calls.transport import Target
 from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
 from undolog.conventions import clip, compensation_key, now
 from undolog.decisions import compensation_plan
 from undolog.decisions.retry import Verdict
-from undolog.errors import CallNotPossible
 
 
 def rewound(saga: Saga) -> EntryStatusChange:
@@ -41,29 +41,34 @@ class Compensator:
     async def compensate(
         self, saga: Saga, entry: UndoEntry, outputs: Mapping[str, Mapping[str, Any] | None]
     ) -> UndoEntry:
-        ledger = self.recorder.ledger
-        name, call = entry.metadata.name, compensation_plan.call_or_skip(entry)
+        call = compensation_plan.call_or_skip(entry)
         if not isinstance(call, Call):
             return await self._skipped(saga, entry, *call)
-        label = f"{name} (step {entry.spec.step}, {call.function} {call.version})"
-        prepared = await self.recorder.prepare(
-            saga, call, outputs, label, missing_as_null=True, kind=AttemptKind.COMPENSATION
+        label = f"{entry.metadata.name} (step {entry.spec.step}, {call.function} {call.version})"
+        return await self.recorder.call_entry(
+            saga,
+            entry,
+            call,
+            outputs,
+            kind=AttemptKind.COMPENSATION,
+            label=label,
+            impossible=lambda refused: {
+                "state": EntryState.FAILED,
+                "reason": EntryReason(refused.reason),
+                "last_error": clip(str(refused)),
+            },
+            spec=lambda args, target: self._spec(saga, entry, call, label, args, target),
+            ended=lambda result, spec: (
+                self._outcome(saga, result, label) | {"retry_count": result.last.number - 1, "attempts": spec.attempts}
+            ),
         )
-        if isinstance(prepared, CallNotPossible):
-            failed = entry.status.model_copy(
-                update={
-                    "state": EntryState.FAILED,
-                    "reason": EntryReason(prepared.reason),
-                    "last_error": clip(str(prepared)),
-                }
-            )
-            return await ledger.write_entry_status(entry, failed)
-        args, target = prepared
 
+    @staticmethod
+    def _spec(saga: Saga, entry: UndoEntry, call: Call, label: str, args: dict[str, Any], target: Target) -> EntryCall:
         def retried(record: AttemptRecord, attempts: list[Attempt]) -> EntryStatusChange:
             return {"retry_count": record.number, "last_error": record.error, "attempts": attempts}
 
-        spec = EntryCall(
+        return EntryCall(
             kind=AttemptKind.COMPENSATION,
             label=label,
             call=call,
@@ -81,12 +86,6 @@ class Compensator:
             retry_reason=EventReason.COMPENSATION_RETRY,
             attempts=list(entry.status.attempts),
         )
-        result, entry = await self.recorder.run(saga, entry, spec)
-        changes = self._outcome(saga, result, label) | {
-            "retry_count": result.last.number - 1,
-            "attempts": spec.attempts,
-        }
-        return await ledger.write_entry_status(entry, changed(entry.status, changes))
 
     def _outcome(self, saga: Saga, result: CallResult, label: str) -> EntryStatusChange:
         """The entry's state once its call is over: Compensated, or Failed with why."""

@@ -33,8 +33,9 @@ from undolog.api import (
     StepType,
     UndoEntry,
 )
-from undolog.api.changes import EntryStatusChange, changed
+from undolog.api.changes import EntryStatusChange
 from undolog.calls.runner import AttemptRecord, CallResult
+from undolog.calls.transport import Target
 from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
 from undolog.conventions import (
     clip,
@@ -89,30 +90,35 @@ class Forwarder:
     ) -> UndoEntry:
         """Send the step's call. `first_send`: no attempt of it can have left before (the
         entry was just created here), so a refusal before sending proves NotSent."""
-        ledger = self.recorder.ledger
         call = step.action
         label = f"{entry.metadata.name} (step {step.name}, {call.function} {call.version})"
-        prepared = await self.recorder.prepare(
-            saga, call, outputs, label, missing_as_null=False, kind=AttemptKind.FORWARD
+        return await self.recorder.call_entry(
+            saga,
+            entry,
+            call,
+            outputs,
+            kind=AttemptKind.FORWARD,
+            label=label,
+            impossible=lambda refused: {
+                "effect": EffectState.NOT_SENT if first_send else EffectState.FAILED,
+                "executed_at": now(),
+                "last_error": clip(str(refused)),
+                "reason": EntryReason(refused.reason),
+            },
+            spec=lambda args, target: self._spec(saga, entry, step, label, args, target),
+            ended=lambda result, spec: (
+                self._outcome(saga, result, label, first_send) | {"executed_at": now(), "attempts": spec.attempts}
+            ),
         )
-        if isinstance(prepared, CallNotPossible):
-            failed = entry.status.model_copy(
-                update={
-                    "effect": EffectState.NOT_SENT if first_send else EffectState.FAILED,
-                    "executed_at": now(),
-                    "last_error": clip(str(prepared)),
-                    "reason": EntryReason(prepared.reason),
-                }
-            )
-            return await ledger.write_entry_status(entry, failed)
-        args, target = prepared
 
+    @staticmethod
+    def _spec(saga: Saga, entry: UndoEntry, step: Step, label: str, args: dict[str, Any], target: Target) -> EntryCall:
         def retried(record: AttemptRecord, attempts: list[Attempt]) -> EntryStatusChange:
             return {"last_error": record.error, "attempts": attempts}
 
-        previous = list(entry.status.attempts)
+        previous, call = list(entry.status.attempts), step.action
         default_retries = FORWARD_RECOVERY_RETRIES if step.type == StepType.RETRIABLE else None
-        spec = EntryCall(
+        return EntryCall(
             kind=AttemptKind.FORWARD,
             label=label,
             call=call,
@@ -128,9 +134,6 @@ class Forwarder:
             retry_reason=EventReason.FORWARD_RETRY,
             attempts=previous,
         )
-        result, entry = await self.recorder.run(saga, entry, spec)
-        changes = self._outcome(saga, result, label, first_send) | {"executed_at": now(), "attempts": spec.attempts}
-        return await ledger.write_entry_status(entry, changed(entry.status, changes))
 
     def _outcome(self, saga: Saga, result: CallResult, label: str, first_send: bool) -> EntryStatusChange:
         """The step's effect once its call is over: Committed with its output, else Failed, or

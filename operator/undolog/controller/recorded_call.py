@@ -102,6 +102,30 @@ class CallRecorder:
             )
             return refused
 
+    async def call_entry(
+        self,
+        saga: Saga,
+        entry: UndoEntry,
+        call: Call,
+        outputs: Mapping[str, Mapping[str, Any] | None],
+        *,
+        kind: AttemptKind,
+        label: str,
+        impossible: Callable[[CallNotPossible], Changes],
+        spec: Callable[[dict[str, Any], Target], EntryCall],
+        ended: Callable[[CallResult, EntryCall], Changes],
+    ) -> UndoEntry:
+        """What a forward call and a compensation share: the call prepared (or why it cannot be
+        made, recorded), made with its retries, and how it ended recorded on the entry."""
+        prepared = await self.prepare(
+            saga, call, outputs, label, missing_as_null=kind != AttemptKind.FORWARD, kind=kind
+        )
+        if isinstance(prepared, CallNotPossible):
+            return await self.ledger.write_entry_status(entry, changed(entry.status, impossible(prepared)))
+        made = spec(*prepared)
+        result, entry = await self.run(saga, entry, made)
+        return await self.ledger.write_entry_status(entry, changed(entry.status, ended(result, made)))
+
     async def run(self, saga: Saga, entry: UndoEntry, spec: EntryCall) -> tuple[CallResult, UndoEntry]:
         """Make the call; returns its result and the entry as last written. A call that failed
         on a target from the Webhook cache is made once more, continuing its attempt numbers,
@@ -109,12 +133,12 @@ class CallRecorder:
         result, entry = await self._attempts(saga, entry, spec)
         if result.verdict == Verdict.SUCCEEDED:
             return result, entry
-        changed = await self.registry.changed(saga.metadata.namespace, spec.call, spec.target)
-        if changed is None:
+        moved = await self.registry.changed(saga.metadata.namespace, spec.call, spec.target)
+        if moved is None:
             return result, entry
         why = "its Webhook changed while the call was made; calling the new target"
         self.timeline.record(saga, spec.retry_reason, f"{spec.label}: {why}")
-        again = replace(spec, target=changed, first_attempt=result.last.number + 1, already_in_flight=True)
+        again = replace(spec, target=moved, first_attempt=result.last.number + 1, already_in_flight=True)
         retried, entry = await self._attempts(saga, entry, again)
         return CallResult(retried.verdict, [*result.attempts, *retried.attempts]), entry
 

@@ -505,8 +505,9 @@ def with_phase(
         for type_, value in zip(PHASE_CONDITIONS, values, strict=True)
     ]
     others = [c for c in status.conditions if c.type not in PHASE_CONDITIONS]
-    return status.model_copy(
-        update={
+    return changed(
+        status,
+        {
             "phase": phase,
             "reason": reason,
             "message": message,
@@ -515,7 +516,7 @@ def with_phase(
             "completion_time": now if phase in TERMINAL else None,
             "expires_at": expires_at if phase in TERMINAL else None,
             "observed_generation": generation,
-        }
+        },
     )
 
 

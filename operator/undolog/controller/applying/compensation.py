@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from undolog import errors
 from undolog.api import EntryReason, EntryState, EventReason, Saga, SagaPhase, SagaReason
+from undolog.api.changes import changed
 from undolog.controller.applying.turn import Turn
 from undolog.controller.concurrency import beside, raise_first
 from undolog.conventions import now
@@ -66,8 +67,9 @@ async def record_late_entry(turn: Turn, move: moves.RecordLateEntry) -> Saga:
         f"registered after saga {saga.metadata.name} was Completed: a committed saga is never compensated, "
         "so nothing will undo this step's effect"
     )
-    settled = entry.status.model_copy(
-        update={"state": EntryState.SKIPPED, "reason": EntryReason.REGISTERED_AFTER_COMPLETION, "skip_reason": why}
+    settled = changed(
+        entry.status,
+        {"state": EntryState.SKIPPED, "reason": EntryReason.REGISTERED_AFTER_COMPLETION, "skip_reason": why},
     )
     turn.entries.put(await turn.context.ledger.write_entry_status(entry, settled))
     turn.context.timeline.record(
