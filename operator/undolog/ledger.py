@@ -34,6 +34,7 @@ from undolog.api import (
 from undolog.api.changes import changed
 from undolog.api.common import revision_of
 from undolog.conventions import bucket_labels, creation_body, owned_by
+from undolog.decisions import entry_changes
 from undolog.kube import Body, Plural
 
 R = TypeVar("R", bound=Resource)
@@ -365,7 +366,7 @@ class Ledger:
 
     async def mark_not_owned(self, entry: UndoEntry, why: str) -> UndoEntry:
         """The entry names a saga that does not own it: said on the entry, which stays as it is."""
-        status = changed(entry.status, {"reason": EntryReason.NOT_OWNED_BY_SAGA, "last_error": why})
+        status = changed(entry.status, entry_changes.not_acted_on(EntryReason.NOT_OWNED_BY_SAGA, why))
         return await self.write_entry_status(entry, status)
 
     async def forget_entry_owners(self, entry: UndoEntry) -> UndoEntry:

@@ -17,7 +17,7 @@ from undolog.calls.runner import AttemptRecord, CallResult
 from undolog.calls.transport import Target
 from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
 from undolog.conventions import clip, compensation_key, now
-from undolog.decisions import compensation_plan
+from undolog.decisions import compensation_plan, entry_changes
 from undolog.decisions.retry import Verdict
 
 
@@ -35,7 +35,7 @@ class Compensator:
         self.recorder.timeline.record(
             saga, EventReason.ENTRY_SKIPPED, f"{entry.metadata.name} (step {entry.spec.step}): {why}"
         )
-        skipped = {"state": EntryState.SKIPPED, "reason": reason, "skip_reason": why} | rewound(saga)
+        skipped = entry_changes.skipped(reason, why) | rewound(saga)
         return await self.recorder.ledger.write_entry_status(entry, changed(entry.status, skipped))
 
     async def compensate(

@@ -12,7 +12,7 @@ from undolog.api.changes import changed
 from undolog.controller.context import DriverContext
 from undolog.controller.saga_status import StatusWriter
 from undolog.conventions import not_owned_why, owned_by
-from undolog.decisions import lost_entries, phases
+from undolog.decisions import entry_changes, lost_entries, phases
 from undolog.decisions.lost_entries import lost_entry
 from undolog.decisions.stack import Stack
 
@@ -137,7 +137,7 @@ async def report_orphans(context: DriverContext, key: tuple[str, str]) -> None:
             f"no Saga {saga!r} in namespace {namespace}: nothing will compensate this entry until that saga "
             "exists (an entry belongs to the saga of its spec.saga in its own namespace)"
         )
-        status = changed(entry.status, {"reason": EntryReason.SAGA_NOT_FOUND, "last_error": why})
+        status = changed(entry.status, entry_changes.not_acted_on(EntryReason.SAGA_NOT_FOUND, why))
         try:
             context.index.keep(await context.ledger.write_entry_status(entry, status))
         except errors.KubeError as error:

@@ -5,19 +5,16 @@ from __future__ import annotations
 
 from undolog.api import (
     EffectDeliveryState,
-    EffectState,
     EntryReason,
-    EntryState,
     EventReason,
     Saga,
     SagaPhase,
     SagaReason,
-    UndoEntryStatus,
 )
-from undolog.api.changes import EntryStatusChange, changed, with_status
+from undolog.api.changes import changed, with_status
 from undolog.controller.applying.turn import Turn
 from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, now
-from undolog.decisions import compensation_plan, moves
+from undolog.decisions import entry_changes, moves
 
 
 async def retry(turn: Turn, move: moves.Retry) -> Saga:
@@ -33,9 +30,9 @@ async def retry(turn: Turn, move: moves.Retry) -> Saga:
         saga = await turn.status.write(saga, status)
     else:
         for entry in list(entries):
-            again = _retried(entry.status, move.resume)
+            again = entry_changes.retried(entry.status, resume_forward=move.resume == SagaPhase.ACTIVE)
             if again is not None:
-                entries.put(await ledger.write_entry_status(entry, again))
+                entries.put(await ledger.write_entry_status(entry, changed(entry.status, again)))
         # Retrying says the person dealt with the lost entries: the saga goes on without them.
         acknowledged = [changed(e, {"acknowledged": True}) for e in saga.status.lost_entries]
         saga = with_status(saga, changed(saga.status, {"lost_entries": acknowledged}))
@@ -45,29 +42,12 @@ async def retry(turn: Turn, move: moves.Retry) -> Saga:
     return await ledger.drop_annotation(saga, RETRY_ANNOTATION)
 
 
-def _retried(was: UndoEntryStatus, resume: SagaPhase) -> UndoEntryStatus | None:
-    """An entry's status once a retry resumes the saga, or None when the retry leaves it be."""
-    if (
-        resume == SagaPhase.ACTIVE
-        and was.effect in compensation_plan.FAILED_EFFECTS
-        and was.state != EntryState.SKIPPED
-    ):
-        return changed(was, {"effect": EffectState.PENDING, "reason": None})
-    if resume in (SagaPhase.COMPENSATING, SagaPhase.REWINDING) and was.state == EntryState.FAILED:
-        return changed(was, {"state": EntryState.PENDING, "retry_count": 0, "reason": None})
-    return None
-
-
 async def skip_entry(turn: Turn, move: moves.SkipEntry) -> Saga:
     saga, entries, ledger = turn.saga, turn.entries, turn.context.ledger
     name, reason = move.entry.metadata.name, move.reason
-    changes: EntryStatusChange = {
-        "state": EntryState.SKIPPED,
-        "skip_reason": reason,
-        "reason": EntryReason.SKIPPED_BY_PERSON,
-    }
-    if move.resume == SagaPhase.REWINDING:  # settled by the rewind: history from now on
-        changes["rewound_at"] = now()
+    # Settled by the rewind, if one is under way: history from now on.
+    rewound_at = now() if move.resume == SagaPhase.REWINDING else None
+    changes = entry_changes.skipped(EntryReason.SKIPPED_BY_PERSON, reason, rewound_at=rewound_at)
     written = await ledger.write_entry_status(entries[name], changed(entries[name].status, changes))
     entries.put(await ledger.drop_annotation(written, SKIP_ANNOTATION))
     turn.context.timeline.record(entries[name], EventReason.SKIPPED, f"skipped by a person: {reason}", warning=True)
