@@ -45,3 +45,31 @@ current-context: elsewhere
     result = CliRunner().invoke(app, ["show", "s1", "--kubeconfig", str(config), "--context", "elsewhere", "-n", "b"])
     assert result.exit_code == 1
     assert "127.0.0.1:1" in result.output
+
+
+def kubeconfig_at(path: Path, server: str, *, with_context: bool) -> Path:
+    """A kubeconfig file with one cluster (and, if asked, the context and user that use it)."""
+    contexts = (
+        "contexts: [{name: here, context: {cluster: c, user: u}}]\ncurrent-context: here\n" if with_context else ""
+    )
+    path.write_text(
+        f'apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: "{server}"}}}}]\n'
+        f"users: [{{name: u, user: {{token: t}}}}]\n{contexts}"
+    )
+    return path
+
+
+def test_kubeconfigs_listed_in_kubeconfig_are_merged_as_kubectl_merges_them(tmp_path: Path) -> None:
+    """The first file names the context, the second defines nothing new: both are read, and
+    the first one's cluster (port 1 of loopback, where nothing listens) is the one called."""
+    first = kubeconfig_at(tmp_path / "a.yaml", "https://127.0.0.1:1", with_context=True)
+    second = kubeconfig_at(tmp_path / "b.yaml", "https://127.0.0.1:2", with_context=False)
+    result = CliRunner().invoke(app, ["show", "s1", "-n", "x"], env={"KUBECONFIG": f"{first}:{second}"})
+    assert result.exit_code == 1
+    assert "127.0.0.1:1" in result.output
+
+
+def test_a_kubeconfig_that_does_not_exist_is_named() -> None:
+    result = CliRunner().invoke(app, ["list", "-n", "x", "--kubeconfig", "/nonexistent/config"])
+    assert result.exit_code == 1
+    assert "no kubeconfig found at /nonexistent/config" in result.output

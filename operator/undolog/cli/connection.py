@@ -22,8 +22,10 @@ class Connection:
 
 def _user(
     context: Annotated[str | None, typer.Option("--context", help="The kubeconfig context to use.")] = None,
+    # Not read from KUBECONFIG here: the client reads that list itself and merges its files.
     kubeconfig: Annotated[
-        str | None, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="The kubeconfig file to use.")
+        str | None,
+        typer.Option("--kubeconfig", help="The kubeconfig file to use (default: KUBECONFIG's files, merged)."),
     ] = None,
     as_user: Annotated[str | None, typer.Option("--as", help="Impersonate this user (the API checks you may).")] = None,
     as_groups: Annotated[

@@ -59,7 +59,8 @@ def operator(
     liveness_port: Annotated[int, typer.Option(help="Port of /healthz (0 disables it).")] = 8080,
     metrics_port: Annotated[int, typer.Option(help="Port of /metrics (0 disables it).")] = 9090,
     kubeconfig: Annotated[
-        str | None, typer.Option(envvar="KUBECONFIG", help="Kubeconfig file; in-cluster config when unset.")
+        str | None,
+        typer.Option(help="Kubeconfig file (default: KUBECONFIG's files, merged; in a Pod, its service account)."),
     ] = None,
     leader_election_namespace: Annotated[
         str | None,

@@ -116,10 +116,11 @@ class _Merged:
     contexts: dict[str, dict[str, Any]] = field(default_factory=dict)
     current: str | None = None
     sources: list[Path] = field(default_factory=list)
+    tried: list[Path] = field(default_factory=list)  # every path looked at, found or not
 
 
 def _read(paths: Sequence[Path]) -> _Merged:
-    merged = _Merged()
+    merged = _Merged(tried=list(paths))
     for path in paths:
         try:
             document = yaml.safe_load(path.read_text()) or {}
@@ -141,7 +142,7 @@ def _read(paths: Sequence[Path]) -> _Merged:
 
 
 def _context(merged: _Merged, context: str | None) -> tuple[str, dict[str, Any]]:
-    where = ", ".join(map(str, merged.sources)) or " or ".join(map(str, kubeconfig_paths()))
+    where = ", ".join(map(str, merged.sources)) or " or ".join(map(str, merged.tried))
     if not merged.sources:
         raise errors.KubeconfigInvalid(
             f"no kubeconfig found at {where}: set KUBECONFIG or --kubeconfig, or run in a Pod"
