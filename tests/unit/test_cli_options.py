@@ -3,6 +3,8 @@ the API takes them after its name, as kubectl's commands do."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from typer.main import get_group
 from typer.testing import CliRunner
 
 from undolog.cli.app import app
+from undolog.version import __version__
 
 SHARED = {"--context", "--kubeconfig", "--as", "--as-group"}
 NAMESPACED = ["list", "show", "plan", "retry", "skip", "abort", "rewind", "wait", "history"]
@@ -73,3 +76,20 @@ def test_a_kubeconfig_that_does_not_exist_is_named() -> None:
     result = CliRunner().invoke(app, ["list", "-n", "x", "--kubeconfig", "/nonexistent/config"])
     assert result.exit_code == 1
     assert "no kubeconfig found at /nonexistent/config" in result.output
+
+
+@pytest.mark.parametrize("asked", [["--version"], ["version"]])
+def test_the_version_is_printed_both_ways(asked: list[str]) -> None:
+    result = CliRunner().invoke(app, asked)
+    assert result.exit_code == 0
+    assert result.output == f"undolog {__version__}\n"
+
+
+def test_without_the_cli_extra_the_command_says_how_to_get_it() -> None:
+    """`pip install undolog` (the lean SDK) has no typer: a message, not a traceback."""
+    blocked = "import sys; sys.modules['typer'] = None; from undolog.cli import main; main()"
+    done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "error: the undolog command needs typer, which `pip install undolog` leaves out: pip install 'undolog[cli]'"
+    )

@@ -1,3 +1,3 @@
-from undolog.cli.app import main
+from undolog.cli import main
 
 main()

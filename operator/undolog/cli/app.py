@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from undolog.cli import triage
@@ -10,6 +12,7 @@ from undolog.cli.dashboard import dashboard
 from undolog.cli.history import history
 from undolog.cli.operator import operator
 from undolog.cli.verify import verify
+from undolog.version import __version__
 
 app = typer.Typer(
     name="undolog",
@@ -19,12 +22,35 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"undolog {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def undolog(
+    version: Annotated[
+        bool, typer.Option("--version", callback=print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """UndoLog: undoable multi-step work on Kubernetes."""
+
+
+def version_command() -> None:
+    """Print the version (the client's; the operator's is on its pod's image)."""
+    typer.echo(f"undolog {__version__}")
+
+
 app.command()(operator)
 app.command(cls=UserCommand)(dashboard)
 app.command("list", cls=NamespacedCommand, epilog=triage.EXIT_CODES)(triage.list_sagas)
 for command in (triage.show, triage.plan, triage.retry, triage.skip, triage.abort, triage.rewind, triage.wait, history):
     app.command(cls=NamespacedCommand, epilog=triage.EXIT_CODES)(command)
 app.command(cls=UserCommand, epilog=triage.EXIT_CODES)(verify)
+app.command("version")(version_command)
 
 
 def main() -> None:
