@@ -25,6 +25,7 @@ from tests.support.operator_process import OperatorProcess
 
 from bench.harness import Bench, RemoteParticipant, bench_cluster, print_table, save
 from bench.scale import populate
+from undolog import errors
 from undolog.controller.leadership import LeaseSettings
 
 
@@ -37,10 +38,19 @@ def archived(postgres: LocalPostgres) -> int:
         return int(found[0]) if found else 0
 
 
+async def reached(probe: Any) -> int:
+    """What `probe()` counts now; -1 when the API could not answer (a loaded apiserver answers a
+    LIST 504 while its cache is behind etcd: the next poll asks again)."""
+    try:
+        return int(await probe())
+    except errors.Unavailable:
+        return -1
+
+
 async def until(probe: Any, target: int, within: float) -> float:
     """Seconds until `probe()` reaches `target` (polled every 0.1 s)."""
     began = time.monotonic()
-    while (await probe()) < target:
+    while (await reached(probe)) < target:
         if time.monotonic() - began > within:
             raise RuntimeError(f"not reached in {within:.0f} s")
         await asyncio.sleep(0.1)
