@@ -69,6 +69,14 @@ def test_what_changed_is_handed_over_once_and_a_listing_replaces_the_rest() -> N
     assert [e.status.state for e in stack.taken_changed()] == [EntryState.COMPENSATED]
     assert stack.taken_changed() == []
     stack.replace([second, third])
-    assert sorted(stack.names()) == ["s-2", "s-3"]
+    assert sorted(e.metadata.name for e in stack) == ["s-2", "s-3"]
     assert stack.highest(compensation_plan.OWED) == third
     assert {e.metadata.name for e in stack.taken_changed()} == {"s-2", "s-3"}  # s-1 is gone, not handed over
+
+
+def test_the_stack_is_a_collection_of_the_entries_it_holds() -> None:
+    first = make_entry(1)
+    stack = Stack([first])
+    assert first in stack
+    assert with_state(first, "Compensated") not in stack  # another copy than the one held
+    assert make_entry(2) not in stack

@@ -49,17 +49,12 @@ class Stack:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._entries
+    def __contains__(self, entry: object) -> bool:
+        """A Collection of entries: whether this copy of the entry is the one held."""
+        return isinstance(entry, UndoEntry) and self._entries.get(entry.metadata.name) == entry
 
     def __getitem__(self, name: str) -> UndoEntry:
         return self._entries[name]
-
-    def get(self, name: str) -> UndoEntry | None:
-        return self._entries.get(name)
-
-    def names(self) -> list[str]:
-        return list(self._entries)
 
     def put(self, entry: UndoEntry) -> None:
         """Hold this copy of the entry (a new one, or in place of the one held)."""
