@@ -20,12 +20,15 @@ from pydantic import BaseModel, ValidationError
 
 from undolog import errors
 from undolog.api import (
+    API_VERSION,
+    Effect,
     EntryReason,
     LostEntry,
     Outcome,
     Resource,
     Rewind,
     Saga,
+    SagaSpec,
     SagaStatus,
     UndoEntry,
     UndoEntryStatus,
@@ -33,12 +36,13 @@ from undolog.api import (
 )
 from undolog.api.changes import changed
 from undolog.api.common import revision_of
-from undolog.conventions import bucket_labels, creation_body, owned_by
+from undolog.conventions import FINALIZER, bucket_labels, creation_body, generated_name, owned_by
 from undolog.decisions import entry_changes
 from undolog.kube import Body, Plural
 
 R = TypeVar("R", bound=Resource)
 T = TypeVar("T")
+NAME_TRIES = 5  # generated saga names tried before giving up
 REBASES = 5  # replays of one entry write over other writers' changes before giving up
 UNSTORED_WHEN_EMPTY = frozenset({"effects", "lostEntries", "lostEntriesOmitted", "unownedEntries"})
 
@@ -290,6 +294,40 @@ class Ledger:
             namespace, self.kube.create("undoentries", namespace, creation_body(entry))
         )
         return UndoEntry.model_validate(created)
+
+    async def create_saga(self, namespace: str, name: str | None, generate_name: str | None, spec: SagaSpec) -> Saga:
+        """Created with the operator's finalizer (deleting it at any moment compensates it first)
+        and its bucket label, so that the replica driving its shard sees it at once. A generated
+        name is chosen here (the bucket comes from the name), again if it is taken."""
+        for _ in range(NAME_TRIES if generate_name is not None else 1):
+            chosen = generated_name(generate_name) if generate_name is not None else str(name)
+            body = {
+                "apiVersion": API_VERSION,
+                "kind": "Saga",
+                "metadata": {"name": chosen, "finalizers": [FINALIZER], "labels": bucket_labels(namespace, chosen)},
+                "spec": spec.to_api(),
+            }
+            try:
+                return Saga.model_validate(await self.kube.create("sagas", namespace, body))
+            except errors.AlreadyExists:
+                if generate_name is None:
+                    raise
+        raise errors.AlreadyExists(f"no free saga name from generate_name {generate_name!r} after {NAME_TRIES} tries")
+
+    async def stage_effect(self, namespace: str, name: str, effect: Effect) -> Saga:
+        """Append a post-commit effect to spec.effects, conditionally: the operator writes the
+        same saga, so a conflict reads it again and appends to the fresh list."""
+        for _ in range(REBASES):
+            saga = await self.saga(namespace, name)
+            effects = [e.to_api() for e in saga.spec.effects or []]
+            try:
+                written = await self.kube.patch(
+                    "sagas", namespace, name, conditional(saga, {"spec": {"effects": [*effects, effect.to_api()]}})
+                )
+                return Saga.model_validate(written)
+            except errors.Conflict:
+                continue
+        raise errors.Conflict(f"Saga {namespace}/{name} kept changing: effect {effect.name!r} was not staged")
 
     async def write_saga_status(self, saga: Saga, status: SagaStatus) -> Saga:
         # The whole status with explicit nulls: a merge patch then clears what the new one drops

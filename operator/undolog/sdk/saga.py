@@ -14,9 +14,9 @@ from typing import Any, ParamSpec, TypeVar
 
 from undolog import errors
 from undolog.api import (
-    API_VERSION,
     Call,
     CompensationPolicy,
+    Effect,
     EffectState,
     Outcome,
     Rewind,
@@ -31,10 +31,7 @@ from undolog.api.changes import EntryStatusChange, changed
 from undolog.conventions import (
     ABORT_REASON_ANNOTATION,
     FAILED_STEP_ANNOTATION,
-    FINALIZER,
-    bucket_labels,
     forward_key,
-    generated_name,
     kept_output,
     new_undo_entry,
     now,
@@ -46,10 +43,9 @@ from undolog.decisions import rewind
 from undolog.decisions.phases import FINAL
 from undolog.decisions.retry import operator_retry_seconds
 from undolog.errors import NoSaga, NotSent, RewindNotDone, SagaEnded
-from undolog.kube import Body, Kube, default_namespace
+from undolog.kube import Kube, default_namespace
 from undolog.ledger import Ledger, WaitTimedOut, through_outage, until
 
-CONFLICT_RETRIES = 10
 POLL_SECONDS = 0.2
 # How long a write that records what already happened (a step's outcome, the saga's end) is
 # tried again while the API cannot be reached: an apiserver restart or a control-plane upgrade
@@ -251,19 +247,10 @@ class SagaRun:
         abort (the same outbox as orchestrated sagas' spec.effects)."""
         ledger = await self._client()
         async with self._lock:
-            for _ in range(CONFLICT_RETRIES):  # the operator writes the same saga: retry on conflict
-                self.saga = await ledger.saga(self.namespace, self.name)
-                effects = [e.to_api() for e in self.saga.spec.effects or []]
-                patch = {
-                    "metadata": {"resourceVersion": self.saga.metadata.resource_version},
-                    "spec": {"effects": [*effects, {"name": name, "call": call.to_api()}]},
-                }
-                try:
-                    self.saga = Saga.model_validate(await self.kube.patch("sagas", self.namespace, self.name, patch))
-                    return
-                except errors.Conflict:
-                    continue
-            raise SagaEnded(f"saga {self.namespace}/{self.name} kept changing: effect {name!r} was not staged")
+            try:
+                self.saga = await ledger.stage_effect(self.namespace, self.name, Effect(name=name, call=call))
+            except errors.Conflict as kept_changing:
+                raise SagaEnded(kept_changing.message) from None
 
     async def commit(self) -> None:
         await self._end(Outcome.COMMIT, {})
@@ -399,7 +386,7 @@ async def open_saga(
     namespace = namespace or default_namespace(kubeconfig)
     try:
         try:
-            created = await _create_saga(client, namespace, name, generate_name, spec)
+            created = await Ledger(client).create_saga(namespace, name, generate_name, spec)
         except errors.AlreadyExists as exists:
             if not resume:
                 raise errors.AlreadyExists(
@@ -412,7 +399,7 @@ async def open_saga(
         if owns:
             await client.close()
         raise
-    return SagaRun(client, Saga.model_validate(created), owns_client=owns, kubeconfig=kubeconfig)
+    return SagaRun(client, created, owns_client=owns, kubeconfig=kubeconfig)
 
 
 async def _resumed(kube: Kube, namespace: str, name: str, owns: bool, kubeconfig: str | None) -> SagaRun:
@@ -432,26 +419,6 @@ async def _resumed(kube: Kube, namespace: str, name: str, owns: bool, kubeconfig
         _positions=max((e.spec.stack_position for e in entries), default=0),
         _names={e.spec.step for e in entries},
     )
-
-
-async def _create_saga(kube: Kube, namespace: str, name: str | None, prefix: str | None, spec: SagaSpec) -> Body:
-    """Created with the operator's finalizer (deleting it at any moment compensates it first) and
-    its bucket label, so that the replica driving its shard sees it at once. A generated name is
-    chosen here (the bucket comes from the name), again if it is taken."""
-    for _ in range(5 if prefix is not None else 1):
-        chosen = generated_name(prefix) if prefix is not None else str(name)
-        body = {
-            "apiVersion": API_VERSION,
-            "kind": "Saga",
-            "metadata": {"name": chosen, "finalizers": [FINALIZER], "labels": bucket_labels(namespace, chosen)},
-            "spec": spec.to_api(),
-        }
-        try:
-            return await kube.create("sagas", namespace, body)
-        except errors.AlreadyExists:
-            if prefix is None:
-                raise
-    raise errors.AlreadyExists(f"no free saga name from generate_name {prefix!r} after 5 tries")
 
 
 P = ParamSpec("P")
