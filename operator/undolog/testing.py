@@ -6,7 +6,11 @@ What the operator relies on, checked over real HTTP with the wire protocol's hea
   same answer (and, by the participant's word, no second effect);
 - a compensation for a forward call the participant never saw is accepted (2xx): the operator
   compensates whenever the outcome is unknown, e.g. a timeout before the request arrived;
-- every answer comes within the Webhook's `timeoutSeconds`.
+- every answer comes within the Webhook's `timeoutSeconds`;
+- with `signing_secret` (the Webhook's `spec.signing` key), every call is signed as the operator
+  signs it, and the participant refuses one whose body was changed, one signed with another key
+  and one whose `webhook-timestamp` is 10 minutes old (a replay of a captured request); a
+  request sent again unchanged is answered as the first (the Idempotency-Key rule).
 
     from undolog.testing import Participant
 
@@ -18,11 +22,13 @@ What the operator relies on, checked over real HTTP with the wire protocol's hea
             timeout_seconds=5,
         ))
 
-Only the standard library is used for HTTP, so the SDK install stays lean.
+Only the standard library is used for HTTP, so the SDK install stays lean (signing needs the
+`standardwebhooks` package, which a participant verifying signatures has already).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import urllib.error
@@ -30,6 +36,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from undolog.calls import protocol
@@ -50,6 +57,7 @@ class Participant:
     forward_args: Mapping[str, Any] = field(default_factory=dict)
     timeout_seconds: float = 10.0  # the Webhook's timeoutSeconds
     step: str = "contract-check"
+    signing_secret: str | None = None  # whsec_...: calls are signed and forgeries must be refused
 
 
 @dataclass(frozen=True)
@@ -59,9 +67,10 @@ class Answer:
     seconds: float
 
 
-def post(url: str, body: Mapping[str, Any], headers: Mapping[str, str], timeout: float) -> Answer:
+def post(url: str, body: Mapping[str, Any] | bytes, headers: Mapping[str, str], timeout: float) -> Answer:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
     request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **headers}, method="POST"
+        url, data=data, headers={"Content-Type": "application/json", **headers}, method="POST"
     )
     started = time.monotonic()
     try:
@@ -94,7 +103,8 @@ def problems(participant: Participant) -> list[str]:
         headers = protocol.headers(
             idempotency_key=key, saga=saga, step=step, org=None, attempt=attempt, forward=forward_of
         )
-        return timed("the compensation", post(participant.compensation_url, args, headers, limit + 1))
+        signed = signed_headers(participant.signing_secret, key, json.dumps(args).encode())
+        return timed("the compensation", post(participant.compensation_url, args, headers | signed, limit + 1))
 
     def same_answer(what: str, first: Answer, again: Answer, why: str) -> None:
         """A 2xx, and the same answer to the same call sent again under its key."""
@@ -109,6 +119,7 @@ def problems(participant: Participant) -> list[str]:
     output: Mapping[str, Any] = {}
     if participant.forward_url is not None:
         headers = protocol.headers(idempotency_key=forward, saga=saga, step=step, org=None, attempt=1)
+        headers |= signed_headers(participant.signing_secret, forward, json.dumps(participant.forward_args).encode())
         first = timed("the forward call", post(participant.forward_url, participant.forward_args, headers, limit + 1))
         again = timed("the forward call", post(participant.forward_url, participant.forward_args, headers, limit + 1))
         same_answer("the forward call", first, again, "a retry would repeat the effect")
@@ -127,6 +138,46 @@ def problems(participant: Participant) -> list[str]:
             f"{unknown.status} {unknown.body}: it must succeed (nothing to undo), since the operator compensates "
             "whenever a forward call's outcome is unknown"
         )
+    if participant.signing_secret is not None:
+        found.extend(forgeries_accepted(participant, saga, unknown_args))
+    return found
+
+
+def signed_headers(secret: str | None, message_id: str, payload: bytes, at: datetime | None = None) -> dict[str, str]:
+    """The Standard Webhooks headers the operator sends (none without a secret)."""
+    if secret is None:
+        return {}
+    from undolog.calls.signing import webhook_headers  # needs standardwebhooks: only when signing
+
+    return webhook_headers(message_id, payload, [secret], at or datetime.now(UTC))
+
+
+def forgeries_accepted(participant: Participant, saga: str, args: Mapping[str, Any]) -> list[str]:
+    """Calls that are not what the operator signed, each of which the participant must refuse."""
+    secret = participant.signing_secret
+    assert secret is not None
+    payload = json.dumps(args).encode()
+    other = "whsec_" + base64.b64encode(uuid.uuid4().bytes).decode()
+    forgeries = {
+        "a changed body": (payload, payload + b" ", secret, None),
+        "a signature made with another key": (payload, payload, other, None),
+        "a webhook-timestamp 10 minutes old": (payload, payload, secret, datetime.now(UTC) - timedelta(minutes=10)),
+    }
+    found = []
+    for what, (signed, sent, key, at) in forgeries.items():
+        message_id = compensation_key(str(uuid.uuid4()))
+        headers = protocol.headers(
+            idempotency_key=message_id,
+            saga=saga,
+            step=participant.step,
+            org=None,
+            attempt=1,
+            forward=forward_key(str(uuid.uuid4()), participant.step),
+        )
+        headers |= signed_headers(key, message_id, signed, at)
+        answer = post(participant.compensation_url, sent, headers, participant.timeout_seconds + 1)
+        if 200 <= answer.status < 300:
+            found.append(f"a compensation with {what} was accepted ({answer.status}): it must be refused (4xx)")
     return found
 
 

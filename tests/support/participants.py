@@ -37,6 +37,7 @@ class Received:
     at: float  # time.monotonic() when the request arrived (its body read)
     replied: int = 0  # the status answered; 0 for a connection reset without an answer
     began: float = 0.0  # time.monotonic() when its request line and headers had been read
+    raw: str = ""  # the body as it came (what a signature covers)
 
     @property
     def key(self) -> str:
@@ -110,7 +111,9 @@ class Participant:
                 except ValueError:
                     body = raw.decode(errors="replace")
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                request = Received(self.path, headers, body, time.monotonic(), began=began)
+                request = Received(
+                    self.path, headers, body, time.monotonic(), began=began, raw=raw.decode(errors="replace")
+                )
                 reply = participant._answer(request)
                 if reply.delay:
                     time.sleep(reply.delay)

@@ -3,13 +3,16 @@ on loopback: the example services keep the contract; participants that break it 
 
 from __future__ import annotations
 
+import base64
 import itertools
 import threading
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from examples.onboarding.services import Authorization, Email, Identity, Reply, Service
+from standardwebhooks import Webhook as Verifier
+from standardwebhooks.webhooks import WebhookVerificationError
 
 from undolog.testing import Participant, problems
 
@@ -112,3 +115,51 @@ def test_a_participant_slower_than_its_timeout_is_caught() -> None:
         server.shutdown()
     assert found
     assert all("over the Webhook's timeoutSeconds=0.3" in f for f in found)
+
+
+SECRET = "whsec_" + base64.b64encode(b"contract-signing-key-0123456789").decode()
+
+
+def signing_participant(verifies: bool) -> ThreadingHTTPServer:
+    """Answers every compensation 200 {} once its key is known; refuses (401) a call whose
+    signature does not verify when `verifies`."""
+    verifier = Verifier(SECRET)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            status = 200
+            if verifies:
+                try:
+                    verifier.verify(raw, dict(self.headers.items()))
+                except WebhookVerificationError:
+                    status = 401
+            self.send_response(status)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("verifies", [True, False])
+def test_a_signed_participant_must_refuse_forgeries(verifies: bool) -> None:
+    server = signing_participant(verifies)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/refund"
+        found = problems(Participant(compensation_url=url, timeout_seconds=2, signing_secret=SECRET))
+    finally:
+        server.shutdown()
+    if verifies:
+        assert found == []  # every call the contract signed as the operator does verified
+    else:
+        assert [f.split(" was accepted")[0] for f in found] == [
+            "a compensation with a changed body",
+            "a compensation with a signature made with another key",
+            "a compensation with a webhook-timestamp 10 minutes old",
+        ]

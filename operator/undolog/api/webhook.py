@@ -79,6 +79,19 @@ class HeadersFrom(Model):
     )
 
 
+class Signing(Model):
+    """How calls are signed (Standard Webhooks: webhook-id, webhook-timestamp, webhook-signature)."""
+
+    secret_ref: SecretReference = Field(
+        description=(
+            "Each key of this Secret holds one signing secret (whsec_ followed by base64, as Standard Webhooks "
+            "libraries generate): every call carries a v1 HMAC-SHA256 signature per key, in key order, so a "
+            "rotation adds the new key, waits for participants to accept it, then removes the old one. Never "
+            "logged or copied to status. The Secret must opt in with the label undolog.io/webhook-headers=true."
+        )
+    )
+
+
 class WebhookSpec(Model):
     """Versions of one function and how to call them."""
 
@@ -97,6 +110,9 @@ class WebhookSpec(Model):
     )
     timeout_seconds: int = Field(default=10, ge=1, le=300, description="Per-attempt timeout.")
     headers_from: HeadersFrom | None = Field(default=None, description="Extra headers from a Secret.")
+    signing: Signing | None = Field(
+        default=None, description="Sign every call with keys from a Secret; unsigned (id and timestamp only) if unset."
+    )
 
     def version(self, name: str) -> WebhookVersion | None:
         """The version a Call names, if registered."""

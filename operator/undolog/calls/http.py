@@ -37,8 +37,9 @@ from yarl import URL
 from undolog.api import OmittedOutput, OutputOmission
 from undolog.api.common import INT64_MAX, INT64_MIN
 from undolog.api.undo_entry import MAX_OMISSION_MESSAGE
+from undolog.calls.signing import webhook_headers
 from undolog.calls.transport import PreparedCall
-from undolog.conventions import MAX_ANSWER_BYTES, MAX_ERROR_TEXT, clip, shown_url
+from undolog.conventions import MAX_ANSWER_BYTES, MAX_ERROR_TEXT, clip, now, shown_url
 from undolog.decisions.egress import EgressPolicy
 from undolog.decisions.retry import CallOutcome
 from undolog.errors import CallRefusal, NotLeading
@@ -289,6 +290,7 @@ class HttpTransport:
         headers = {
             **target.headers,
             **call.headers,
+            **webhook_headers(call.headers.get("Idempotency-Key", ""), payload, target.signing_keys, now()),
             "Content-Type": "application/json",
             "Accept": "application/json",
         }

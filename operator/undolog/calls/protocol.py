@@ -18,6 +18,7 @@ SHARD_HEADER = "Undolog-Shard"  # the shard (`<index>/<count>`) whose Lease the 
 TRANSPORT_HEADERS = frozenset(
     {"content-length", "transfer-encoding", "host", "connection", "keep-alive", "te", "trailer", "upgrade", "expect"}
     | {"content-type", "accept", "user-agent", "idempotency-key"}
+    | {"webhook-id", "webhook-timestamp", "webhook-signature"}
 )
 PROTOCOL_PREFIX = "undolog-"
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a header value is one line: only TAB of the controls

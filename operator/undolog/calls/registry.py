@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from undolog import errors
 from undolog.api import Call, Webhook, WebhookVersion
+from undolog.calls import signing
 from undolog.calls.protocol import secret_headers
 from undolog.calls.transport import Target
 from undolog.calls.webhook_cache import WebhookCache
@@ -89,23 +90,76 @@ class Registry:
             timeout_seconds=float(call.timeout_seconds or webhook.spec.timeout_seconds),
             ca_bundle=version.ca_bundle,
             headers=await self._headers(webhook) if with_headers else {},
+            signing_keys=await self._signing_keys(webhook) if with_headers else (),
         )
 
     async def _headers(self, webhook: Webhook) -> dict[str, str]:
         if webhook.spec.headers_from is None:
             return {}
-        namespace, secret = webhook.metadata.namespace, webhook.spec.headers_from.secret_ref.name
+        secret = webhook.spec.headers_from.secret_ref.name
+        data = await self._secret(webhook, secret, HEADERS)
+        return secret_headers(f"{webhook.metadata.namespace}/{secret}", data)
+
+    async def _signing_keys(self, webhook: Webhook) -> tuple[str, ...]:
+        if webhook.spec.signing is None:
+            return ()
+        secret = webhook.spec.signing.secret_ref.name
+        data = await self._secret(webhook, secret, SIGNING)
+        keys = []
+        for name in sorted(data):
+            value = data[name].decode(errors="replace").strip()
+            problem = signing.key_problem(value)
+            if problem:
+                raise CallNotPossible(
+                    CallRefusal.SIGNING_SECRET_INVALID,
+                    f"Secret {webhook.metadata.namespace}/{secret} (spec.signing) key {name!r} {problem}",
+                )
+            keys.append(value)
+        if not keys:
+            raise CallNotPossible(
+                CallRefusal.SIGNING_SECRET_INVALID,
+                f"Secret {webhook.metadata.namespace}/{secret} (spec.signing) holds no key: add one (whsec_...)",
+            )
+        return tuple(keys)
+
+    async def _secret(self, webhook: Webhook, secret: str, use: SecretUse) -> dict[str, bytes]:
+        """A Secret the Webhook names, once it opted in; CallNotPossible otherwise."""
+        namespace = webhook.metadata.namespace
         try:
             labels, data = await self.ledger.kube.secret(namespace, secret)
         except errors.NotFound:
             raise CallNotPossible(
-                CallRefusal.HEADERS_SECRET_NOT_FOUND,
-                f"Webhook {webhook.reference} names spec.headersFrom.secretRef {secret!r}, which does not exist",
+                use.not_found,
+                f"Webhook {webhook.reference} names {use.field} {secret!r}, which does not exist",
             ) from None
         if labels.get(HEADERS_SECRET_LABEL) != "true":
             raise CallNotPossible(
-                CallRefusal.HEADERS_SECRET_NOT_OPTED_IN,
-                f"Webhook {webhook.reference} names Secret {namespace}/{secret} in spec.headersFrom, which has not "
-                f"opted in: label it {HEADERS_SECRET_LABEL}=true to let UndoLog send it as headers",
+                use.not_opted_in,
+                f"Webhook {webhook.reference} names Secret {namespace}/{secret} in {use.field}, which has not "
+                f"opted in: label it {HEADERS_SECRET_LABEL}=true to let UndoLog {use.purpose}",
             )
-        return secret_headers(f"{namespace}/{secret}", data)
+        return data
+
+
+@dataclass(frozen=True)
+class SecretUse:
+    """What a Webhook reads a Secret for: the field that names it and the refusals."""
+
+    field: str
+    purpose: str
+    not_found: CallRefusal
+    not_opted_in: CallRefusal
+
+
+HEADERS = SecretUse(
+    "spec.headersFrom.secretRef",
+    "send it as headers",
+    CallRefusal.HEADERS_SECRET_NOT_FOUND,
+    CallRefusal.HEADERS_SECRET_NOT_OPTED_IN,
+)
+SIGNING = SecretUse(
+    "spec.signing.secretRef",
+    "sign calls with its keys",
+    CallRefusal.SIGNING_SECRET_NOT_FOUND,
+    CallRefusal.SIGNING_SECRET_NOT_OPTED_IN,
+)

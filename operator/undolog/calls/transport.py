@@ -23,6 +23,7 @@ class Target:
     ca_bundle: str | None = None
     # Secret header values: never logged, never copied to status or events.
     headers: dict[str, str] = field(default_factory=dict, repr=False)
+    signing_keys: tuple[str, ...] = field(default=(), repr=False)  # Standard Webhooks secrets, in order
 
 
 @dataclass(frozen=True)
