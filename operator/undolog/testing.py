@@ -85,6 +85,18 @@ def post(url: str, body: Mapping[str, Any] | bytes, headers: Mapping[str, str], 
     return Answer(status, parsed, time.monotonic() - started)
 
 
+def same_answer(what: str, first: Answer, again: Answer, why: str) -> list[str]:
+    """A 2xx, and the same answer to the same call sent again under its key."""
+    if not 200 <= first.status < 300:
+        return [f"{what} answered {first.status}: {first.body}"]
+    if (again.status, again.body) != (first.status, first.body):
+        return [
+            f"{what} sent twice under one Idempotency-Key answered {first.status} {first.body} then "
+            f"{again.status} {again.body}: {why}"
+        ]
+    return []
+
+
 def problems(participant: Participant) -> list[str]:
     """Every way this participant breaks the contract (empty: it keeps it)."""
     found: list[str] = []
@@ -106,29 +118,21 @@ def problems(participant: Participant) -> list[str]:
         signed = signed_headers(participant.signing_secret, key, json.dumps(args).encode())
         return timed("the compensation", post(participant.compensation_url, args, headers | signed, limit + 1))
 
-    def same_answer(what: str, first: Answer, again: Answer, why: str) -> None:
-        """A 2xx, and the same answer to the same call sent again under its key."""
-        if not 200 <= first.status < 300:
-            found.append(f"{what} answered {first.status}: {first.body}")
-        elif (again.status, again.body) != (first.status, first.body):
-            found.append(
-                f"{what} sent twice under one Idempotency-Key answered {first.status} {first.body} then "
-                f"{again.status} {again.body}: {why}"
-            )
-
     output: Mapping[str, Any] = {}
     if participant.forward_url is not None:
         headers = protocol.headers(idempotency_key=forward, saga=saga, step=step, org=None, attempt=1)
         headers |= signed_headers(participant.signing_secret, forward, json.dumps(participant.forward_args).encode())
         first = timed("the forward call", post(participant.forward_url, participant.forward_args, headers, limit + 1))
         again = timed("the forward call", post(participant.forward_url, participant.forward_args, headers, limit + 1))
-        same_answer("the forward call", first, again, "a retry would repeat the effect")
+        found += same_answer("the forward call", first, again, "a retry would repeat the effect")
         output = first.body if isinstance(first.body, Mapping) else {}
     args = participant.compensation_args
     resolved = args(output) if callable(args) else args
     key = compensation_key(str(uuid.uuid4()))
     first, again = undo(resolved, key, forward, 1), undo(resolved, key, forward, 2)
-    same_answer("the compensation", first, again, "the operator retries under the same key and needs the same answer")
+    found += same_answer(
+        "the compensation", first, again, "the operator retries under the same key and needs the same answer"
+    )
     never_seen = forward_key(str(uuid.uuid4()), step)
     unknown_args = args({}) if callable(args) else args  # what the operator sends: no forward output known
     unknown = undo(unknown_args, compensation_key(str(uuid.uuid4())), never_seen, 1)
