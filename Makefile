@@ -151,6 +151,7 @@ bench: venv tools bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.tempora
 	$(PY) -m bench.footprint --sagas 400
 	$(PY) -m bench.archive --sagas 1000
 	$(PY) -m bench.deep --depths 2000 10000
+	$(PY) -m bench.wave --sagas 500 --down 60 --limit 50
 	$(PY) -m bench.plot
 	$(PY) -m bench.summary
 

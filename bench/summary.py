@@ -38,6 +38,9 @@ KEYS = (
     "deep_saga_entries_per_s_2000",
     "deep_saga_entries_per_s_10000",
     "deep_saga_time_ratio_10000_to_2000",
+    "wave_halted_sagas",
+    "wave_max_calls_in_1s",
+    "wave_seconds_after_return",
 )
 
 
@@ -73,6 +76,7 @@ def summarize() -> dict[str, Any]:
         "footprint",
         "archive",
         "deep",
+        "wave",
     )
     sources = {name: load(name) for name in names}
     fsync = {name: data.get("etcd_fsync") for name, data in sources.items() if data is not None}
@@ -134,6 +138,12 @@ def summarize() -> dict[str, Any]:
                 figures[f"deep_saga_entries_per_s_{depth}"] = measured_depth["entries_per_s"]
         if {r["depth"] for r in deep["results"]["depths"]} >= {2000, 10000}:
             figures["deep_saga_time_ratio_10000_to_2000"] = deep["results"]["time_ratio"]
+
+    if wave := sources["wave"]:
+        # 500 sagas of 3 entries aborted while their participant refused connections for 60 s.
+        figures["wave_halted_sagas"] = wave["results"]["halted_sagas"]
+        figures["wave_max_calls_in_1s"] = wave["results"]["max_calls_in_1s"]
+        figures["wave_seconds_after_return"] = wave["results"]["seconds_after_return"]
 
     for key, value in figures.items():
         if value is None:

@@ -31,6 +31,7 @@ from undolog.api import (
     UndoEntrySpec,
     UndoEntryStatus,
     WebhookSpec,
+    WebhookStatus,
 )
 from undolog.api.saga import ROOT_RULES as SAGA_ROOT_RULES
 from undolog.api.undo_entry import ROOT_RULES as ENTRY_ROOT_RULES
@@ -222,13 +223,13 @@ def definitions() -> dict[str, JsonSchema]:
         plural="webhooks",
         short_name="wh",
         description="The function registry: maps a function name and version to an HTTP target.",
-        properties={"spec": _model_schema(WebhookSpec)},
+        properties={"spec": _model_schema(WebhookSpec), "status": _model_schema(WebhookStatus)},
         columns=[
             _column("Versions", ".spec.versions[*].name"),
             _column("Timeout", ".spec.timeoutSeconds", "integer"),
+            _column("Participant", ".status.participant", description="Unavailable while calls wait for it"),
             AGE,
         ],
-        status=False,
     )
     return {"saga.yaml": saga, "undoentry.yaml": undo_entry, "webhook.yaml": webhook}
 

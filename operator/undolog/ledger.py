@@ -33,6 +33,7 @@ from undolog.api import (
     UndoEntry,
     UndoEntryStatus,
     Webhook,
+    WebhookStatus,
 )
 from undolog.api.changes import changed
 from undolog.api.common import revision_of
@@ -328,6 +329,12 @@ class Ledger:
             except errors.Conflict:
                 continue
         raise errors.Conflict(f"Saga {namespace}/{name} kept changing: effect {effect.name!r} was not staged")
+
+    async def write_webhook_status(self, namespace: str, name: str, status: WebhookStatus) -> None:
+        """Unconditional: whichever replica saw the participant change last says so."""
+        await self.kube.patch_status(
+            "webhooks", namespace, name, {"status": status.model_dump(mode="json", by_alias=True)}
+        )
 
     async def write_saga_status(self, saga: Saga, status: SagaStatus) -> Saga:
         # The whole status with explicit nulls: a merge patch then clears what the new one drops

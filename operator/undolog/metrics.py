@@ -77,6 +77,11 @@ halted_sagas = Gauge(
     "Sagas waiting for a person in phase Halted, by the function they wait on ('' when none, e.g. a lost entry).",
     ["namespace", "function"],
 )
+participant_unavailable = Gauge(
+    "undolog_participant_unavailable",
+    "1 while a participant's breaker is open (it did not answer several calls in a row; calls wait), else 0.",
+    ["namespace", "webhook"],
+)
 compensation_attempts = Counter(
     "undolog_compensation_attempts_total",
     "Compensation calls by outcome (succeeded, transient, permanent) and function.",

@@ -581,7 +581,10 @@ async def test_https_participant_verified_with_ca_bundle(
     try:
         trusted = webhook("refund", url=secure.url("/refund"), caBundle=bundle)
         await kube.create("webhooks", namespace, trusted)
-        await kube.create("webhooks", namespace, webhook("untrusted", url=secure.url("/untrusted")))
+        # A handshake that fails is an outage: waited out for the Webhook's budget, then halted.
+        untrusted = webhook("untrusted", url=secure.url("/untrusted"))
+        untrusted["spec"]["outageBudgetSeconds"] = 2
+        await kube.create("webhooks", namespace, untrusted)
         await external_saga(kube, namespace, "tls", [call("refund"), {**call("untrusted"), "maxRetries": 0}])
         await abort(kube, namespace, "tls")
         halted = await saga_phase(kube, namespace, "tls", "Halted")
@@ -634,6 +637,9 @@ async def test_a_certificate_the_operator_rejects_is_retried_and_named_never_an_
             "name-mismatch": serving_certificate(secure.ca, "participant", dns_names=("elsewhere.example",), ips=()),
         }
         named = {"expired": "expired", "unknown-issuer": "unknown issuer", "name-mismatch": "name mismatch"}
+        # A certificate rejected is an outage: retried without spending maxRetries for the
+        # Webhook's outage budget, then halted naming the certificate's problem.
+        await kube.patch("webhooks", namespace, "refund", {"spec": {"outageBudgetSeconds": 3}})
         for name, certificate in others.items():
             secure.serve(certificate)
             await external_saga(kube, namespace, name, [{**call("refund"), "maxRetries": 1}])
@@ -641,7 +647,10 @@ async def test_a_certificate_the_operator_rejects_is_retried_and_named_never_an_
             halted = await saga_phase(kube, namespace, name, "Halted", within=60)
             entry = await kube.get("undoentries", namespace, f"{name}-1")
             assert entry["status"]["reason"] == "CertificateRejected", entry["status"]
-            assert len(entry["status"]["attempts"]) == 2  # retried
+            assert (
+                f"participant {namespace}/refund did not answer for its outage budget (3 s"
+                in (entry["status"]["lastError"])
+            )
             assert named[name] in entry["status"]["lastError"], entry["status"]["lastError"]
             assert "nothing was sent" not in halted["status"]["message"]
         assert [r.path for r in secure.received()] == ["/refund"]

@@ -166,18 +166,31 @@ class Participant:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self._server = _Server(("127.0.0.1", port), RequestHandler)
+        self._handler, self._tls = RequestHandler, tls
+        self.scheme = "http" if tls is None else "https"
+        self._serve(port)
+
+    def _serve(self, port: int) -> None:
+        self._server = _Server(("127.0.0.1", port), self._handler)
         self._server.daemon_threads = True
-        self.scheme = "http"
-        if tls is not None:
-            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
-            self.scheme = "https"
+        self._port = int(self._server.server_address[1])  # kept for `up`, whatever the first was
+        if self._tls is not None:
+            self._server.socket = self._tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
+    def down(self) -> None:
+        """Stop listening: connections to its port are refused (a service that went away)."""
+        self._server.shutdown()
+        self._server.server_close()
+
+    def up(self) -> None:
+        """Listen again on the same port."""
+        self._serve(self.port)
+
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._port
 
     def url(self, path: str) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}{path}"
@@ -232,6 +245,36 @@ class Participant:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class AtMost:
+    """A participant's own limit: answers 429 to a call that would make more than `per_second`
+    in the last second."""
+
+    def __init__(self, per_second: int) -> None:
+        self.per_second = per_second
+        self.recent: deque[float] = deque()
+        self.refused = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, request: Received) -> Reply:
+        with self.lock:
+            while self.recent and request.at - self.recent[0] >= 1.0:
+                self.recent.popleft()
+            if len(self.recent) >= self.per_second:
+                self.refused += 1
+                return Reply(429, {"error": "over the limit"}, headers={"Retry-After": "1"})
+            self.recent.append(request.at)
+        return Reply(200, {"refunded": True})
+
+
+def most_in_one_second(times: list[float]) -> int:
+    times, most, start = sorted(times), 0, 0
+    for end, at in enumerate(times):
+        while at - times[start] >= 1.0:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
 
 
 class HttpsParticipant(Participant):

@@ -41,7 +41,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: [undoentries]
   verbs: [get, list, watch, create, patch]
 - apiGroups: [undolog.io]
-  resources: [sagas/status, undoentries/status]
+  # webhooks/status: whether the participant answers (its breaker, a column of kubectl get wh)
+  resources: [sagas/status, undoentries/status, webhooks/status]
   verbs: [get, patch]
 - apiGroups: [undolog.io]
   resources: [webhooks]

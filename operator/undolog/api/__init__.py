@@ -55,11 +55,14 @@ from undolog.api.undo_entry import (
 )
 from undolog.api.webhook import (
     HeadersFrom,
+    Limits,
+    ParticipantState,
     SecretReference,
     ServiceReference,
     Signing,
     Webhook,
     WebhookSpec,
+    WebhookStatus,
     WebhookVersion,
 )
 
@@ -87,12 +90,14 @@ __all__ = [
     "EntryState",
     "EventReason",
     "HeadersFrom",
+    "Limits",
     "LostEntry",
     "ObjectMeta",
     "OmittedOutput",
     "OnFailure",
     "Outcome",
     "OutputOmission",
+    "ParticipantState",
     "Resource",
     "Rewind",
     "RewindState",
@@ -112,5 +117,6 @@ __all__ = [
     "UndoEntryStatus",
     "Webhook",
     "WebhookSpec",
+    "WebhookStatus",
     "WebhookVersion",
 ]

@@ -19,6 +19,9 @@ class EventReason(StrEnum):
     EFFECT_DELIVERED = "EffectDelivered"
     EFFECT_RETRY = "EffectRetry"
     EFFECT_FAILED = "EffectFailed"
+    # On a Webhook: its participant stopped answering, or answers again.
+    PARTICIPANT_UNAVAILABLE = "ParticipantUnavailable"
+    PARTICIPANT_AVAILABLE = "ParticipantAvailable"
     # A call that could not be made at all (nothing sent): the refusal's own reason.
     FUNCTION_NOT_FOUND = "FunctionNotFound"
     HEADERS_SECRET_NOT_FOUND = "HeadersSecretNotFound"

@@ -78,6 +78,7 @@ class SagaReason(StrEnum):
     COMPENSATED = "Compensated"
     COMPENSATION_FAILED = "CompensationFailed"
     FUNCTION_NOT_FOUND = "FunctionNotFound"
+    PARTICIPANT_UNAVAILABLE = "ParticipantUnavailable"
     ENTRY_LOST = "EntryLost"
     ENTRY_SKIPPED = "EntrySkipped"
     RETRY_REQUESTED = "RetryRequested"

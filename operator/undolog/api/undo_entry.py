@@ -70,6 +70,7 @@ class EntryReason(StrEnum):
     PERMANENT_FAILURE = "PermanentFailure"
     RETRIES_EXHAUSTED = "RetriesExhausted"
     CERTIFICATE_REJECTED = "CertificateRejected"  # retries exhausted on a certificate not accepted
+    PARTICIPANT_UNAVAILABLE = "ParticipantUnavailable"  # did not answer for the Webhook's outage budget
     # Settled without a call.
     NO_COMPENSATION = "NoCompensation"
     NOT_SENT = "NotSent"  # the forward call never left: nothing to undo

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from enum import StrEnum
 from typing import ClassVar
 
 from pydantic import Field
@@ -92,6 +94,23 @@ class Signing(Model):
     )
 
 
+class Limits(Model):
+    """The pace a participant can take, held across every saga of the operator."""
+
+    calls_per_second: float | None = Field(
+        default=None, ge=0.01, le=100000, description="Calls started per second, on average; unlimited if unset."
+    )
+    burst: int = Field(
+        default=1,
+        ge=1,
+        le=100000,
+        description="Calls that may start at once after a quiet moment (with callsPerSecond).",
+    )
+    in_flight: int | None = Field(
+        default=None, ge=1, le=10000, description="Calls under way at once; 32 if unset (the transport's own bound)."
+    )
+
+
 class WebhookSpec(Model):
     """Versions of one function and how to call them."""
 
@@ -110,6 +129,22 @@ class WebhookSpec(Model):
     )
     timeout_seconds: int = Field(default=10, ge=1, le=300, description="Per-attempt timeout.")
     headers_from: HeadersFrom | None = Field(default=None, description="Extra headers from a Secret.")
+    limits: Limits | None = Field(
+        default=None,
+        description=(
+            "Calls per second (with a burst) and calls in flight to this participant. Each replica of the operator "
+            "takes the share of the shards it holds. A call waiting for its turn holds no saga slot."
+        ),
+    )
+    outage_budget_seconds: int = Field(
+        default=3600,
+        ge=1,
+        le=7 * 24 * 3600,
+        description=(
+            "How long a call waits for a participant that does not answer (refused or reset connections, DNS, TLS, "
+            "timeouts, 502, 503, 504) before its saga halts with ParticipantUnavailable; no retry is spent meanwhile."
+        ),
+    )
     signing: Signing | None = Field(
         default=None, description="Sign every call with keys from a Secret; unsigned (id and timestamp only) if unset."
     )
@@ -119,6 +154,21 @@ class WebhookSpec(Model):
         return next((v for v in self.versions if v.name == name), None)
 
 
+class ParticipantState(StrEnum):
+    AVAILABLE = "Available"
+    UNAVAILABLE = "Unavailable"
+
+
+class WebhookStatus(Model):
+    """Whether the participant answers, as the last operator replica to see it change says."""
+
+    participant: ParticipantState | None = Field(
+        default=None, description="Unavailable while its breaker is open: calls wait for it (spec.outageBudgetSeconds)."
+    )
+    since: datetime | None = Field(default=None, description="When it became so.")
+    message: str | None = Field(default=None, max_length=1024, description="What the last unanswered call met.")
+
+
 class Webhook(Resource):
     """A Webhook object as read from the API."""
 
@@ -126,3 +176,4 @@ class Webhook(Resource):
 
     kind: str = "Webhook"
     spec: WebhookSpec
+    status: WebhookStatus = Field(default_factory=WebhookStatus)

@@ -89,6 +89,9 @@ class Registry:
             url=url,
             timeout_seconds=float(call.timeout_seconds or webhook.spec.timeout_seconds),
             ca_bundle=version.ca_bundle,
+            participant=webhook.reference,
+            limits=webhook.spec.limits,
+            outage_budget_seconds=float(webhook.spec.outage_budget_seconds),
             headers=await self._headers(webhook) if with_headers else {},
             signing_keys=await self._signing_keys(webhook) if with_headers else (),
         )

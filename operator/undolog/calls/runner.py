@@ -20,9 +20,11 @@ from typing import Any, Protocol
 
 from undolog import errors
 from undolog.api import Backoff
+from undolog.calls.pace import Away, OutageBudgetSpent, Pacing, here
 from undolog.calls.protocol import FENCE_HEADER, SHARD_HEADER
 from undolog.calls.transport import PreparedCall, Target, Transport
 from undolog.conventions import now
+from undolog.decisions.outage import unanswered
 from undolog.decisions.retry import CallOutcome, Verdict, classify, next_delay
 
 
@@ -125,12 +127,14 @@ class Runner:
         fence: Fence,
         *,
         rng: random.Random | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        away: Away = here,
+        pacing: Pacing | None = None,
     ) -> None:
         self.transport = transport
         self.fence = fence
         self._rng = rng or random.Random()
-        self._sleep = sleep  # between attempts (the operator frees the saga's slot meanwhile)
+        self._away = away  # waits between attempts and for a participant's turn free the saga's slot
+        self.pacing = pacing or Pacing(away)
 
     async def close(self) -> None:
         await self.transport.close()
@@ -146,18 +150,66 @@ class Runner:
         on_attempt: OnAttempt,
         first_attempt: int = 1,
         leaving: Callable[[], None] = lambda: None,
+        patient: bool = False,
     ) -> CallResult:
-        """Attempts until success, a permanent failure, or the retries are used up.
+        """Attempts until success, a permanent failure, the retries are used up, or (`patient`:
+        compensations) the participant did not answer for its outage budget (Verdict.UNAVAILABLE).
 
         `headers(n)` gives attempt n's headers (Undolog-Attempt changes, the keys do not).
-        Attempt numbers continue from `first_attempt`, so a resumed call keeps counting.
-        `leaving` is told each time an attempt leaves (see PreparedCall).
+        Attempt numbers continue from `first_attempt`, so a resumed call keeps counting, and its
+        earlier attempts count as retries spent. For a patient call, an attempt the participant did
+        not answer spends none (a forward call is better failed, and its saga compensated, than held
+        for an hour). `leaving` is told each time an attempt leaves (see PreparedCall).
         """
         attempts: list[AttemptRecord] = []
-        number = first_attempt
+        number, spent = first_attempt, first_attempt - 1
+        down = Outage()
         while True:
             self.fence.check()
-            sent = headers(number)
+            try:
+                record = await self._attempt(target, body, headers(number), number, down.since, leaving, patient)
+            except OutageBudgetSpent as spent_budget:
+                record = down.record(number, target, spent_budget)
+                attempts.append(record)
+                await on_attempt(record, None)
+                return CallResult(Verdict.UNAVAILABLE, attempts)
+            attempts.append(record)
+            if patient and unanswered(record.outcome):
+                down.saw(record, self.pacing.clock())
+                # Backoff as usual, never counted: `max_retries=streak` lets every unanswered attempt retry.
+                delay = next_delay(
+                    record.outcome,
+                    attempt=down.streak,
+                    backoff=backoff,
+                    max_retries=down.streak,
+                    now=now(),
+                    rng=self._rng,
+                )
+            else:
+                down = Outage()
+                spent += 1
+                delay = next_delay(
+                    record.outcome, attempt=spent, backoff=backoff, max_retries=max_retries, now=now(), rng=self._rng
+                )
+            await on_attempt(record, delay)
+            if delay is None:
+                return CallResult(record.verdict, attempts)
+            await self._away(asyncio.sleep(delay))
+            number += 1
+
+    async def _attempt(
+        self,
+        target: Target,
+        body: dict[str, Any],
+        sent: dict[str, str],
+        number: int,
+        down_since: float | None,
+        leaving: Callable[[], None],
+        patient: bool,
+    ) -> AttemptRecord:
+        """One attempt, once the participant's turn came (the fence asked again after waiting)."""
+        async with self.pacing.turn(target, down_since, patient=patient) as turn:
+            self.fence.check()
             token, shard = self.fence.token(), self.fence.shard()
             if token is not None:
                 sent[FENCE_HEADER] = str(token)
@@ -165,13 +217,33 @@ class Runner:
                 sent[SHARD_HEADER] = shard
             started_at, began = now(), time.monotonic()
             outcome = await self.transport.send(PreparedCall(target, body, sent, leaving))
-            record = AttemptRecord(number, started_at, outcome, int((time.monotonic() - began) * 1000))
-            attempts.append(record)
-            delay = next_delay(
-                outcome, attempt=number, backoff=backoff, max_retries=max_retries, now=now(), rng=self._rng
-            )
-            await on_attempt(record, delay)
-            if delay is None:
-                return CallResult(record.verdict, attempts)
-            await self._sleep(delay)
-            number += 1
+            turn.report(outcome)
+        return AttemptRecord(number, started_at, outcome, int((time.monotonic() - began) * 1000))
+
+
+OUTAGE_TEXT = 1000  # the last attempt's error whole (an Attempt keeps 1024), behind what the wait was
+
+
+@dataclass
+class Outage:
+    """A call's current run of unanswered attempts: when it began (on the pacing's clock)."""
+
+    since: float | None = None
+    streak: int = 0
+    last_error: str | None = None
+    certificate: str | None = None  # the last unanswered attempt's certificate rejection, if it was one
+
+    def saw(self, record: AttemptRecord, at: float) -> None:
+        self.since = self.since if self.since is not None else at
+        self.streak += 1
+        self.last_error, self.certificate = record.error, record.outcome.certificate
+
+    def record(self, number: int, target: Target, spent: OutageBudgetSpent) -> AttemptRecord:
+        """The attempt not made when the budget ran out, saying why (nothing was sent)."""
+        budget = f"{target.outage_budget_seconds:g} s"
+        last_error, certificate = (
+            (self.last_error, self.certificate) if self.streak else (spent.last_error, spent.certificate)
+        )
+        last = f"; last: {last_error}" if last_error else ""
+        error = f"participant {target.participant} did not answer for its outage budget ({budget}{last}); not sent"
+        return AttemptRecord(number, now(), CallOutcome(error=error[:OUTAGE_TEXT], certificate=certificate), 0)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from undolog.api import Limits
 from undolog.decisions.retry import CallOutcome
 
 
@@ -21,6 +22,9 @@ class Target:
     url: str
     timeout_seconds: float  # a limit on the whole attempt, whatever the participant sends
     ca_bundle: str | None = None
+    participant: str = ""  # whose pace and outages these calls share: the Webhook, <namespace>/<name>
+    limits: Limits | None = None
+    outage_budget_seconds: float = 3600.0
     # Secret header values: never logged, never copied to status or events.
     headers: dict[str, str] = field(default_factory=dict, repr=False)
     signing_keys: tuple[str, ...] = field(default=(), repr=False)  # Standard Webhooks secrets, in order

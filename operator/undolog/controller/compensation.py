@@ -85,6 +85,7 @@ class Compensator:
             retried=retried,
             retry_reason=EventReason.COMPENSATION_RETRY,
             attempts=list(entry.status.attempts),
+            patient=True,
         )
 
     def _outcome(self, saga: Saga, result: CallResult, label: str) -> EntryStatusChange:

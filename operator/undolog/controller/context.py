@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TypeVar
 
 from undolog.api import Saga, UndoEntry
 from undolog.calls.runner import Fence
@@ -19,6 +20,8 @@ from undolog.decisions.retention import RetentionPolicy
 from undolog.decisions.turns import Turns
 from undolog.kube.watch import Progress
 from undolog.ledger import Ledger
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -108,11 +111,18 @@ class Slot:
         _current.set(None)
         self.give_back()  # not held when cancelled while waiting to take it back
 
-    async def pause(self, seconds: float) -> None:
-        """Give the slot up for `seconds`. With several calls of the saga under way, the first
+    async def away(self, waiting: Awaitable[T]) -> T:
+        """Give the slot up while `waiting`. With several calls of the saga under way, the first
         to wait gives it up and the first to wake takes it back: never two slots for one saga."""
         self.give_back()
-        await asyncio.sleep(seconds)
+        try:
+            return await waiting
+        finally:
+            task = asyncio.current_task()
+            if task is None or not task.cancelling():  # a driver stopped takes nothing back
+                await self._take_back()
+
+    async def _take_back(self) -> None:
         async with self.taking_back:
             if not self.held:
                 await self.take()
@@ -121,10 +131,8 @@ class Slot:
 _current: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("undolog_slot", default=None)
 
 
-async def wait_without_slot(seconds: float) -> None:
-    """The runner's sleep between attempts: the saga's slot is free for others meanwhile."""
+async def without_slot(waiting: Awaitable[T]) -> T:
+    """The runner's waits (between attempts, for a participant's turn): the saga's slot is free
+    for others meanwhile."""
     slot = _current.get()
-    if slot is None:
-        await asyncio.sleep(seconds)
-    else:
-        await slot.pause(seconds)
+    return await (waiting if slot is None else slot.away(waiting))

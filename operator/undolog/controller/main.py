@@ -26,16 +26,18 @@ from undolog import metrics
 from undolog.api.events import SUCCESSES
 from undolog.archive import ArchiveStore
 from undolog.calls.http import HttpTransport
+from undolog.calls.pace import Pacing
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner, TaskFence
 from undolog.calls.webhook_cache import WebhookCache
 from undolog.controller.archiving import Archiver
 from undolog.controller.compensation import Compensator
-from undolog.controller.context import SagaSlots, wait_without_slot
+from undolog.controller.context import SagaSlots, without_slot
 from undolog.controller.engine import Engine
 from undolog.controller.forward import Forwarder
 from undolog.controller.gauges import SagaGauges
 from undolog.controller.leadership import Leadership, LeaseSettings, identity
+from undolog.controller.participants import BreakerReport
 from undolog.controller.recorded_call import CallRecorder
 from undolog.controller.replicas import Replicas
 from undolog.controller.retention import Pace, Retention
@@ -106,8 +108,9 @@ class Calls:
 async def calls_of(kube: Kube, ledger: Ledger, timeline: Timeline, options: OperatorOptions) -> Calls:
     fence = TaskFence()  # each driver's task carries its shard's Lease
     transport = HttpTransport(options.egress(), guard=fence.check)
-    runner = Runner(transport, fence, sleep=wait_without_slot)
     webhooks = WebhookCache(kube, options.namespaces)
+    pacing = Pacing(without_slot, on_change=BreakerReport(ledger, timeline, webhooks).changed)
+    runner = Runner(transport, fence, away=without_slot, pacing=pacing)
     await webhooks.start()
     registry = Registry(ledger, options.cross_namespace_services, webhooks)
     return Calls(CallRecorder(ledger, registry, runner, timeline), runner, webhooks)
@@ -137,6 +140,8 @@ class Operator:
         self.leases = self.kube.apart()
         self.leaderships = [Leadership(self.leases, options.lease.of_shard(shard), me) for shard in shards]
         self.replicas = Replicas(self.leases, options.lease, me, self.leaderships)
+        # Participants' limits divided among replicas by the shards each holds.
+        self.calls.runner.pacing.share = lambda: (len(self.replicas.held()), len(shards))
         slots, gauges = SagaSlots(options.max_concurrent_sagas), SagaGauges()
         metrics.series.busy = gauges.busy  # a namespace's series stay while this replica drives a saga there
         policy = dataclasses.replace(options.retention, shards=len(shards))

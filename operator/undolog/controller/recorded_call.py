@@ -64,6 +64,7 @@ class EntryCall:
     retried: Callable[[AttemptRecord, list[Attempt]], Changes]  # written after a failed attempt
     retry_reason: EventReason
     attempts: list[Attempt] = field(default_factory=list)  # the entry's recorded attempts so far
+    patient: bool = False  # waits out the participant's outages (compensations: decisions.outage)
 
 
 def headers_for(saga: Saga, *, key: str, step: str, forward: str | None = None) -> Callable[[int], dict[str, str]]:
@@ -174,6 +175,7 @@ class _Attempts:
                 on_attempt=self.on_attempt,
                 first_attempt=spec.first_attempt,
                 leaving=self.left.set,
+                patient=spec.patient,
             )
             if marking is not None and self.writing_mark:
                 await marking  # the mark's write is in flight: the next write needs its copy
@@ -215,7 +217,11 @@ class _Attempts:
 def failure_changes(result: CallResult, saga: Saga, label: str, event: EventReason, timeline: Timeline) -> Changes:
     """A call that ended in failure: said in a Warning Event, and the entry's lastError and reason."""
     last = result.last
-    if last.outcome.refusal is not None:
+    if result.verdict == Verdict.UNAVAILABLE:
+        # A certificate that stayed rejected is named as such: renewing it is the fix.
+        reason = EntryReason.CERTIFICATE_REJECTED if last.outcome.certificate else EntryReason.PARTICIPANT_UNAVAILABLE
+        why = f"gave up after {last.number - 1} attempts"
+    elif last.outcome.refusal is not None:
         why, reason = "refused: nothing was sent", EntryReason.TARGET_REFUSED
     elif result.verdict == Verdict.PERMANENT:
         why, reason = "permanent failure", EntryReason.PERMANENT_FAILURE

@@ -333,16 +333,18 @@ def compensating_move(
     )
 
 
+HALT_REASONS: dict[EntryReason | None, SagaReason] = {
+    EntryReason.FUNCTION_NOT_FOUND: SagaReason.FUNCTION_NOT_FOUND,
+    EntryReason.PARTICIPANT_UNAVAILABLE: SagaReason.PARTICIPANT_UNAVAILABLE,
+}
+
+
 def halt_reason(saga: Saga, failure: UndoEntry, entries: Collection[UndoEntry]) -> tuple[SagaReason, str]:
     compensation = failure.spec.compensation
     function = f"{compensation.function} {compensation.version}" if compensation else "no function"
     failed = [e for e in entries if e.status.state == EntryState.FAILED]
     error = failure.status.last_error or "unknown error"
-    reason = (
-        SagaReason.FUNCTION_NOT_FOUND
-        if failure.status.reason == EntryReason.FUNCTION_NOT_FOUND
-        else SagaReason.COMPENSATION_FAILED
-    )
+    reason = HALT_REASONS.get(failure.status.reason, SagaReason.COMPENSATION_FAILED)
     others = f" ({len(failed) - 1} more failed)" if len(failed) > 1 else ""
     return reason, (
         f"entry {failure.metadata.name} (step {failure.spec.step}, {function}) could not be compensated: "

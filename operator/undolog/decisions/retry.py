@@ -33,6 +33,7 @@ class Verdict(StrEnum):
     SUCCEEDED = "Succeeded"
     TRANSIENT = "Transient"
     PERMANENT = "Permanent"
+    UNAVAILABLE = "Unavailable"  # a call's result only: the participant did not answer for its outage budget
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ def retry_after_seconds(header: str | None, now: datetime) -> float | None:
 
 def backoff_cap_seconds(backoff: Backoff, retry_number: int) -> float:
     """Upper bound of the delay before retry `retry_number` (1 for the first retry)."""
-    cap_ms = backoff.initial_milliseconds * backoff.multiplier ** (retry_number - 1)
+    # The exponent capped: an outage retries without end, and 2.0**1024 overflows a float.
+    cap_ms = backoff.initial_milliseconds * backoff.multiplier ** min(retry_number - 1, 64)
     return min(cap_ms, backoff.max_milliseconds) / 1000.0
 
 

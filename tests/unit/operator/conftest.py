@@ -12,7 +12,7 @@ from tests.unit.operator.harness import Operator
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner
 from undolog.controller.compensation import Compensator
-from undolog.controller.context import DriverContext, SagaSlots, wait_without_slot
+from undolog.controller.context import DriverContext, SagaSlots, without_slot
 from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
 from undolog.controller.recorded_call import CallRecorder
@@ -26,7 +26,7 @@ async def operator() -> AsyncIterator[Operator]:
     ledger = Ledger(kube)
     timeline = Timeline(kube)
     timeline.start()
-    runner = Runner(transport, fence, rng=random.Random(1), sleep=wait_without_slot)
+    runner = Runner(transport, fence, rng=random.Random(1), away=without_slot)
     recorder = CallRecorder(ledger, Registry(ledger), runner, timeline)
     context = DriverContext(
         ledger=ledger,

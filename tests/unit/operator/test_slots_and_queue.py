@@ -10,7 +10,7 @@ from tests.support.objects import entry_body
 from tests.support.waiting import eventually
 from tests.unit.operator.harness import NS, Operator
 from undolog.calls.transport import PreparedCall
-from undolog.controller.context import SagaSlots, Slot, wait_without_slot
+from undolog.controller.context import SagaSlots, Slot, without_slot
 from undolog.controller.driver import SagaDriver
 from undolog.decisions.retry import CallOutcome
 from undolog.kube import Body, Plural
@@ -19,7 +19,9 @@ from undolog.kube import Body, Plural
 async def test_calls_made_together_give_up_and_take_back_one_slot() -> None:
     slots = SagaSlots(2)
     async with Slot(slots, NS):
-        await asyncio.gather(wait_without_slot(0.01), wait_without_slot(0.02))  # two calls of one saga retrying
+        await asyncio.gather(
+            without_slot(asyncio.sleep(0.01)), without_slot(asyncio.sleep(0.02))
+        )  # two calls of one saga retrying
         assert slots.locked() is False  # it holds exactly one of the two
     await asyncio.wait_for(asyncio.gather(slots.acquire(NS), slots.acquire(NS)), 1)  # both free again: none leaked
 

@@ -1,0 +1,114 @@
+"""A participant's outages and pace, decided over plain data: the circuit breaker and the token
+bucket that `calls.pace` holds per participant (a Webhook), across every saga of the operator.
+
+"The participant did not answer" (connection refused or reset, DNS failure, TLS handshake or
+certificate failure, a timeout, 502, 503, 504) is an outage, not the participant's verdict on
+the call: it spends no retries. After OPEN_AFTER such outcomes in a row, whichever sagas made
+them, the breaker opens: calls wait, and one probe at a time goes out, FIRST_PROBE_SECONDS after
+opening and then doubling up to MAX_PROBE_SECONDS. Any answer closes it (a probe's or a call's
+that was already on its way). A call waits at most its Webhook's outage budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from undolog.decisions.retry import CallOutcome
+
+OPEN_AFTER = 5  # unanswered calls in a row, across sagas
+FIRST_PROBE_SECONDS = 1.0
+MAX_PROBE_SECONDS = 60.0
+UNANSWERED_STATUSES = frozenset({502, 503, 504})  # a gateway or the service saying it is not there
+
+
+def unanswered(outcome: CallOutcome) -> bool:
+    """The participant did not answer the call (never true of a call refused before sending)."""
+    if outcome.refusal is not None:
+        return False
+    return outcome.status_code is None or outcome.status_code in UNANSWERED_STATUSES
+
+
+def probe_delay(failed_probes: int) -> float:
+    return min(FIRST_PROBE_SECONDS * 2.0**failed_probes, MAX_PROBE_SECONDS)
+
+
+@dataclass(frozen=True)
+class Breaker:
+    """One participant's breaker. Times are the pace's monotonic clock, in seconds."""
+
+    failures: int = 0  # unanswered outcomes in a row
+    open_since: float | None = None
+    failed_probes: int = 0
+    probe_at: float = 0.0
+    probing: bool = False  # a probe is out: no other call goes until it is back
+
+    @property
+    def open(self) -> bool:
+        return self.open_since is not None
+
+    def wait(self, now: float) -> float | None:
+        """0 when a call may go now; else seconds until one might (None: until the probe is back)."""
+        if not self.open:
+            return 0.0
+        if self.probing:
+            return None
+        return max(self.probe_at - now, 0.0)
+
+    def probe(self) -> Breaker:
+        """A waiting call goes out as the probe."""
+        return replace(self, probing=True)
+
+    def probe_back(self) -> Breaker:
+        """The probe never went (refused before sending, or cancelled): the next call probes."""
+        return replace(self, probing=False)
+
+    def answered(self) -> Breaker:
+        return Breaker()
+
+    def unanswered(self, now: float, *, probe: bool) -> Breaker:
+        if self.open:
+            if not probe:
+                return self  # a call sent before it opened: the probes set the pace
+            failed = self.failed_probes + 1
+            return replace(self, failed_probes=failed, probe_at=now + probe_delay(failed), probing=False)
+        failures = self.failures + 1
+        if failures < OPEN_AFTER:
+            return replace(self, failures=failures)
+        return Breaker(failures, open_since=now, probe_at=now + probe_delay(0))
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Calls per second with a burst, as a reservation: each call takes a token, and one that
+    finds none waits for its turn, which the tokens owed (below zero) put behind the others.
+    In any window of T seconds at most `burst + rate * T` calls leave."""
+
+    rate: float
+    burst: float
+    tokens: float
+    at: float
+
+    @classmethod
+    def full(cls, rate: float, burst: int, now: float) -> Bucket:
+        return cls(rate, float(burst), float(burst), now)
+
+    def reserve(self, now: float) -> tuple[Bucket, float]:
+        """Take a token: the bucket after, and the seconds to wait before the call may leave."""
+        tokens = min(self.burst, self.tokens + max(now - self.at, 0.0) * self.rate) - 1.0
+        return replace(self, tokens=tokens, at=now), max(-tokens / self.rate, 0.0)
+
+    def resized(self, rate: float, burst: int) -> Bucket:
+        """The same bucket under new limits (an edited Webhook, a replica's new share)."""
+        return replace(self, rate=rate, burst=float(burst), tokens=min(self.tokens, float(burst)))
+
+
+def share_of(limit: float, held: int, shards: int) -> float:
+    """A replica's part of a limit: in proportion to the shards it holds (the whole limit while
+    it holds none: it then drives no saga, and a tool it runs is alone)."""
+    return limit * held / shards if shards and held else limit
+
+
+def in_flight_share(limit: int, held: int, shards: int) -> int:
+    """At least one call: a replica holding a shard can always make progress."""
+    return max(1, math.floor(share_of(limit, held, shards)))
