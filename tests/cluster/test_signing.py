@@ -1,13 +1,15 @@
-"""Signed calls (Standard Webhooks): a participant verifying with the `standardwebhooks` library
-accepts every call the operator makes, forward and compensation, during a key rotation, and
-what it refuses (a tampered body, a wrong key, an old timestamp) it refuses on a call the
-operator really sent."""
+"""Calls a participant can trust. Signed (Standard Webhooks): a participant verifying with the
+`standardwebhooks` library accepts every call the operator makes, forward and compensation,
+during a key rotation, and refuses a changed body, a wrong key and an old timestamp on a call
+the operator really sent. mTLS: the operator presents the client certificate its Webhook names."""
 
 from __future__ import annotations
 
 import base64
 import os
+import ssl
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ from tests.cluster.test_compensation import abort, external_saga
 from tests.conftest import Cluster
 from tests.support.manifests import call, saga, step, webhook
 from tests.support.operator_process import OperatorProcess
-from tests.support.participants import Participant, Received, Reply
+from tests.support.participants import HttpsParticipant, Participant, Received, Reply
 from tests.support.waiting import saga_phase
 from undolog.kube import Kube
 
@@ -106,3 +108,41 @@ async def test_a_signing_secret_that_cannot_sign_halts_naming_the_key_and_sends_
         in (halted["status"]["message"])
     )
     assert participant.received("/refund") == []
+
+
+async def test_a_participant_that_asks_for_a_client_certificate_gets_the_one_its_webhook_names(
+    kube: Kube, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """mTLS: the participant refuses a handshake without a certificate from its client CA; the
+    Webhook naming one (a kubernetes.io/tls Secret) is compensated, one naming none is not."""
+    from devtools.control_plane.pki import certificate_authority, client_certificate
+
+    secure = HttpsParticipant(tmp_path)
+    clients = certificate_authority("participant-clients")
+    secure.context.verify_mode = ssl.CERT_REQUIRED
+    secure.context.load_verify_locations(cadata=clients.certificate_pem.decode())
+    issued = client_certificate(clients, "undolog-operator")
+    try:
+        secret = {
+            "metadata": {"name": "operator-client", "labels": {"undolog.io/webhook-headers": "true"}},
+            "type": "kubernetes.io/tls",
+            "stringData": {"tls.crt": issued.certificate_pem.decode(), "tls.key": issued.key_pem.decode()},
+        }
+        await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret)
+        mutual = webhook("refund", url=secure.url("/refund"), caBundle=secure.bundle)
+        mutual["spec"]["clientCertificate"] = {"secretRef": {"name": "operator-client"}}
+        anonymous = webhook("anonymous", url=secure.url("/anonymous"), caBundle=secure.bundle)
+        anonymous["spec"]["outageBudgetSeconds"] = 2  # a refused handshake is an outage: waited out, then halted
+        for hook in (mutual, anonymous):
+            await kube.create("webhooks", namespace, hook)
+        await external_saga(kube, namespace, "mutual", [call("refund")])
+        await external_saga(kube, namespace, "anonymous", [call("anonymous")])
+        for name in ("mutual", "anonymous"):
+            await abort(kube, namespace, name)
+        await saga_phase(kube, namespace, "mutual", "Compensated", within=30)
+        halted = await saga_phase(kube, namespace, "anonymous", "Halted", within=30)
+        assert halted["status"]["reason"] == "ParticipantUnavailable"
+        assert [r.path for r in secure.received()] == ["/refund"]
+    finally:
+        secure.close()
+    assert issued.key_pem.decode().splitlines()[1] not in operator.log()

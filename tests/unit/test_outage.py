@@ -75,11 +75,13 @@ def test_in_any_window_no_more_calls_leave_than_the_burst_and_the_rate_allow(
     rate: float, burst: int, gaps: list[float]
 ) -> None:
     bucket, now, leaving = Bucket.full(rate, burst, 0.0), 0.0, []
-    for gap in gaps:
+    for gap in gaps:  # callers arriving `gap` apart, each trying again when told, a little late
         now += gap
-        bucket, wait = bucket.reserve(now)
-        leaving.append(now + wait)
-    leaving.sort()
+        bucket, wait = bucket.take(now)
+        while wait > 0:
+            now += wait + gap / 10
+            bucket, wait = bucket.take(now)
+        leaving.append(now)
     for i, start in enumerate(leaving):
         window = [t for t in leaving[i:] if t - start <= 1.0]
         assert len(window) <= burst + rate * 1.0 + 1e-6

@@ -54,6 +54,7 @@ from undolog.api.undo_entry import (
     UndoEntryStatus,
 )
 from undolog.api.webhook import (
+    ClientCertificate,
     HeadersFrom,
     Limits,
     ParticipantState,
@@ -78,6 +79,7 @@ __all__ = [
     "AttemptKind",
     "Backoff",
     "Call",
+    "ClientCertificate",
     "CompensationPolicy",
     "Condition",
     "ConditionStatus",

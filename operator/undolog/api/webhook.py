@@ -94,6 +94,18 @@ class Signing(Model):
     )
 
 
+class ClientCertificate(Model):
+    """The certificate the operator presents to a participant that asks for one (mTLS)."""
+
+    secret_ref: SecretReference = Field(
+        description=(
+            "A Secret holding tls.crt (PEM, the certificate and any intermediates) and tls.key (its PEM key), as "
+            "kubernetes.io/tls Secrets and cert-manager's Certificates hold them. Never logged or copied to "
+            "status. The Secret must opt in with the label undolog.io/webhook-headers=true."
+        )
+    )
+
+
 class Limits(Model):
     """The pace a participant can take, held across every saga of the operator."""
 
@@ -144,6 +156,9 @@ class WebhookSpec(Model):
             "How long a call waits for a participant that does not answer (refused or reset connections, DNS, TLS, "
             "timeouts, 502, 503, 504) before its saga halts with ParticipantUnavailable; no retry is spent meanwhile."
         ),
+    )
+    client_certificate: ClientCertificate | None = Field(
+        default=None, description="Present this client certificate on https calls (mTLS); none if unset."
     )
     signing: Signing | None = Field(
         default=None, description="Sign every call with keys from a Secret; unsigned (id and timestamp only) if unset."

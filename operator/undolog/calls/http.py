@@ -43,6 +43,7 @@ from undolog.conventions import MAX_ANSWER_BYTES, MAX_ERROR_TEXT, clip, now, sho
 from undolog.decisions.egress import EgressPolicy
 from undolog.decisions.retry import CallOutcome
 from undolog.errors import CallRefusal, NotLeading
+from undolog.tls import load_certificate_chain
 
 ERROR_BYTES = 4 * MAX_ERROR_TEXT  # of an error answer, enough for its first MAX_ERROR_TEXT characters
 READ_CHUNK = 64 * 1024
@@ -246,8 +247,8 @@ class HttpTransport:
         self.policy = policy
         # One TLS context per CA bundle, the least recently used dropped past MAX_CONTEXTS: Webhook
         # authors choose the bundles, and must not grow the operator's memory without bound.
-        self._contexts: OrderedDict[str | None, ssl.SSLContext] = OrderedDict()
-        self._context(None)  # the system roots are loaded now, not on the first call
+        self._contexts: OrderedDict[tuple[str | None, int | None], ssl.SSLContext] = OrderedDict()
+        self._context(None, None)  # the system roots are loaded now, not on the first call
         self._lookups = Lookups()
         connector = aiohttp.TCPConnector(
             limit=0,  # bounded by the slots, waited for before an attempt's clock starts
@@ -266,10 +267,13 @@ class HttpTransport:
         )
         self.slots = ParticipantSlots(total=calls_in_flight)
 
-    def _context(self, ca_bundle: str | None) -> ssl.SSLContext:
-        context = self._contexts.get(ca_bundle)
+    def _context(self, ca_bundle: str | None, client: tuple[bytes, bytes] | None) -> ssl.SSLContext:
+        """The TLS context of a CA bundle and a client certificate; ssl.SSLError or ValueError
+        when either is no PEM (decided before anything is sent)."""
+        key = (ca_bundle, hash(client) if client else None)
+        context = self._contexts.get(key)
         if context is not None:
-            self._contexts.move_to_end(ca_bundle)
+            self._contexts.move_to_end(key)
             return context
         while len(self._contexts) >= MAX_CONTEXTS:
             self._contexts.popitem(last=False)
@@ -277,7 +281,9 @@ class HttpTransport:
             context = ssl.create_default_context(cadata=base64.b64decode(ca_bundle).decode())
         else:
             context = ssl.create_default_context()
-        self._contexts[ca_bundle] = context
+        if client:
+            load_certificate_chain(context, *client)
+        self._contexts[key] = context
         return context
 
     async def close(self) -> None:
@@ -306,9 +312,19 @@ class HttpTransport:
         if refused is not None:
             return CallOutcome(error=refused[:MAX_ERROR_TEXT], refusal=CallRefusal.TARGET_REFUSED)
         try:
+            context = self._context(target.ca_bundle, target.client_certificate) if url.scheme == "https" else True
+        except (ssl.SSLError, ValueError) as error:
+            what = {(True, False): "caBundle", (False, True): "spec.clientCertificate"}.get(
+                (bool(target.ca_bundle), bool(target.client_certificate)), "caBundle or spec.clientCertificate"
+            )
+            refusal = (
+                CallRefusal.CLIENT_CERTIFICATE_INVALID if target.client_certificate else CallRefusal.TARGET_REFUSED
+            )
+            return CallOutcome(error=f"{what} is not usable PEM: {error}"[:MAX_ERROR_TEXT], refusal=refusal)
+        try:
             async with self.slots.hold(target.url), asyncio.timeout(target.timeout_seconds):
                 call.leaving()
-                return await self._exchange(call, url, payload, headers)
+                return await self._exchange(call, url, payload, headers, context)
         except TimeoutError:
             return CallOutcome(error=f"timed out after {target.timeout_seconds:g} s")
         except aiohttp.ClientConnectorCertificateError as error:
@@ -329,10 +345,11 @@ class HttpTransport:
         except (aiohttp.ClientError, OSError) as error:
             return CallOutcome(error=f"{type(error).__name__}: {error}"[:MAX_ERROR_TEXT])
 
-    async def _exchange(self, call: PreparedCall, url: URL, payload: bytes, headers: dict[str, str]) -> CallOutcome:
+    async def _exchange(
+        self, call: PreparedCall, url: URL, payload: bytes, headers: dict[str, str], context: ssl.SSLContext | bool
+    ) -> CallOutcome:
         try:
             # The scheme as parsed (lower case): HTTPS:// is https too, verified with its CA bundle.
-            context = self._context(call.target.ca_bundle) if url.scheme == "https" else True
             response = await self._session.post(url, data=payload, headers=headers, ssl=context, allow_redirects=False)
         except (aiohttp.ClientSSLError, ssl.SSLError):
             raise  # some are ValueErrors too, and a handshake is no request aiohttp could not form

@@ -120,9 +120,9 @@ class Pacing:
             give_up_at = (down_since if down_since is not None else self.clock()) + target.outage_budget_seconds
             probe = await self._breaker_turn(pace, give_up_at) if patient else False
             turn = Turn(self, target.participant, pace, probe)
-            await self._rate_turn(pace, target.limits)
             await self._in_flight_turn(pace, target.limits)
             try:
+                await self._rate_turn(pace, target.limits)  # last: the token is taken as the call leaves
                 yield turn
             finally:
                 pace.in_flight -= 1
@@ -158,9 +158,10 @@ class Pacing:
             pace.bucket = Bucket.full(rate, limits.burst, now)
         elif (pace.bucket.rate, pace.bucket.burst) != (rate, limits.burst):
             pace.bucket = pace.bucket.resized(rate, limits.burst)
-        pace.bucket, wait = pace.bucket.reserve(now)
-        if wait > 0:
+        pace.bucket, wait = pace.bucket.take(now)
+        while wait > 0:
             await self.away(asyncio.sleep(wait))
+            pace.bucket, wait = pace.bucket.take(self.clock())
 
     async def _in_flight_turn(self, pace: ParticipantPace, limits: Limits | None) -> None:
         held, shards = self.share()

@@ -94,7 +94,22 @@ class Registry:
             outage_budget_seconds=float(webhook.spec.outage_budget_seconds),
             headers=await self._headers(webhook) if with_headers else {},
             signing_keys=await self._signing_keys(webhook) if with_headers else (),
+            client_certificate=await self._client_certificate(webhook) if with_headers else None,
         )
+
+    async def _client_certificate(self, webhook: Webhook) -> tuple[bytes, bytes] | None:
+        if webhook.spec.client_certificate is None:
+            return None
+        secret = webhook.spec.client_certificate.secret_ref.name
+        data = await self._secret(webhook, secret, CLIENT_CERTIFICATE)
+        missing = [key for key in ("tls.crt", "tls.key") if not data.get(key)]
+        if missing:
+            raise CallNotPossible(
+                CallRefusal.CLIENT_CERTIFICATE_INVALID,
+                f"Secret {webhook.metadata.namespace}/{secret} (spec.clientCertificate) has no {' or '.join(missing)}: "
+                "it needs tls.crt and tls.key (kubectl create secret tls)",
+            )
+        return data["tls.crt"], data["tls.key"]
 
     async def _headers(self, webhook: Webhook) -> dict[str, str]:
         if webhook.spec.headers_from is None:
@@ -159,6 +174,12 @@ HEADERS = SecretUse(
     "send it as headers",
     CallRefusal.HEADERS_SECRET_NOT_FOUND,
     CallRefusal.HEADERS_SECRET_NOT_OPTED_IN,
+)
+CLIENT_CERTIFICATE = SecretUse(
+    "spec.clientCertificate.secretRef",
+    "present it as its client certificate",
+    CallRefusal.CLIENT_CERTIFICATE_NOT_FOUND,
+    CallRefusal.CLIENT_CERTIFICATE_NOT_OPTED_IN,
 )
 SIGNING = SecretUse(
     "spec.signing.secretRef",

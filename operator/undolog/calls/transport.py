@@ -28,6 +28,7 @@ class Target:
     # Secret header values: never logged, never copied to status or events.
     headers: dict[str, str] = field(default_factory=dict, repr=False)
     signing_keys: tuple[str, ...] = field(default=(), repr=False)  # Standard Webhooks secrets, in order
+    client_certificate: tuple[bytes, bytes] | None = field(default=None, repr=False)  # PEM chain and key (mTLS)
 
 
 @dataclass(frozen=True)

@@ -80,9 +80,10 @@ class Breaker:
 
 @dataclass(frozen=True)
 class Bucket:
-    """Calls per second with a burst, as a reservation: each call takes a token, and one that
-    finds none waits for its turn, which the tokens owed (below zero) put behind the others.
-    In any window of T seconds at most `burst + rate * T` calls leave."""
+    """Calls per second with a burst: a call leaves only with a token, taken at the moment it
+    leaves (a reservation made earlier let calls whose event loop woke them late leave
+    together: 61 in one second against 50 in bench.wave). In any window of T seconds at most
+    `burst + rate * T` calls leave."""
 
     rate: float
     burst: float
@@ -93,10 +94,13 @@ class Bucket:
     def full(cls, rate: float, burst: int, now: float) -> Bucket:
         return cls(rate, float(burst), float(burst), now)
 
-    def reserve(self, now: float) -> tuple[Bucket, float]:
-        """Take a token: the bucket after, and the seconds to wait before the call may leave."""
-        tokens = min(self.burst, self.tokens + max(now - self.at, 0.0) * self.rate) - 1.0
-        return replace(self, tokens=tokens, at=now), max(-tokens / self.rate, 0.0)
+    def take(self, now: float) -> tuple[Bucket, float]:
+        """The bucket after a try to take a token, and 0 when one was taken; else the seconds
+        until one will be there (then try again: another call may take it first)."""
+        tokens = min(self.burst, self.tokens + max(now - self.at, 0.0) * self.rate)
+        if tokens >= 1.0:
+            return replace(self, tokens=tokens - 1.0, at=now), 0.0
+        return replace(self, tokens=tokens, at=now), (1.0 - tokens) / self.rate
 
     def resized(self, rate: float, burst: int) -> Bucket:
         """The same bucket under new limits (an edited Webhook, a replica's new share)."""

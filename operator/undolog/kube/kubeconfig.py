@@ -17,7 +17,6 @@ import json
 import os
 import ssl
 import subprocess
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -28,6 +27,7 @@ from typing import Any
 import yaml
 
 from undolog import errors
+from undolog.tls import load_certificate_chain
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_FILE_REREAD_SECONDS = 60.0  # as client-go: a rotated projected token is picked up within a minute
@@ -300,13 +300,7 @@ def ssl_context(found: Credentials, issued: ExecCredential | None = None) -> ssl
     certificate = (issued.certificate_data if issued else None) or found.certificate_data
     key = (issued.key_data if issued else None) or found.key_data
     if certificate and key:
-        # ssl loads a chain from files only: a private file that lives while it is read
-        with tempfile.TemporaryDirectory(prefix="undolog-tls-") as folder:
-            certificate_file, key_file = Path(folder, "tls.crt"), Path(folder, "tls.key")
-            certificate_file.write_bytes(certificate)
-            key_file.touch(mode=0o600)
-            key_file.write_bytes(key)
-            context.load_cert_chain(certificate_file, key_file)
+        load_certificate_chain(context, certificate, key)
     elif found.certificate_file and found.key_file:
         context.load_cert_chain(found.certificate_file, found.key_file)
     return context
