@@ -218,7 +218,7 @@ async def test_tls_contexts_per_ca_bundle_are_bounded(transport: HttpTransport) 
 
     for n in range(MAX_CONTEXTS + 8):
         bundle = base64.b64encode(certificate_authority(f"ca-{n}").certificate_pem).decode()
-        transport._context(bundle)
+        transport._context(bundle, None)
     assert len(transport._contexts) == MAX_CONTEXTS
 
 
@@ -410,7 +410,7 @@ async def test_a_name_is_refused_on_the_address_it_resolves_to(participant: Part
     assert participant.received() == []
 
 
-async def test_a_ca_bundle_that_is_not_a_certificate_is_a_tls_failure_and_sends_nothing(
+async def test_a_ca_bundle_that_is_not_a_certificate_refuses_the_call_and_sends_nothing(
     participant: Participant, transport: HttpTransport
 ) -> None:
     import base64
@@ -418,7 +418,9 @@ async def test_a_ca_bundle_that_is_not_a_certificate_is_a_tls_failure_and_sends_
     garbage = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n").decode()
     target = Target(participant.url("/undo").replace("http:", "https:"), 2.0, ca_bundle=garbage)
     outcome = await transport.send(PreparedCall(target, {}, {}))
-    assert (outcome.error or "").startswith("TLS: ")
+    # Refused, not a TLS failure: that would be an outage, waited out for an hour, for a Webhook to fix.
+    assert outcome.refusal == CallRefusal.TARGET_REFUSED
+    assert (outcome.error or "").startswith("caBundle is not usable PEM: ")
     assert participant.received() == []
 
 
@@ -495,3 +497,24 @@ def test_a_certificate_problem_openssl_names_alone_keeps_its_words() -> None:
     error = ssl.SSLCertVerificationError(1, "certificate verify failed: invalid CA certificate")
     error.verify_code = 24
     assert certificate_rejected(error) == str(error)
+
+
+@pytest.mark.parametrize(
+    ("bundle", "client", "refusal", "said"),
+    [
+        ("bm90IHBlbQ==", None, CallRefusal.TARGET_REFUSED, "caBundle is not usable PEM"),
+        (
+            None,
+            (b"not pem", b"not pem"),
+            CallRefusal.CLIENT_CERTIFICATE_INVALID,
+            "spec.clientCertificate is not usable",
+        ),
+    ],
+)
+async def test_tls_material_that_is_no_pem_refuses_the_call_before_anything_is_sent(
+    transport: HttpTransport, bundle: str | None, client: tuple[bytes, bytes] | None, refusal: CallRefusal, said: str
+) -> None:
+    target = Target(url="https://127.0.0.1:9/undo", timeout_seconds=1, ca_bundle=bundle, client_certificate=client)
+    outcome = await transport.send(PreparedCall(target, {}, {}))
+    assert outcome.refusal == refusal
+    assert said in str(outcome.error)

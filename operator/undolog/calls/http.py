@@ -38,7 +38,7 @@ from undolog.api import OmittedOutput, OutputOmission
 from undolog.api.common import INT64_MAX, INT64_MIN
 from undolog.api.undo_entry import MAX_OMISSION_MESSAGE
 from undolog.calls.signing import webhook_headers
-from undolog.calls.transport import PreparedCall
+from undolog.calls.transport import PreparedCall, Target
 from undolog.conventions import MAX_ANSWER_BYTES, MAX_ERROR_TEXT, clip, now, shown_url
 from undolog.decisions.egress import EgressPolicy
 from undolog.decisions.retry import CallOutcome
@@ -286,6 +286,18 @@ class HttpTransport:
         self._contexts[key] = context
         return context
 
+    def _tls(self, target: Target) -> ssl.SSLContext | CallOutcome:
+        """The target's TLS context, or the refusal of a CA bundle or client certificate that is
+        no usable PEM (nothing is sent: the same every time)."""
+        try:
+            return self._context(target.ca_bundle, target.client_certificate)
+        except (ssl.SSLError, ValueError) as error:
+            if target.client_certificate:
+                what, refusal = "caBundle or spec.clientCertificate", CallRefusal.CLIENT_CERTIFICATE_INVALID
+            else:
+                what, refusal = "caBundle", CallRefusal.TARGET_REFUSED
+            return CallOutcome(error=f"{what} is not usable PEM: {error}"[:MAX_ERROR_TEXT], refusal=refusal)
+
     async def close(self) -> None:
         await self._session.close()
         self._lookups.close()
@@ -311,16 +323,9 @@ class HttpTransport:
         refused = None if written is None else self.policy.refusal(written, url.port or 0)
         if refused is not None:
             return CallOutcome(error=refused[:MAX_ERROR_TEXT], refusal=CallRefusal.TARGET_REFUSED)
-        try:
-            context = self._context(target.ca_bundle, target.client_certificate) if url.scheme == "https" else True
-        except (ssl.SSLError, ValueError) as error:
-            what = {(True, False): "caBundle", (False, True): "spec.clientCertificate"}.get(
-                (bool(target.ca_bundle), bool(target.client_certificate)), "caBundle or spec.clientCertificate"
-            )
-            refusal = (
-                CallRefusal.CLIENT_CERTIFICATE_INVALID if target.client_certificate else CallRefusal.TARGET_REFUSED
-            )
-            return CallOutcome(error=f"{what} is not usable PEM: {error}"[:MAX_ERROR_TEXT], refusal=refusal)
+        context = self._tls(target) if url.scheme == "https" else True
+        if isinstance(context, CallOutcome):
+            return context
         try:
             async with self.slots.hold(target.url), asyncio.timeout(target.timeout_seconds):
                 call.leaving()
@@ -331,7 +336,7 @@ class HttpTransport:
             why = certificate_rejected(error.certificate_error)
             text = f"TLS: the participant's certificate was rejected: {why}"
             return CallOutcome(error=text[:MAX_ERROR_TEXT], certificate=why[:MAX_ERROR_TEXT])
-        except (aiohttp.ClientSSLError, ssl.SSLError) as error:  # a handshake, or a CA bundle that is no PEM
+        except (aiohttp.ClientSSLError, ssl.SSLError) as error:  # a handshake
             return CallOutcome(error=f"TLS: {error}"[:MAX_ERROR_TEXT])
         except aiohttp.ClientConnectorError as error:
             if isinstance(error.os_error, EgressRefused):
