@@ -11,7 +11,7 @@ LOCK := $(VENV)/bin/uv pip compile pyproject.toml --python-version 3.11 --python
 PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help venv tools browser faketime postgres crds lock lint test unit demo bench chaos cluster-up cluster-down cluster-reset clean \
+.PHONY: help venv tools browser faketime postgres crds lock lint test unit demo bench chaos traces cluster-up cluster-down cluster-reset clean \
 	image image-deps node-deps node-up node-down e2e demo-helm
 
 help:
@@ -91,6 +91,13 @@ demo-helm: node-up
 
 e2e: venv tools node-deps image
 	$(SUDO) UNDOLOG_E2E=1 $(VENV)/bin/pytest tests/e2e -s
+
+# Jaeger v2 from the Go module proxy (tools/jaeger/go.mod pins it), for `make traces`.
+bin/jaeger: tools/jaeger/go.mod tools/jaeger/go.sum
+	cd tools/jaeger && go build -trimpath -o $(CURDIR)/bin/jaeger github.com/jaegertracing/jaeger/cmd/jaeger
+
+traces: venv tools bin/jaeger
+	UNDOLOG_TRACES=1 $(VENV)/bin/pytest tests/traces -s
 
 crds: venv
 	$(PY) -m devtools.crds crds

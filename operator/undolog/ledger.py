@@ -296,7 +296,14 @@ class Ledger:
         )
         return UndoEntry.model_validate(created)
 
-    async def create_saga(self, namespace: str, name: str | None, generate_name: str | None, spec: SagaSpec) -> Saga:
+    async def create_saga(
+        self,
+        namespace: str,
+        name: str | None,
+        generate_name: str | None,
+        spec: SagaSpec,
+        annotations: dict[str, str] | None = None,
+    ) -> Saga:
         """Created with the operator's finalizer (deleting it at any moment compensates it first)
         and its bucket label, so that the replica driving its shard sees it at once. A generated
         name is chosen here (the bucket comes from the name), again if it is taken."""
@@ -305,7 +312,12 @@ class Ledger:
             body = {
                 "apiVersion": API_VERSION,
                 "kind": "Saga",
-                "metadata": {"name": chosen, "finalizers": [FINALIZER], "labels": bucket_labels(namespace, chosen)},
+                "metadata": {
+                    "name": chosen,
+                    "finalizers": [FINALIZER],
+                    "labels": bucket_labels(namespace, chosen),
+                    **({"annotations": annotations} if annotations else {}),
+                },
                 "spec": spec.to_api(),
             }
             try:

@@ -639,16 +639,19 @@ async def test_a_certificate_the_operator_rejects_is_retried_and_named_never_an_
         named = {"expired": "expired", "unknown-issuer": "unknown issuer", "name-mismatch": "name mismatch"}
         # A certificate rejected is an outage: retried without spending maxRetries for the
         # Webhook's outage budget, then halted naming the certificate's problem.
-        await kube.patch("webhooks", namespace, "refund", {"spec": {"outageBudgetSeconds": 3}})
         for name, certificate in others.items():
             secure.serve(certificate)
-            await external_saga(kube, namespace, name, [{**call("refund"), "maxRetries": 1}])
+            # A Webhook (a participant, a breaker) each: its own certificate's problem is named.
+            brief = webhook(f"refund-{name}", url=secure.url("/refund"), caBundle=secure.bundle)
+            brief["spec"]["outageBudgetSeconds"] = 3
+            await kube.create("webhooks", namespace, brief)
+            await external_saga(kube, namespace, name, [{**call(f"refund-{name}"), "maxRetries": 1}])
             await abort(kube, namespace, name)
             halted = await saga_phase(kube, namespace, name, "Halted", within=60)
             entry = await kube.get("undoentries", namespace, f"{name}-1")
             assert entry["status"]["reason"] == "CertificateRejected", entry["status"]
             assert (
-                f"participant {namespace}/refund did not answer for its outage budget (3 s"
+                f"participant {namespace}/refund-{name} did not answer for its outage budget (3 s"
                 in (entry["status"]["lastError"])
             )
             assert named[name] in entry["status"]["lastError"], entry["status"]["lastError"]

@@ -477,6 +477,9 @@ async def test_a_namespace_is_not_kept_behind_another_namespaces_sagas_on_a_hang
         participant.handle("/hang", lambda request: Reply(200, delay=5))
         hang = webhook("hang", url=participant.url("/hang"))
         hang["spec"]["timeoutSeconds"] = 1
+        # A timeout is an outage: a budget of one timeout, so that each saga halts after one call as
+        # before (otherwise they wait, their slots free, which is what this test is about too).
+        hang["spec"]["outageBudgetSeconds"] = 1
         await kube.create("webhooks", namespace, hang)
         await register(kube, quiet, participant, "undo")
         once: dict[str, Any] = {"compensationPolicy": {"backoff": {"maxRetries": 0}}}
@@ -502,7 +505,8 @@ async def test_a_namespace_is_not_kept_behind_another_namespaces_sagas_on_a_hang
         await kube.delete_namespace(quiet)
     paths = [r.path for r in participant.received()]
     print(f"\nthe other namespace's call: {paths.index('/undo') + 1} of {len(paths)}")
-    assert paths.count("/hang") == len(busy)
+    # At most one call each: once 5 in a row timed out, the breaker held the rest (their budget spent waiting).
+    assert paths.count("/hang") <= len(busy)
     # The two calls in flight when it was aborted, and at most the two that took their slots as
     # they timed out together: in one queue it came after all eight.
     assert paths.index("/undo") <= 4, paths

@@ -72,8 +72,9 @@ class ParticipantPace:
 class Turn:
     """A call's turn: told the outcome, which moves the breaker."""
 
-    def __init__(self, pacing: Pacing, participant: str, pace: ParticipantPace, probe: bool) -> None:
+    def __init__(self, pacing: Pacing, participant: str, pace: ParticipantPace, probe: bool, last: bool) -> None:
         self.pacing, self.participant, self.pace, self.probe = pacing, participant, pace, probe
+        self.last = last  # the call's budget ran out while it waited: this probe is its last try
         self.reported = False
 
     def report(self, outcome: CallOutcome) -> None:
@@ -118,8 +119,8 @@ class Pacing:
         turn: Turn | None = None
         try:
             give_up_at = (down_since if down_since is not None else self.clock()) + target.outage_budget_seconds
-            probe = await self._breaker_turn(pace, give_up_at) if patient else False
-            turn = Turn(self, target.participant, pace, probe)
+            probe, last = await self._breaker_turn(pace, give_up_at) if patient else (False, False)
+            turn = Turn(self, target.participant, pace, probe, last)
             await self._in_flight_turn(pace, target.limits)
             try:
                 await self._rate_turn(pace, target.limits)  # last: the token is taken as the call leaves
@@ -135,16 +136,18 @@ class Pacing:
             if pace.users == 0 and pace.idle(self.clock()):
                 del self._paces[target.participant]
 
-    async def _breaker_turn(self, pace: ParticipantPace, give_up_at: float) -> bool:
-        """True when this call goes out as the open breaker's probe."""
+    async def _breaker_turn(self, pace: ParticipantPace, give_up_at: float) -> tuple[bool, bool]:
+        """Whether this call goes out as the open breaker's probe, and as its last try: a call
+        whose budget runs out before the next probe is due probes then (a retry a person asked
+        for, with a budget shorter than the probes' backoff, would otherwise never be sent)."""
         while True:
             now = self.clock()
             wait = pace.breaker.wait(now)
-            if wait == 0.0:
+            if wait == 0.0 or (now >= give_up_at and wait is not None):
                 if not pace.breaker.open:
-                    return False
+                    return False, False
                 pace.breaker = pace.breaker.probe()
-                return True
+                return True, now >= give_up_at
             if now >= give_up_at:
                 raise OutageBudgetSpent(pace.last_error, pace.certificate)
             await self._until_changed(pace, min(give_up_at - now, wait if wait is not None else give_up_at - now))

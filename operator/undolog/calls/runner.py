@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from undolog import errors
+from undolog import errors, tracing
 from undolog.api import Backoff
 from undolog.calls.pace import Away, OutageBudgetSpent, Pacing, here
 from undolog.calls.protocol import FENCE_HEADER, SHARD_HEADER
@@ -45,6 +45,15 @@ class AttemptRecord:
         if self.verdict == Verdict.SUCCEEDED:
             return None
         return self.outcome.error or f"HTTP {self.outcome.status_code}"
+
+
+@dataclass(frozen=True)
+class CallTrace:
+    """What an attempt's span is called and says, and the trace it joins (a W3C traceparent)."""
+
+    name: str
+    attributes: dict[str, str | int]
+    parent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,7 @@ class Runner:
         first_attempt: int = 1,
         leaving: Callable[[], None] = lambda: None,
         patient: bool = False,
+        trace: CallTrace | None = None,
     ) -> CallResult:
         """Attempts until success, a permanent failure, the retries are used up, or (`patient`:
         compensations) the participant did not answer for its outage budget (Verdict.UNAVAILABLE).
@@ -167,15 +177,16 @@ class Runner:
         while True:
             self.fence.check()
             try:
-                record = await self._attempt(target, body, headers(number), number, down.since, leaving, patient)
-            except OutageBudgetSpent as spent_budget:
-                record = down.record(number, target, spent_budget)
-                attempts.append(record)
-                await on_attempt(record, None)
-                return CallResult(Verdict.UNAVAILABLE, attempts)
+                sending = Sending(target, body, headers(number), leaving, patient, trace)
+                record, last_try = await self._attempt(sending, number, down.since)
+            except OutageBudgetSpent as spent_budget:  # waiting on the open breaker
+                return await down.given_up(attempts, number, target, spent_budget, on_attempt)
             attempts.append(record)
             if patient and unanswered(record.outcome):
-                down.saw(record, self.pacing.clock())
+                down.saw(record, self.pacing.clock() - record.duration_milliseconds / 1000)
+                if last_try or self.pacing.clock() - (down.since or 0.0) >= target.outage_budget_seconds:
+                    await on_attempt(record, None)
+                    return await down.given_up(attempts, number + 1, target, OutageBudgetSpent(None, None), on_attempt)
                 # Backoff as usual, never counted: `max_retries=streak` lets every unanswered attempt retry.
                 delay = next_delay(
                     record.outcome,
@@ -197,28 +208,42 @@ class Runner:
             await self._away(asyncio.sleep(delay))
             number += 1
 
-    async def _attempt(
-        self,
-        target: Target,
-        body: dict[str, Any],
-        sent: dict[str, str],
-        number: int,
-        down_since: float | None,
-        leaving: Callable[[], None],
-        patient: bool,
-    ) -> AttemptRecord:
-        """One attempt, once the participant's turn came (the fence asked again after waiting)."""
-        async with self.pacing.turn(target, down_since, patient=patient) as turn:
+    async def _attempt(self, call: Sending, number: int, down_since: float | None) -> tuple[AttemptRecord, bool]:
+        """One attempt, once the participant's turn came (the fence asked again after waiting),
+        in a span of its own whose context the participant is sent (`traceparent`)."""
+        sent, trace = call.headers, call.trace
+        async with self.pacing.turn(call.target, down_since, patient=call.patient) as turn:
             self.fence.check()
             token, shard = self.fence.token(), self.fence.shard()
             if token is not None:
                 sent[FENCE_HEADER] = str(token)
             if shard is not None:
                 sent[SHARD_HEADER] = shard
-            started_at, began = now(), time.monotonic()
-            outcome = await self.transport.send(PreparedCall(target, body, sent, leaving))
+            attributes = {**(trace.attributes if trace else {}), "undolog.attempt": number}
+            with tracing.span(
+                trace.name if trace else "call", attributes, parent=trace.parent if trace else None
+            ) as note:
+                if (traceparent := tracing.traceparent()) is not None:
+                    sent[tracing.TRACEPARENT_HEADER] = traceparent
+                started_at, began = now(), time.monotonic()
+                outcome = await self.transport.send(PreparedCall(call.target, call.body, sent, call.leaving))
+                note("undolog.outcome", AttemptRecord(number, started_at, outcome, 0).error or "succeeded")
+                if outcome.status_code is not None:
+                    note("http.response.status_code", outcome.status_code)
             turn.report(outcome)
-        return AttemptRecord(number, started_at, outcome, int((time.monotonic() - began) * 1000))
+        return AttemptRecord(number, started_at, outcome, int((time.monotonic() - began) * 1000)), turn.last
+
+
+@dataclass(frozen=True)
+class Sending:
+    """One attempt's call, as the runner sends it."""
+
+    target: Target
+    body: dict[str, Any]
+    headers: dict[str, str]
+    leaving: Callable[[], None]
+    patient: bool
+    trace: CallTrace | None
 
 
 OUTAGE_TEXT = 1000  # the last attempt's error whole (an Attempt keeps 1024), behind what the wait was
@@ -237,6 +262,20 @@ class Outage:
         self.since = self.since if self.since is not None else at
         self.streak += 1
         self.last_error, self.certificate = record.error, record.outcome.certificate
+
+    async def given_up(
+        self,
+        attempts: list[AttemptRecord],
+        number: int,
+        target: Target,
+        spent: OutageBudgetSpent,
+        on_attempt: OnAttempt,
+    ) -> CallResult:
+        """The call's end when the outage budget ran out: a last record says so."""
+        record = self.record(number, target, spent)
+        attempts.append(record)
+        await on_attempt(record, None)
+        return CallResult(Verdict.UNAVAILABLE, attempts)
 
     def record(self, number: int, target: Target, spent: OutageBudgetSpent) -> AttemptRecord:
         """The attempt not made when the budget ran out, saying why (nothing was sent)."""

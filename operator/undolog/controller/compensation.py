@@ -15,7 +15,7 @@ from undolog.api import Attempt, AttemptKind, Call, EntryReason, EntryState, Eve
 from undolog.api.changes import EntryStatusChange, changed
 from undolog.calls.runner import AttemptRecord, CallResult
 from undolog.calls.transport import Target
-from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
+from undolog.controller.recorded_call import CallRecorder, EntryCall, call_trace, failure_changes, headers_for
 from undolog.conventions import clip, compensation_key, now
 from undolog.decisions import compensation_plan, entry_changes
 from undolog.decisions.retry import Verdict
@@ -86,6 +86,7 @@ class Compensator:
             retry_reason=EventReason.COMPENSATION_RETRY,
             attempts=list(entry.status.attempts),
             patient=True,
+            trace=call_trace(saga, entry, call, AttemptKind.COMPENSATION, compensation_key(entry.spec.undo_id)),
         )
 
     def _outcome(self, saga: Saga, result: CallResult, label: str) -> EntryStatusChange:

@@ -34,9 +34,9 @@ from undolog.api import (
     UndoEntry,
 )
 from undolog.api.changes import EntryStatusChange
-from undolog.calls.runner import AttemptRecord, CallResult
+from undolog.calls.runner import AttemptRecord, CallResult, CallTrace
 from undolog.calls.transport import Target
-from undolog.controller.recorded_call import CallRecorder, EntryCall, failure_changes, headers_for
+from undolog.controller.recorded_call import CallRecorder, EntryCall, call_trace, failure_changes, headers_for
 from undolog.conventions import (
     clip,
     effect_key,
@@ -51,6 +51,7 @@ from undolog.conventions import (
 from undolog.decisions.forward import EFFECT_RETRIES, FORWARD_RECOVERY_RETRIES
 from undolog.decisions.retry import Verdict
 from undolog.errors import CallNotPossible, StaleEntry
+from undolog.tracing import TRACEPARENT_ANNOTATION
 
 
 @dataclass
@@ -133,6 +134,7 @@ class Forwarder:
             retried=retried,
             retry_reason=EventReason.FORWARD_RETRY,
             attempts=previous,
+            trace=call_trace(saga, entry, call, AttemptKind.FORWARD, entry.spec.effect_id),
         )
 
     def _outcome(self, saga: Saga, result: CallResult, label: str, first_send: bool) -> EntryStatusChange:
@@ -183,6 +185,11 @@ class Forwarder:
             backoff=saga.spec.compensation_policy.backoff,
             max_retries=call.max_retries if call.max_retries is not None else EFFECT_RETRIES,
             on_attempt=on_attempt,
+            trace=CallTrace(
+                f"effect {call.function}",
+                {"undolog.saga": saga.reference, "undolog.effect": effect.name, "undolog.function": call.function},
+                parent=saga.metadata.annotations.get(TRACEPARENT_ANNOTATION),
+            ),
         )
         last = result.last
         if result.verdict == Verdict.SUCCEEDED:

@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from undolog import metrics
+from undolog import metrics, tracing
 from undolog.api.events import SUCCESSES
 from undolog.archive import ArchiveStore
 from undolog.calls.http import HttpTransport
@@ -245,6 +245,8 @@ async def wired(options: OperatorOptions) -> Operator:
 
 async def run(options: OperatorOptions) -> None:
     asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER  # this process's own connections only
+    if tracing.configure("undolog-operator"):
+        log.info("tracing: spans exported over OTLP (OTEL_EXPORTER_OTLP_* variables)")
     operator = await wired(options)
     await operator.start()
     if options.metrics_port:
@@ -265,6 +267,7 @@ async def run(options: OperatorOptions) -> None:
     finally:
         await operator.stop()  # when kopf ended before its cleanup
         await operator.close()
+        tracing.shutdown()
     if operator.ended_on_its_own:
         raise SystemExit(1)  # one ended on its own (ends_the_process): not a clean stop
 

@@ -21,7 +21,7 @@ from undolog.api.changes import EntryStatusChange, changed
 from undolog.api.undo_entry import MAX_ATTEMPTS
 from undolog.calls import protocol
 from undolog.calls.registry import Registry
-from undolog.calls.runner import AttemptRecord, CallResult, Runner
+from undolog.calls.runner import AttemptRecord, CallResult, CallTrace, Runner
 from undolog.calls.transport import Target
 from undolog.controller.timeline import Timeline
 from undolog.conventions import clip
@@ -29,6 +29,7 @@ from undolog.decisions.arguments import resolve
 from undolog.decisions.retry import Verdict
 from undolog.errors import CallNotPossible, KubeError
 from undolog.ledger import Ledger
+from undolog.tracing import TRACEPARENT_ANNOTATION
 
 log = logging.getLogger("undolog.calls")
 IN_FLIGHT_MARK_AFTER = 0.5  # seconds a call may take before its entry is marked in flight
@@ -65,6 +66,24 @@ class EntryCall:
     retry_reason: EventReason
     attempts: list[Attempt] = field(default_factory=list)  # the entry's recorded attempts so far
     patient: bool = False  # waits out the participant's outages (compensations: decisions.outage)
+    trace: CallTrace | None = None
+
+
+def call_trace(saga: Saga, entry: UndoEntry, call: Call, kind: AttemptKind, key: str) -> CallTrace:
+    """An entry's call as a span: in the trace the agent that opened the saga was in."""
+    return CallTrace(
+        name=f"{kind.value.lower()} {call.function}",
+        attributes={
+            "undolog.saga": saga.reference,
+            "undolog.entry": entry.metadata.name,
+            "undolog.step": entry.spec.step,
+            "undolog.position": entry.spec.stack_position,
+            "undolog.function": call.function,
+            "undolog.version": call.version,
+            "undolog.key": key,
+        },
+        parent=saga.metadata.annotations.get(TRACEPARENT_ANNOTATION),
+    )
 
 
 def headers_for(saga: Saga, *, key: str, step: str, forward: str | None = None) -> Callable[[int], dict[str, str]]:
@@ -176,6 +195,7 @@ class _Attempts:
                 first_attempt=spec.first_attempt,
                 leaving=self.left.set,
                 patient=spec.patient,
+                trace=spec.trace,
             )
             if marking is not None and self.writing_mark:
                 await marking  # the mark's write is in flight: the next write needs its copy
@@ -220,7 +240,7 @@ def failure_changes(result: CallResult, saga: Saga, label: str, event: EventReas
     if result.verdict == Verdict.UNAVAILABLE:
         # A certificate that stayed rejected is named as such: renewing it is the fix.
         reason = EntryReason.CERTIFICATE_REJECTED if last.outcome.certificate else EntryReason.PARTICIPANT_UNAVAILABLE
-        why = f"gave up after {last.number - 1} attempts"
+        why = "its outage budget spent"
     elif last.outcome.refusal is not None:
         why, reason = "refused: nothing was sent", EntryReason.TARGET_REFUSED
     elif result.verdict == Verdict.PERMANENT:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Collection
 from datetime import datetime
 
-from undolog import metrics
+from undolog import metrics, tracing
 from undolog.api import EffectStatus, Saga, SagaPhase, SagaReason, SagaStatus, UndoEntry
 from undolog.api.changes import changed
 from undolog.controller.context import DriverContext
@@ -16,6 +16,17 @@ from undolog.conventions import now
 from undolog.decisions import compensation_plan, moves, phases, retention
 
 COUNTER_INTERVAL = 5.0  # seconds between progress writes of stackDepth and compensatedCount
+
+
+def traced(saga: Saga, phase: SagaPhase, reason: SagaReason) -> None:
+    """The saga as one span, from its creation to this phase, in its agent's trace."""
+    with tracing.span(
+        f"saga {saga.reference}",
+        {"undolog.saga": saga.reference, "undolog.phase": phase.value, "undolog.reason": reason.value},
+        parent=saga.metadata.annotations.get(tracing.TRACEPARENT_ANNOTATION),
+        start=saga.metadata.creation_timestamp,
+    ):
+        pass
 
 
 class StatusWriter:
@@ -69,6 +80,8 @@ class StatusWriter:
         """Write the new phase's status (from `entering`), then post the Event (dated `at`, when
         the phase was entered, if not now)."""
         written = await self.write(saga, status)
+        if phase in phases.FINAL:
+            traced(written, phase, reason)
         metrics.series.of(metrics.saga_transitions, self.namespace, phase, reason).inc()
         self.context.phase_changed(written)
         failed = reason in phases.FAILURE_REASONS  # the failure shares this write: say it as such

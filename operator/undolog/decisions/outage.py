@@ -19,7 +19,8 @@ from undolog.decisions.retry import CallOutcome
 OPEN_AFTER = 5  # unanswered calls in a row, across sagas
 FIRST_PROBE_SECONDS = 1.0
 MAX_PROBE_SECONDS = 60.0
-UNANSWERED_STATUSES = frozenset({502, 503, 504})  # a gateway or the service saying it is not there
+UNANSWERED_STATUSES = frozenset({502, 503, 504})
+TOKEN_EPSILON = 1e-9  # a gateway or the service saying it is not there
 
 
 def unanswered(outcome: CallOutcome) -> bool:
@@ -98,7 +99,7 @@ class Bucket:
         """The bucket after a try to take a token, and 0 when one was taken; else the seconds
         until one will be there (then try again: another call may take it first)."""
         tokens = min(self.burst, self.tokens + max(now - self.at, 0.0) * self.rate)
-        if tokens >= 1.0:
+        if tokens >= 1.0 - TOKEN_EPSILON:  # refills that sum to 0.999... are a token, or waits shrink without end
             return replace(self, tokens=tokens - 1.0, at=now), 0.0
         return replace(self, tokens=tokens, at=now), (1.0 - tokens) / self.rate
 

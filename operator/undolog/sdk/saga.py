@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from undolog import errors
+from undolog import errors, tracing
 from undolog.api import (
     Call,
     CompensationPolicy,
@@ -185,10 +185,13 @@ class SagaRun:
                 step = repeated_step(step, position)
             self._names.add(step)
         dependencies = None if depends_on is None else list(depends_on)
-        entry = await ledger.create_entry(
-            new_undo_entry(self.saga, position, step, compensation, depends_on=dependencies)
-        )
-        entry = await ledger.write_entry_status(entry, changed(entry.status, {"effect": EffectState.EXECUTING}))
+        with tracing.span(
+            f"undolog register {step}", {"undolog.saga": self.saga.reference, "undolog.position": position}
+        ):
+            entry = await ledger.create_entry(
+                new_undo_entry(self.saga, position, step, compensation, depends_on=dependencies)
+            )
+            entry = await ledger.write_entry_status(entry, changed(entry.status, {"effect": EffectState.EXECUTING}))
         return StepRun(self, step, position, entry)
 
     async def finish(self, run: StepRun, error: BaseException | None = None) -> None:
@@ -204,9 +207,11 @@ class SagaRun:
         changes["executed_at"] = now()
         status = changed(run.entry.status, changes)
         # Its output is what a compensation may need to find the effect: worth waiting out an outage.
-        run.entry = await recorded(
-            lambda: ledger.write_entry_status(run.entry, status), f"the outcome of step {run.name!r}"
-        )
+        attributes = {"undolog.saga": self.saga.reference, "undolog.effect": str(changes["effect"])}
+        with tracing.span(f"undolog record {run.name}", attributes):
+            run.entry = await recorded(
+                lambda: ledger.write_entry_status(run.entry, status), f"the outcome of step {run.name!r}"
+            )
 
     @asynccontextmanager
     async def step(
@@ -386,7 +391,10 @@ async def open_saga(
     namespace = namespace or default_namespace(kubeconfig)
     try:
         try:
-            created = await Ledger(client).create_saga(namespace, name, generate_name, spec)
+            # The agent's trace, if it is in one: the operator's spans for this saga join it.
+            traceparent = tracing.traceparent()
+            annotations = {tracing.TRACEPARENT_ANNOTATION: traceparent} if traceparent else None
+            created = await Ledger(client).create_saga(namespace, name, generate_name, spec, annotations)
         except errors.AlreadyExists as exists:
             if not resume:
                 raise errors.AlreadyExists(
