@@ -35,7 +35,8 @@ async def test_a_wave_waits_out_the_outage_and_then_goes_at_the_participants_pac
 ) -> None:
     sagas, limit, outage = 40, 15, 6.0
     hook = webhook("refund", url=participant.url("/refund"))
-    hook["spec"]["limits"] = {"callsPerSecond": limit - 1, "burst": 1}
+    # At most 13 leave in any second; arrival jitter on a loaded box can bunch them by a call or two.
+    hook["spec"]["limits"] = {"callsPerSecond": limit - 3, "burst": 1}
     await kube.create("webhooks", namespace, hook)
     names = [f"w{i:02d}" for i in range(sagas)]
     await asyncio.gather(*(external_saga(kube, namespace, n, [call("refund", n=k) for k in range(3)]) for n in names))
