@@ -63,6 +63,7 @@ class CompensationPlan:
     # Entries UndoLog cannot read that no person has acknowledged yet: the operator halts when it
     # reaches one (EntryLost); under onFailure Halt the steps below it wait until a person retries.
     halts_on: list[LostEntry]
+    finished: SagaPhase | None = None  # a saga that is Completed or Compensated: nothing to plan
 
 
 @dataclass(frozen=True)
@@ -329,8 +330,8 @@ class Inspector:
     async def plan(self, namespace: str, name: str) -> CompensationPlan:
         """What a compensation would do now (or after a retry), in order, without doing it."""
         saga = await self.saga(namespace, name)
-        if saga.status.phase in TERMINAL:
-            raise CommandError(f"saga {name!r} is {saga.status.phase}: there is nothing left to compensate")
+        if saga.status.phase in TERMINAL:  # an answer, not an error: `undolog plan` exits 0
+            return CompensationPlan([], [], finished=saga.status.phase)
         listing = await self.ledger.entries_of(saga)
         entries = compensation_plan.newest_first(listing.entries)
         acknowledged = {lost.name for lost in saga.status.lost_entries if lost.acknowledged}

@@ -46,3 +46,13 @@ def test_a_refusal_prints_each_cause_under_the_apis_message() -> None:
         'Saga.undolog.io "bad" is invalid',
         "  spec.deadlineSeconds: Invalid value: -1",
     ]
+
+
+def test_an_error_that_is_over_is_not_shown_beside_compensated() -> None:
+    over = with_state(make_entry(2), "Compensated").model_copy(deep=True)
+    over.status.last_error = "HTTP 404: no such user (attempt 1)"
+    failing = make_entry(1).model_copy(deep=True)
+    failing.status.last_error = "HTTP 500: ledger closed"
+    shown = render_detail(SagaDetail(make_saga("Halted"), [over, failing], [], []), Output.table)
+    assert "HTTP 404" not in shown
+    assert "HTTP 500: ledger closed" in shown

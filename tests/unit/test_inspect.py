@@ -93,3 +93,11 @@ async def test_until_waits_out_an_api_that_cannot_be_reached() -> None:
 
 async def _return(saga: Saga) -> Saga:
     return saga
+
+
+@pytest.mark.parametrize("phase", ["Compensated", "Completed"])
+async def test_the_plan_of_a_finished_saga_is_empty_and_says_why_not_an_error(phase: str) -> None:
+    inspector, _ = inspector_with(make_saga(phase), entries=2)
+    planned = await inspector.plan("ns", "s")
+    assert planned.steps == []
+    assert planned.finished == phase

@@ -33,6 +33,13 @@ def dashboard(
     api_ca_file: Annotated[
         str | None, typer.Option(help="With --auth token: the CA that signed the API's certificate.")
     ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A Host name the dashboard answers to (repeatable): its Ingress's or Service's name. Bound to "
+            "loopback it answers to loopback names only, else to any unless this is given."
+        ),
+    ] = None,
     archive_dsn: Annotated[
         str | None,
         typer.Option(
@@ -59,4 +66,4 @@ def dashboard(
         viewers = KubeconfigViewer(user.kubeconfig, user.context, user.as_user, user.as_groups)
     from undolog.archive import ArchiveStore
 
-    serve(viewers, address, port, ArchiveStore(archive_dsn) if archive_dsn else None)
+    serve(viewers, address, port, ArchiveStore(archive_dsn) if archive_dsn else None, allowed_host or ())

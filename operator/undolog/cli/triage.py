@@ -32,7 +32,7 @@ import typer
 import yaml
 
 from undolog import errors
-from undolog.api import Saga, SagaPhase, UndoEntry
+from undolog.api import EntryState, Saga, SagaPhase, UndoEntry
 from undolog.archive import ArchiveStore
 from undolog.cli.connection import connection
 from undolog.inspect import Inspector, PlannedCompensation, SagaDetail, SagaListing, age, duration, expires_in
@@ -262,6 +262,15 @@ def render_detail(detail: SagaDetail, output: Output) -> str:
     return "\n".join(lines)
 
 
+def last_said(entry: UndoEntry) -> str | None:
+    """The error a person still has to read: none once the entry is Compensated (a 404 retried
+    and then answered is over), the reason it was skipped once Skipped."""
+    status = entry.status
+    if status.state == EntryState.COMPENSATED:
+        return None
+    return status.skip_reason if status.state == EntryState.SKIPPED else status.last_error or status.skip_reason
+
+
 def entry_row(entry: UndoEntry) -> list[str]:
     """An entry's row in the undo stack of `undolog show`."""
     call, status = entry.spec.compensation, entry.status
@@ -272,7 +281,7 @@ def entry_row(entry: UndoEntry) -> list[str]:
         status.effect,
         status.state,
         str(status.retry_count),
-        (status.last_error or status.skip_reason or "").replace("\n", " ")[:80],
+        (last_said(entry) or "").replace("\n", " ")[:80],
         clock(entry.spec.registered_at),
         clock(status.executed_at),
         clock(status.compensated_at),
@@ -398,6 +407,9 @@ def plan(
     """What a compensation would do now (or after a retry), in order, without doing it."""
     where = target(ctx)
     planned = run(where, lambda inspector: inspector.plan(where.namespace, saga))
+    if planned.finished is not None and output in (Output.table, Output.wide):
+        typer.echo(f"saga {where.namespace}/{saga} is {planned.finished}: there is nothing left to compensate")
+        return
     typer.echo(render_plan(f"{where.namespace}/{saga}", planned.steps, output))
     for lost in planned.halts_on:  # on stderr, like kubectl's warnings: the plan itself stays parseable
         warning = (

@@ -16,7 +16,7 @@ import json
 import logging
 import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
@@ -31,6 +31,7 @@ from undolog import errors
 from undolog.api import SagaPhase
 from undolog.archive import ArchiveStore, HistoryQuery
 from undolog.conventions import now
+from undolog.dashboard.guards import allowed_hosts, guarded
 from undolog.dashboard.viewers import TOKEN_COOKIE, TokenViewers, Viewers
 from undolog.decisions import compensation_plan, resolutions
 from undolog.decisions.phases import TERMINAL
@@ -407,8 +408,11 @@ async def home(request: web.Request) -> web.StreamResponse:
     raise web.HTTPSeeOther("/sagas")
 
 
-def application(viewers: Viewers, archive: ArchiveStore | None = None) -> web.Application:
-    app = web.Application()
+def application(
+    viewers: Viewers, archive: ArchiveStore | None = None, hosts: frozenset[str] | None = None
+) -> web.Application:
+    """`hosts`: the Host names it answers to (None: any); see dashboard.guards."""
+    app = web.Application(middlewares=[guarded(hosts)])
     app[VIEWERS] = viewers
     app[ARCHIVE] = archive
     app[TEMPLATES] = templates()
@@ -448,10 +452,12 @@ def application(viewers: Viewers, archive: ArchiveStore | None = None) -> web.Ap
     return app
 
 
-def serve(viewers: Viewers, host: str, port: int, archive: ArchiveStore | None = None) -> None:
+def serve(
+    viewers: Viewers, host: str, port: int, archive: ArchiveStore | None = None, allowed: Collection[str] = ()
+) -> None:
     # Live pages hold a connection open for good: a stop closes them after a moment, not a minute.
     web.run_app(
-        application(viewers, archive),
+        application(viewers, archive, allowed_hosts(host, allowed)),
         host=host,
         port=port,
         shutdown_timeout=1.0,
