@@ -56,3 +56,13 @@ def test_an_error_that_is_over_is_not_shown_beside_compensated() -> None:
     shown = render_detail(SagaDetail(make_saga("Halted"), [over, failing], [], []), Output.table)
     assert "HTTP 404" not in shown
     assert "HTTP 500: ledger closed" in shown
+
+
+def test_times_have_their_date_and_zone() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from undolog.cli.triage import clock
+
+    paris = timezone(timedelta(hours=1))
+    assert clock(datetime(2026, 12, 3, 18, 55, 34, 100_000, tzinfo=paris)) == "2026-12-03T17:55:34.100Z"
+    assert clock(None) == ""

@@ -24,7 +24,7 @@ import re
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -176,7 +176,10 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def clock(moment: datetime | None) -> str:
-    return moment.strftime("%H:%M:%S.%f")[:-3] if moment else ""
+    """RFC 3339 in UTC to the millisecond: a time read a day later, or in another zone, is still right."""
+    if moment is None:
+        return ""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def older(text: str | None) -> timedelta | None:
