@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.fakes import FakeTransport
+from tests.support.waiting import eventually
 from undolog.api import Backoff, Limits
 from undolog.calls.pace import Pacing
 from undolog.calls.runner import AttemptRecord, Runner, Unfenced
@@ -142,8 +143,12 @@ async def test_sagas_wait_out_an_outage_with_one_probe_at_a_time_and_spend_no_re
     transport = Outage()
     runner = Runner(transport, Unfenced())
     waiting = asyncio.ensure_future(calls(runner, target(), 50))
-    await asyncio.sleep(1.0)
-    assert runner.pacing.breaker("ns/refund").open
+
+    async def probes_refused() -> int:
+        breaker = runner.pacing.breaker("ns/refund")
+        return breaker.failed_probes if breaker.open else 0
+
+    await eventually(probes_refused, lambda refused: refused >= 3, 10, "the breaker open and 3 probes refused")
     down = len(transport.sent)
     transport.back = True
     assert await asyncio.wait_for(waiting, 10) == [Verdict.SUCCEEDED] * 50  # maxRetries 0, none halted
