@@ -245,9 +245,9 @@ class HttpTransport:
     ) -> None:
         """`guard` raises to stop a write (errors.NotLeading): the Lease is checked on the wire."""
         self.policy = policy
-        # One TLS context per CA bundle, the least recently used dropped past MAX_CONTEXTS: Webhook
-        # authors choose the bundles, and must not grow the operator's memory without bound.
-        self._contexts: OrderedDict[tuple[str | None, int | None], ssl.SSLContext] = OrderedDict()
+        # One TLS context per CA bundle and client certificate, the least recently used dropped past
+        # MAX_CONTEXTS: Webhook authors choose them, and must not grow the operator's memory without bound.
+        self._contexts: OrderedDict[tuple[str | None, tuple[bytes, bytes] | None], ssl.SSLContext] = OrderedDict()
         self._context(None, None)  # the system roots are loaded now, not on the first call
         self._lookups = Lookups()
         connector = aiohttp.TCPConnector(
@@ -270,7 +270,7 @@ class HttpTransport:
     def _context(self, ca_bundle: str | None, client: tuple[bytes, bytes] | None) -> ssl.SSLContext:
         """The TLS context of a CA bundle and a client certificate; ssl.SSLError or ValueError
         when either is no PEM (decided before anything is sent)."""
-        key = (ca_bundle, hash(client) if client else None)
+        key = (ca_bundle, client)  # the certificate itself: two that hash alike must never share a context
         context = self._contexts.get(key)
         if context is not None:
             self._contexts.move_to_end(key)

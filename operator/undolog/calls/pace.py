@@ -58,9 +58,7 @@ class ParticipantPace:
 
     def idle(self, now: float) -> bool:
         """Nothing to remember: no failures counted, and a bucket (if any) full again."""
-        full = (
-            self.bucket is None or self.bucket.tokens + (now - self.bucket.at) * self.bucket.rate >= self.bucket.burst
-        )
+        full = self.bucket is None or self.bucket.tokens_at(now) >= self.bucket.burst
         return self.breaker == Breaker() and full
 
     def notify(self) -> None:

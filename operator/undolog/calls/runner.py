@@ -227,11 +227,12 @@ class Runner:
                     sent[tracing.TRACEPARENT_HEADER] = traceparent
                 started_at, began = now(), time.monotonic()
                 outcome = await self.transport.send(PreparedCall(call.target, call.body, sent, call.leaving))
-                note("undolog.outcome", AttemptRecord(number, started_at, outcome, 0).error or "succeeded")
+                record = AttemptRecord(number, started_at, outcome, int((time.monotonic() - began) * 1000))
+                note("undolog.outcome", record.error or "succeeded")
                 if outcome.status_code is not None:
                     note("http.response.status_code", outcome.status_code)
             turn.report(outcome)
-        return AttemptRecord(number, started_at, outcome, int((time.monotonic() - began) * 1000)), turn.last
+        return record, turn.last
 
 
 @dataclass(frozen=True)

@@ -95,10 +95,14 @@ class Bucket:
     def full(cls, rate: float, burst: int, now: float) -> Bucket:
         return cls(rate, float(burst), float(burst), now)
 
+    def tokens_at(self, now: float) -> float:
+        """The tokens there at `now`, refilled since the last take."""
+        return min(self.burst, self.tokens + max(now - self.at, 0.0) * self.rate)
+
     def take(self, now: float) -> tuple[Bucket, float]:
         """The bucket after a try to take a token, and 0 when one was taken; else the seconds
         until one will be there (then try again: another call may take it first)."""
-        tokens = min(self.burst, self.tokens + max(now - self.at, 0.0) * self.rate)
+        tokens = self.tokens_at(now)
         if tokens >= 1.0 - TOKEN_EPSILON:  # refills that sum to 0.999... are a token, or waits shrink without end
             return replace(self, tokens=tokens - 1.0, at=now), 0.0
         return replace(self, tokens=tokens, at=now), (1.0 - tokens) / self.rate
