@@ -12,7 +12,7 @@ PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: help venv tools browser faketime postgres crds lock lint test unit demo bench chaos traces cluster-up cluster-down cluster-reset clean \
-	image image-deps node-deps node-up node-down e2e demo-helm
+	image image-deps mcp-agent node-deps node-up node-down e2e demo-helm
 
 help:
 	@echo "make demo          run the onboarding saga on a local control plane (builds what it needs)"
@@ -43,7 +43,7 @@ $(VENV)/.installed: pyproject.toml requirements/dev.txt
 	touch $@
 
 lock: venv
-	$(LOCK) --extra operator --extra cli --extra dashboard -o requirements/operator.txt
+	$(LOCK) --extra operator --extra cli --extra dashboard --extra gateway -o requirements/operator.txt
 	$(LOCK) --extra dev -o requirements/dev.txt
 	$(LOCK) --extra dev --extra bench -o requirements/bench.txt
 
@@ -54,6 +54,11 @@ tools:
 browser: /usr/bin/chromium
 /usr/bin/chromium:
 	$(SUDO) apt-get install -y -q chromium || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
+
+# The TypeScript agent of the MCP gateway tests: the official MCP SDK from npm, as its lock pins it.
+mcp-agent: tests/mcp_agent/node_modules/.package-lock.json
+tests/mcp_agent/node_modules/.package-lock.json: tests/mcp_agent/package-lock.json
+	cd tests/mcp_agent && npm ci --no-audit --no-fund --loglevel=error
 
 # Debian's libfaketime sets a test operator's clock off, as on a node with a bad clock.
 faketime: /usr/bin/faketime
@@ -113,7 +118,7 @@ lint: venv tools
 	bin/helm template undolog charts/undolog --kube-version 1.37.2 --set watchNamespaces='{team-a,team-b}' \
 		--set metrics.serviceMonitor.enabled=true > /dev/null
 
-test: venv tools browser faketime postgres lint
+test: venv tools browser faketime postgres mcp-agent lint
 	$(VENV)/bin/pytest --durations=15
 
 # The pure decisions and the operator layer through its seams: no control plane, no tools.

@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -50,3 +51,19 @@ async def saga_phase(kube: Kube, namespace: str, name: str, phase: str, within: 
         return body.get("status", {}).get("phase") == phase and labels.get("undolog.io/phase") == phase.lower()
 
     return await eventually(lambda: kube.get("sagas", namespace, name), settled, within, f"saga {name} phase {phase}")
+
+
+def serving(url: str, process: subprocess.Popen[bytes], log: Path, within: float) -> None:
+    """Until `url` answers 200; AssertionError with the end of the process's log when it exits
+    or `within` seconds pass first (the process is killed then)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            raise AssertionError(f"{url} did not answer in {within} s: {log.read_text()[-2000:]}")
+        time.sleep(0.05)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from tests.conftest import BIN, Cluster
 from tests.support.manifests import webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant
-from tests.support.waiting import eventually, saga_phase
+from tests.support.waiting import eventually, saga_phase, serving
 from undolog.kube import Kube
 from undolog.sdk import Call, SagaRun, open_saga
 
@@ -65,17 +64,7 @@ def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
     log = config.with_suffix(".log").open("wb")
     process = subprocess.Popen([str(BIN / "jaeger"), "--config", str(config)], stdout=log, stderr=subprocess.STDOUT)
     query_url = f"http://127.0.0.1:{query}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{query_url}/api/services", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline or process.poll() is not None:
-            process.kill()
-            raise AssertionError(f"jaeger did not start: {config.with_suffix('.log').read_text()[-2000:]}")
-        time.sleep(0.2)
+    serving(f"{query_url}/api/services", process, config.with_suffix(".log"), 60)
     try:
         yield f"http://127.0.0.1:{otlp}", query_url
     finally:

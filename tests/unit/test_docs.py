@@ -75,8 +75,9 @@ HISTORY = re.compile(
 
 
 def outside_code(text: str) -> str:
-    """The page without its fenced code blocks (an example's timestamp is not history)."""
-    return re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+    """The page without its code, fenced or inline (an example's timestamp, a protocol revision
+    such as `2025-11-25`, is not history)."""
+    return re.sub(r"`[^`\n]+`", "", re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL))
 
 
 @pytest.mark.parametrize("page", [p for p in DOCS if p.suffix == ".md"], ids=lambda p: p.name)

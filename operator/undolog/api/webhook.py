@@ -1,4 +1,5 @@
-"""Webhook: the function registry, mapping a function name and version to an HTTP target."""
+"""Webhook: the function registry, mapping a function name and version to a target: an HTTP
+endpoint the call's body is POSTed to, or a tool of an MCP server."""
 
 from __future__ import annotations
 
@@ -29,6 +30,16 @@ class ServiceReference(Model):
     scheme: str = Field(default="https", pattern=r"^https?$", description="http or https.")
 
 
+class McpTool(Model):
+    """The version is a tool of the MCP server at its url or service (streamable HTTP)."""
+
+    tool: str = Field(
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="The tool's name: each call is a tools/call with the Call's args as its arguments.",
+    )
+
+
 class WebhookVersion(Model):
     """One version of the function and where to call it."""
 
@@ -41,6 +52,13 @@ class WebhookVersion(Model):
         default=None,
         max_length=65536,
         description="Base64 PEM CA bundle that verifies an https target; the system roots otherwise.",
+    )
+    mcp: McpTool | None = Field(
+        default=None,
+        description=(
+            "Call a tool of the MCP server at url (or service) instead of POSTing the args: the Idempotency-Key "
+            "goes in the request's _meta (io.undolog/idempotency-key) and as the header."
+        ),
     )
 
     model_config = Model.model_config | {

@@ -302,16 +302,9 @@ class HttpTransport:
         await self._session.close()
         self._lookups.close()
 
-    async def send(self, call: PreparedCall) -> CallOutcome:
-        target = call.target
-        payload = json.dumps(call.body, separators=(",", ":")).encode()
-        headers = {
-            **target.headers,
-            **call.headers,
-            **webhook_headers(call.headers.get("Idempotency-Key", ""), payload, target.signing_keys, now()),
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-        }
+    def admitted(self, target: Target) -> ssl.SSLContext | bool | CallOutcome:
+        """The TLS context to call `target` with (True: plain http), or why it is refused before
+        anything is sent: no URL, an address the egress policy refuses, no usable PEM."""
         try:
             url = URL(target.url)
         except ValueError as error:
@@ -323,39 +316,61 @@ class HttpTransport:
         refused = None if written is None else self.policy.refusal(written, url.port or 0)
         if refused is not None:
             return CallOutcome(error=refused[:MAX_ERROR_TEXT], refusal=CallRefusal.TARGET_REFUSED)
-        context = self._tls(target) if url.scheme == "https" else True
+        return self._tls(target) if url.scheme == "https" else True
+
+    def failure(self, error: BaseException, target: Target) -> CallOutcome:
+        """What an exception of an attempt says: the network's doing, or a refusal (nothing sent)."""
+        if isinstance(error, TimeoutError):
+            return CallOutcome(error=f"timed out after {target.timeout_seconds:g} s")
+        if isinstance(error, aiohttp.ClientConnectorCertificateError):
+            why = certificate_rejected(error.certificate_error)
+            text = f"TLS: the participant's certificate was rejected: {why}"
+            return CallOutcome(error=text[:MAX_ERROR_TEXT], certificate=why[:MAX_ERROR_TEXT])
+        if isinstance(error, (aiohttp.ClientSSLError, ssl.SSLError)):  # a handshake
+            return CallOutcome(error=f"TLS: {error}"[:MAX_ERROR_TEXT])
+        if isinstance(error, aiohttp.ClientConnectorError) and isinstance(error.os_error, EgressRefused):
+            return CallOutcome(error=str(error.os_error)[:MAX_ERROR_TEXT], refusal=CallRefusal.TARGET_REFUSED)
+        if isinstance(error, aiohttp.InvalidURL):
+            return CallOutcome(
+                error=f"{shown_url(str(error.url))} is not a URL the operator calls"[:MAX_ERROR_TEXT],
+                refusal=CallRefusal.TARGET_REFUSED,
+            )
+        return CallOutcome(error=f"{type(error).__name__}: {error}"[:MAX_ERROR_TEXT])
+
+    async def request(
+        self, method: str, url: URL, payload: bytes, headers: dict[str, str], context: ssl.SSLContext | bool
+    ) -> aiohttp.ClientResponse:
+        """One request over the fenced session (egress-checked names, the Lease asked on the wire)."""
+        return await self._session.request(
+            method, url, data=payload, headers=headers, ssl=context, allow_redirects=False
+        )
+
+    async def send(self, call: PreparedCall) -> CallOutcome:
+        target = call.target
+        payload = json.dumps(call.body, separators=(",", ":")).encode()
+        headers = {
+            **target.headers,
+            **call.headers,
+            **webhook_headers(call.headers.get("Idempotency-Key", ""), payload, target.signing_keys, now()),
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+        }
+        context = self.admitted(target)
         if isinstance(context, CallOutcome):
             return context
         try:
             async with self.slots.hold(target.url), asyncio.timeout(target.timeout_seconds):
                 call.leaving()
-                return await self._exchange(call, url, payload, headers, context)
-        except TimeoutError:
-            return CallOutcome(error=f"timed out after {target.timeout_seconds:g} s")
-        except aiohttp.ClientConnectorCertificateError as error:
-            why = certificate_rejected(error.certificate_error)
-            text = f"TLS: the participant's certificate was rejected: {why}"
-            return CallOutcome(error=text[:MAX_ERROR_TEXT], certificate=why[:MAX_ERROR_TEXT])
-        except (aiohttp.ClientSSLError, ssl.SSLError) as error:  # a handshake
-            return CallOutcome(error=f"TLS: {error}"[:MAX_ERROR_TEXT])
-        except aiohttp.ClientConnectorError as error:
-            if isinstance(error.os_error, EgressRefused):
-                return CallOutcome(error=str(error.os_error)[:MAX_ERROR_TEXT], refusal=CallRefusal.TARGET_REFUSED)
-            return CallOutcome(error=f"{type(error).__name__}: {error}"[:MAX_ERROR_TEXT])
-        except aiohttp.InvalidURL as error:
-            return CallOutcome(
-                error=f"{shown_url(str(error.url))} is not a URL the operator calls"[:MAX_ERROR_TEXT],
-                refusal=CallRefusal.TARGET_REFUSED,
-            )
-        except (aiohttp.ClientError, OSError) as error:
-            return CallOutcome(error=f"{type(error).__name__}: {error}"[:MAX_ERROR_TEXT])
+                return await self._exchange(call, URL(target.url), payload, headers, context)
+        except (TimeoutError, aiohttp.ClientError, OSError) as error:
+            return self.failure(error, target)
 
     async def _exchange(
         self, call: PreparedCall, url: URL, payload: bytes, headers: dict[str, str], context: ssl.SSLContext | bool
     ) -> CallOutcome:
         try:
             # The scheme as parsed (lower case): HTTPS:// is https too, verified with its CA bundle.
-            response = await self._session.post(url, data=payload, headers=headers, ssl=context, allow_redirects=False)
+            response = await self.request("POST", url, payload, headers, context)
         except (aiohttp.ClientSSLError, ssl.SSLError):
             raise  # some are ValueErrors too, and a handshake is no request aiohttp could not form
         except ValueError as error:
@@ -392,7 +407,7 @@ class HttpTransport:
                 "there is no output",
                 _length(answer_headers),
             )
-        return _success(status, body, answer_headers.get("content-type", ""))
+        return success(status, body, answer_headers.get("content-type", ""))
 
 
 async def _read(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
@@ -440,7 +455,8 @@ def _length(headers: dict[str, str]) -> int | None:
     return int(value) if value.isascii() and value.isdigit() else None
 
 
-def _success(status: int, body: bytes, content_type: str) -> CallOutcome:
+def success(status: int, body: bytes, content_type: str) -> CallOutcome:
+    """A 2xx answer's body as the call's output: a JSON object the ledger carries as it is."""
     if not body.strip():
         return CallOutcome(status_code=status)
     try:

@@ -95,6 +95,7 @@ class Registry:
             headers=await self._headers(webhook) if with_headers else {},
             signing_keys=await self._signing_keys(webhook) if with_headers else (),
             client_certificate=await self._client_certificate(webhook) if with_headers else None,
+            tool=version.mcp.tool if version.mcp else None,
         )
 
     async def _client_certificate(self, webhook: Webhook) -> tuple[bytes, bytes] | None:

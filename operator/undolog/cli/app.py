@@ -10,6 +10,7 @@ from undolog.cli import triage
 from undolog.cli.connection import NamespacedCommand, UserCommand
 from undolog.cli.dashboard import dashboard
 from undolog.cli.history import history
+from undolog.cli.mcp import mcp
 from undolog.cli.operator import operator
 from undolog.cli.verify import verify
 from undolog.version import __version__
@@ -46,6 +47,7 @@ def version_command() -> None:
 
 app.command()(operator)
 app.command(cls=UserCommand)(dashboard)
+app.command(cls=UserCommand)(mcp)
 app.command("list", cls=NamespacedCommand, epilog=triage.EXIT_CODES)(triage.list_sagas)
 for command in (triage.show, triage.plan, triage.retry, triage.skip, triage.abort, triage.rewind, triage.wait, history):
     app.command(cls=NamespacedCommand, epilog=triage.EXIT_CODES)(command)

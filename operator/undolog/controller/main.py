@@ -29,6 +29,7 @@ from undolog.calls.http import HttpTransport
 from undolog.calls.pace import Pacing
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner, TaskFence
+from undolog.calls.transport import HTTP, MCP, Transport, Transports
 from undolog.calls.webhook_cache import WebhookCache
 from undolog.controller.archiving import Archiver
 from undolog.controller.compensation import Compensator
@@ -105,9 +106,18 @@ class Calls:
     webhooks: WebhookCache
 
 
+def mcp_transport(http: HttpTransport) -> Transport:
+    """MCP tools as participants, their requests over the HTTP transport's session. Imported
+    here: the `mcp` package (and the OpenTelemetry API it imports) loads with the first MCP call."""
+    from undolog.calls.mcp import McpTransport
+
+    return McpTransport(http)
+
+
 async def calls_of(kube: Kube, ledger: Ledger, timeline: Timeline, options: OperatorOptions) -> Calls:
     fence = TaskFence()  # each driver's task carries its shard's Lease
-    transport = HttpTransport(options.egress(), guard=fence.check)
+    http = HttpTransport(options.egress(), guard=fence.check)
+    transport = Transports({HTTP: lambda: http, MCP: lambda: mcp_transport(http)})
     webhooks = WebhookCache(kube, options.namespaces)
     pacing = Pacing(without_slot, on_change=BreakerReport(ledger, timeline, webhooks).changed)
     runner = Runner(transport, fence, away=without_slot, pacing=pacing)

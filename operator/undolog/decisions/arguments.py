@@ -134,11 +134,19 @@ def _lookup(expression: str, outputs: Mapping[str, Mapping[str, Any] | None], mi
         if missing_as_null:
             return None
         raise UnresolvedReference(f"${{{expression}}}: step {step!r} returned no output")
+    try:
+        return follow(current, path)
+    except LookupError as missing:
+        raise UnresolvedReference(f"${{{expression}}}: the output of step {step!r} has no {missing}") from None
+
+
+def follow(value: Any, path: str | None) -> Any:
+    """The value at a dotted path: object keys, list indexes; LookupError naming the part missing."""
     for part in path.split(".") if path else []:
-        if isinstance(current, Mapping) and part in current:
-            current = current[part]
-        elif isinstance(current, list) and part.isascii() and part.isdigit() and int(part) < len(current):
-            current = current[int(part)]
+        if isinstance(value, Mapping) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isascii() and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
         else:
-            raise UnresolvedReference(f"${{{expression}}}: the output of step {step!r} has no {part!r}")
-    return current
+            raise LookupError(repr(part))
+    return value

@@ -48,11 +48,16 @@ class CallOutcome:
     output: dict[str, Any] | None = None  # a 2xx answer's JSON object
     omitted: OmittedOutput | None = None  # a 2xx answer that is not kept as output, and why
     certificate: str | None = None  # the participant's certificate was rejected (why): retried, it may be renewed
+    # A transport's own verdict on an answer its protocol says more of than a status (an MCP
+    # tool's isError or JSON-RPC error, which come back with HTTP 200).
+    verdict: Verdict | None = None
 
 
 def classify(outcome: CallOutcome) -> Verdict:
     if outcome.refusal is not None:
         return Verdict.PERMANENT
+    if outcome.verdict is not None:
+        return outcome.verdict
     code = outcome.status_code
     if code is None:  # timeout, refused or reset connection, TLS failure: the network may heal
         return Verdict.TRANSIENT

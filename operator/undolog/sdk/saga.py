@@ -196,14 +196,18 @@ class SagaRun:
 
     async def finish(self, run: StepRun, error: BaseException | None = None) -> None:
         """Record the effect's outcome: Committed with its output, or Failed with the error
-        (NotSent when the agent raised NotSent: the call provably never left)."""
+        (NotSent when the agent raised NotSent: the call provably never left). A failed step's
+        output, when the agent set one (a partial effect's identifier), is kept: its compensation
+        may need it."""
         ledger = await self._client()
+        output, omitted = kept_output(run.output)
         if error is None:
-            output, omitted = kept_output(run.output)
             changes: EntryStatusChange = {"effect": EffectState.COMMITTED, "output": output, "output_omitted": omitted}
         else:
             effect = EffectState.NOT_SENT if isinstance(error, NotSent) else EffectState.FAILED
             changes = {"effect": effect, "last_error": describe_error(error)[:4096]}
+            if run.output is not None:
+                changes |= {"output": output, "output_omitted": omitted}
         changes["executed_at"] = now()
         status = changed(run.entry.status, changes)
         # Its output is what a compensation may need to find the effect: worth waiting out an outage.

@@ -1,0 +1,118 @@
+"""The MCP gateway's configuration (`undolog mcp --config FILE`, a ConfigMap in the chart): its
+upstream MCP servers, and for each tool what undoes it.
+
+A file, not a custom resource: it says which processes the gateway starts and where it
+connects, as a proxy's configuration does, and it is read once at start by the one Deployment
+that uses it. Unknown fields are refused, naming the field (a misspelt `compensation` would
+otherwise leave a tool unmapped and refused).
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Self
+
+from pydantic import ConfigDict, Field, model_validator
+
+from undolog.api.common import DNS_LABEL, DNS_SUBDOMAIN, JsonObject, Model
+
+TOOL_NAME = r"^[A-Za-z0-9_.-]{1,128}$"  # MCP's tool names (2025-11-25)
+QUALIFIED_TOOL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\.[A-Za-z0-9_.-]{1,128}$"
+
+
+class Strict(Model):
+    model_config = Model.model_config | ConfigDict(extra="forbid")
+
+
+class OnClose(StrEnum):
+    """What a session's open saga becomes when the session ends without a commit."""
+
+    ABORT = "abort"
+    COMMIT = "commit"
+
+
+class Unmapped(StrEnum):
+    """A tool that is neither mapped nor read-only."""
+
+    REFUSE = "refuse"
+    PASS = "pass"  # called, and recorded as a step with no compensation
+
+
+class Upstream(Strict):
+    """An MCP server the gateway fronts: a streamable HTTP `url`, or a stdio `command`."""
+
+    url: str | None = Field(default=None, pattern=r"^https?://", description="Its streamable HTTP endpoint.")
+    command: list[str] | None = Field(default=None, min_length=1, description="A local server: argv, over stdio.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment of the command.")
+
+    @model_validator(mode="after")
+    def one_way_in(self) -> Self:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("an upstream needs exactly one of url or command")
+        return self
+
+
+class Compensation(Strict):
+    """What undoes a tool call: another MCP tool (`tool: tracker.close_issue`, called by the
+    operator through the Webhook named `tracker.close-issue`) or a Webhook `function`. String
+    args may refer to the call's arguments (`${args.repo}`) and its result (`${output.number}`)."""
+
+    tool: str | None = Field(default=None, pattern=QUALIFIED_TOOL, description="<upstream>.<tool>.")
+    function: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN, description="A Webhook.")
+    version: str = Field(default="v1", max_length=63, pattern=DNS_LABEL)
+    args: JsonObject = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def one_undo(self) -> Self:
+        if (self.tool is None) == (self.function is None):
+            raise ValueError("a compensation needs exactly one of tool or function")
+        return self
+
+    @property
+    def webhook(self) -> str:
+        """The Webhook the operator calls: a tool's is named `<upstream>.<tool>`, '_' as '-'."""
+        if self.function is not None:
+            return self.function
+        assert self.tool is not None
+        return self.tool.lower().replace("_", "-")
+
+
+class ToolRule(Strict):
+    """One tool: read-only (passes straight through), or its compensation."""
+
+    read_only: bool = False
+    compensation: Compensation | None = None
+
+    @model_validator(mode="after")
+    def one_kind(self) -> Self:
+        if self.read_only == (self.compensation is not None):
+            raise ValueError("a tool is either readOnly: true or has a compensation")
+        return self
+
+
+class GatewayConfig(Strict):
+    namespace: str = Field(max_length=63, pattern=DNS_LABEL, description="Where sessions' sagas are created.")
+    org: str | None = Field(default=None, max_length=63, description="spec.orgId of the sagas.")
+    deadline_seconds: int | None = Field(
+        default=3600, ge=1, description="A session's saga is aborted by the operator past it (the gateway gone)."
+    )
+    on_close: OnClose = OnClose.ABORT
+    unmapped: Unmapped = Unmapped.REFUSE
+    idle_seconds: float = Field(default=1800, gt=0, description="A session with no request for this long ends.")
+    upstreams: dict[str, Upstream] = Field(min_length=1)
+    tools: dict[str, ToolRule] = Field(default_factory=dict, description="Keyed <upstream>.<tool>.")
+
+    @model_validator(mode="after")
+    def known_upstreams(self) -> Self:
+        for name in self.upstreams:
+            if not re.fullmatch(DNS_LABEL, name):
+                raise ValueError(f"upstreams.{name}: a name of lower-case letters, digits and '-'")
+        for tool, rule in self.tools.items():
+            if not re.fullmatch(QUALIFIED_TOOL, tool):
+                raise ValueError(f"tools.{tool}: a key of the form <upstream>.<tool>, e.g. tracker.create_issue")
+            for named in (tool, rule.compensation.tool if rule.compensation else None):
+                if named is not None and named.split(".", 1)[0] not in self.upstreams:
+                    known = ", ".join(sorted(self.upstreams))
+                    raise ValueError(f"tools.{tool}: {named!r} names no upstream (upstreams: {known})")
+        return self

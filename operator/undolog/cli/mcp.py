@@ -1,0 +1,40 @@
+"""`undolog mcp`: the MCP gateway in the foreground (its modules, and the `mcp` package, load
+only here)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Annotated
+
+import typer
+
+from undolog.cli.connection import connection
+
+
+def mcp(
+    ctx: typer.Context,
+    config: Annotated[str, typer.Option("--config", help="The gateway's configuration (YAML): upstreams, tools.")],
+    stdio: Annotated[bool, typer.Option(help="Serve one agent over stdin/stdout instead of HTTP.")] = False,
+    port: Annotated[int, typer.Option(help="Port to serve streamable HTTP on (at /mcp).")] = 8090,
+    address: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0 in a pod).")] = "127.0.0.1",
+) -> None:
+    """Serve MCP in front of your MCP servers: every tool call that can be undone gets its
+    UndoEntry before it runs, and each session is a saga an abort undoes, newest first."""
+    from undolog.gateway.run import load, serve_http, serve_stdio
+    from undolog.kube import Kube
+
+    try:
+        loaded = load(config)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--config") from None
+    user = connection(ctx)
+
+    async def connect() -> Kube:
+        return await Kube.connect(user.kubeconfig, user.context, as_user=user.as_user, as_groups=user.as_groups)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if stdio:
+        asyncio.run(serve_stdio(loaded, connect))
+    else:
+        asyncio.run(serve_http(loaded, address, port, connect))

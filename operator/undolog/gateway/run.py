@@ -1,0 +1,100 @@
+"""Running the gateway: over streamable HTTP (uvicorn, with /metrics and /healthz) or over the
+process's stdin and stdout (a local agent starts it as its MCP server)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+import yaml
+from mcp.server.stdio import stdio_server
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from undolog.api.gateway import GatewayConfig
+from undolog.gateway.server import SESSION_HEADER, STDIO_SESSION, Gateway
+from undolog.gateway.upstreams import Upstreams
+from undolog.kube import Kube
+
+MCP_PATH = "/mcp"
+
+
+def load(path: str) -> GatewayConfig:
+    """The configuration file; ValueError naming the file and each field that is wrong."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+        return GatewayConfig.model_validate(data)
+    except OSError as error:
+        raise ValueError(f"{path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path} is not YAML: {error}") from None
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'the file'}: {e['msg']}" for e in error.errors())
+        raise ValueError(f"{path}: {problems}") from None
+
+
+def ending_sessions(app: ASGIApp, ended: Callable[[str], Any]) -> ASGIApp:
+    """The ASGI app, telling `ended` of a session its client ended (DELETE with its id)."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        await app(scope, receive, send)
+        if scope["type"] == "http" and scope["method"] == "DELETE":
+            key = dict(scope["headers"]).get(SESSION_HEADER.encode())
+            if key:
+                await ended(key.decode("latin-1"))
+
+    return wrapped
+
+
+async def serve_http(config: GatewayConfig, host: str, port: int, connect: Callable[[], Awaitable[Kube]]) -> None:
+    kube = await connect()
+    try:
+        async with Upstreams(config.upstreams) as upstreams:
+            gateway = Gateway(config, kube, upstreams)
+
+            async def metrics(_: Request) -> Response:
+                return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+            async def healthz(_: Request) -> Response:
+                return PlainTextResponse("ok")
+
+            app = gateway.server.streamable_http_app(
+                streamable_http_path=MCP_PATH,
+                host=host,
+                session_idle_timeout=config.idle_seconds,
+                custom_starlette_routes=[Route("/metrics", metrics), Route("/healthz", healthz)],
+            )
+            wrapped = ending_sessions(app, lambda key: gateway.close_session(key, "the client ended it"))
+            server = uvicorn.Server(uvicorn.Config(wrapped, host=host, port=port, log_level="warning", lifespan="on"))
+            reaper = asyncio.create_task(gateway.reap_idle())
+            try:
+                await server.serve()
+            finally:
+                reaper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reaper
+                await gateway.close_all("the gateway stopped")
+    finally:
+        await kube.close()
+
+
+async def serve_stdio(config: GatewayConfig, connect: Callable[[], Awaitable[Kube]]) -> None:
+    kube = await connect()
+    try:
+        async with Upstreams(config.upstreams) as upstreams:
+            gateway = Gateway(config, kube, upstreams)
+            try:
+                async with stdio_server() as (read, write):
+                    await gateway.server.run(read, write, gateway.server.create_initialization_options())
+            finally:
+                await gateway.close_session(STDIO_SESSION, "stdin closed")
+    finally:
+        await kube.close()

@@ -1,0 +1,166 @@
+"""`undolog mcp`: an MCP server in front of the upstream MCP servers, built on the `mcp`
+package's low-level server. It lists the upstreams' tools and the agent's own four
+(undolog_commit, undolog_abort, undolog_rewind, undolog_status) and decides per call
+(decisions.tool_calls) whether it passes through, is registered as a step first, or is refused.
+
+A session is the streamable HTTP session (its Mcp-Session-Id), or the one stdio connection.
+Requests of the sessionless protocol (2026-07-28) have no session to tie steps to: their
+mapped calls are refused, naming the handshake to use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from prometheus_client import Counter
+
+from undolog.api.gateway import GatewayConfig, OnClose
+from undolog.decisions.tool_calls import PassThrough, Refuse, decide
+from undolog.errors import UndoLogError
+from undolog.gateway.sessions import NotCalled, SessionSaga
+from undolog.gateway.upstreams import Upstreams
+from undolog.kube import Kube
+
+STDIO_SESSION = "stdio"
+SESSION_HEADER = "mcp-session-id"
+
+tool_calls = Counter(
+    "undolog_gateway_tool_calls",
+    "Agents' tool calls through the gateway, by what it did with them",
+    ["tool", "outcome"],
+)
+sessions_ended = Counter("undolog_gateway_sessions", "Sessions whose saga ended, by how", ["outcome"])
+
+
+def _schema(**properties: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {name: {"type": "string", "description": said} for name, said in properties.items()},
+        "required": list(properties),
+    }
+
+
+OWN_TOOLS = [
+    types.Tool(
+        name="undolog_commit", description="Commit this session's saga: its steps stay done.", input_schema=_schema()
+    ),
+    types.Tool(
+        name="undolog_abort",
+        description="Abort this session's saga: UndoLog undoes its steps, newest first.",
+        input_schema=_schema(reason="Why (shown to whoever triages it)."),
+    ),
+    types.Tool(
+        name="undolog_rewind",
+        description="Undo the steps after one step (newest first) and carry on from there.",
+        input_schema=_schema(to_step="The step to keep (its name, or its position).", reason="Why."),
+    ),
+    types.Tool(
+        name="undolog_status",
+        description="This session's saga and what an abort would undo, in order.",
+        input_schema=_schema(),
+        annotations=types.ToolAnnotations(read_only_hint=True),
+    ),
+]
+
+
+def said(text: str, *, error: bool = False) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=error)
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, kube: Kube, upstreams: Upstreams) -> None:
+        self.config, self.kube, self.upstreams = config, kube, upstreams
+        self.sessions: dict[str, SessionSaga] = {}
+        self.server: Server[Any] = Server("undolog-gateway", on_list_tools=self.list_tools, on_call_tool=self.call_tool)
+        self._own: dict[str, Callable[[SessionSaga, dict[str, Any]], Awaitable[str]]] = {
+            "undolog_commit": lambda s, _: self._end(s, OnClose.COMMIT, "committed by the agent"),
+            "undolog_abort": lambda s, a: self._end(s, OnClose.ABORT, str(a.get("reason") or "aborted by the agent")),
+            "undolog_rewind": lambda s, a: s.rewind(str(a.get("to_step", "")), str(a.get("reason") or "rewind")),
+            "undolog_status": lambda s, _: s.status(),
+        }
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        listed = [
+            types.Tool.model_validate({**found.tool.model_dump(by_alias=True, exclude_none=True), "name": name})
+            for name, found in self.upstreams.tools.items()
+        ]
+        return types.ListToolsResult(tools=[*listed, *OWN_TOOLS])
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        name, arguments = params.name, dict(params.arguments or {})
+        own = self._own.get(name)
+        if own is not None:
+            session = self._session(ctx, name)
+            try:
+                return said(await own(session, arguments))
+            except (UndoLogError, ValueError, TimeoutError) as error:
+                return said(f"{name}: {error}", error=True)
+        found = self.upstreams.tools.get(name)
+        if found is None:
+            raise MCPError(types.INVALID_PARAMS, f"unknown tool {name!r}")
+        decision = decide(self.config, found.qualified, found.read_only_hint)
+        if isinstance(decision, PassThrough):
+            tool_calls.labels(found.qualified, "passed").inc()
+            return await self.upstreams.call(found, arguments, None)
+        if isinstance(decision, Refuse):
+            tool_calls.labels(found.qualified, "refused").inc()
+            raise MCPError(types.INVALID_PARAMS, decision.message)
+        try:
+            result = await self._session(ctx, name).call(found, arguments, decision.rule)
+        except NotCalled as refused:
+            tool_calls.labels(found.qualified, "refused").inc()
+            raise MCPError(types.INVALID_PARAMS, str(refused)) from None
+        tool_calls.labels(found.qualified, "failed" if result.is_error else "registered").inc()
+        return result
+
+    def _session(self, ctx: ServerRequestContext[Any], tool: str) -> SessionSaga:
+        request = ctx.request
+        headers = getattr(request, "headers", None)
+        key = STDIO_SESSION if request is None else headers.get(SESSION_HEADER) if headers is not None else None
+        if key is None:
+            raise MCPError(
+                types.INVALID_REQUEST,
+                f"tool {tool} needs a session to be undoable: connect with the initialize handshake (protocol "
+                "2025-11-25 or earlier), whose Mcp-Session-Id ties this call's step to the session's saga",
+            )
+        session = self.sessions.get(key)
+        if session is None:
+            session = self.sessions[key] = SessionSaga(self.config, self.kube, self.upstreams)
+        session.last_seen = time.monotonic()
+        return session
+
+    async def _end(self, session: SessionSaga, outcome: OnClose, reason: str) -> str:
+        opened = session.run is not None
+        text = await session.end(outcome, reason)
+        if opened:
+            sessions_ended.labels("committed" if outcome == OnClose.COMMIT else "aborted").inc()
+        return text
+
+    async def close_session(self, key: str, why: str) -> None:
+        """The session ended (DELETE, idle, the gateway stopping): its open saga as onClose says."""
+        session = self.sessions.pop(key, None)
+        if session is not None and session.run is not None:
+            await self._end(session, self.config.on_close, f"the agent's session ended without a commit ({why})")
+
+    async def reap_idle(self) -> None:
+        """End sessions idle past idleSeconds (the SDK forgets them; their sagas must not wait)."""
+        while True:
+            await asyncio.sleep(min(self.config.idle_seconds / 4, 30.0))
+            cutoff = time.monotonic() - self.config.idle_seconds
+            for key in [k for k, s in self.sessions.items() if s.last_seen < cutoff]:
+                await self.close_session(key, f"idle for {self.config.idle_seconds:g} s")
+
+    async def close_all(self, why: str) -> None:
+        for key in list(self.sessions):
+            await self.close_session(key, why)

@@ -1,0 +1,122 @@
+"""Sessions are sagas: an agent's MCP session gets a saga with its first mapped tool call, each
+such call an UndoEntry written before the call goes upstream, and the saga ends with the
+agent's `undolog_commit` or `undolog_abort`, or, when the session ends without either, as the
+configuration says (`onClose`: abort by default)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp_types as types
+
+from undolog.api.gateway import GatewayConfig, OnClose, ToolRule
+from undolog.calls.mcp import answered
+from undolog.conventions import repeated_step, step_name_of
+from undolog.decisions.tool_calls import compensation_call
+from undolog.errors import UndoLogError
+from undolog.gateway.upstreams import Upstreams, UpstreamTool
+from undolog.inspect import Inspector, PlannedCompensation
+from undolog.kube import Kube
+from undolog.sdk import SagaRun, open_saga
+
+SAGA_META = "io.undolog/saga"
+STEP_META = "io.undolog/step"
+
+
+class NotCalled(UndoLogError):
+    """The step could not be registered: nothing was sent upstream."""
+
+
+class ToolFailed(UndoLogError):
+    """The upstream answered the call with isError: a failed step, still compensated."""
+
+
+@dataclass
+class SessionSaga:
+    """One session's saga, opened with its first step."""
+
+    config: GatewayConfig
+    kube: Kube
+    upstreams: Upstreams
+    run: SagaRun | None = None
+    steps: int = 0  # names steps uniquely within the saga: <tool>-<n>
+    last_seen: float = field(default_factory=time.monotonic)
+    _opening: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def saga(self) -> SagaRun:
+        async with self._opening:
+            if self.run is None:
+                self.run = await open_saga(
+                    generate_name="mcp-",
+                    namespace=self.config.namespace,
+                    org=self.config.org,
+                    deadline_seconds=self.config.deadline_seconds,
+                    kube=self.kube,
+                )
+                self.steps = 0
+            return self.run
+
+    async def call(self, tool: UpstreamTool, arguments: dict[str, Any], rule: ToolRule | None) -> types.CallToolResult:
+        """Register the step (its compensation filled in from the arguments), call upstream,
+        record the result: an isError result or an exception is a failed step (its effect may be
+        partial, so it is compensated), its output kept when it has one."""
+        try:
+            run = await self.saga()
+            self.steps += 1
+            step = repeated_step(step_name_of(tool.tool.name), self.steps)
+            compensation = compensation_call(rule, arguments, step) if rule and rule.compensation else None
+            registered = await run.register(step, compensation)
+        except (ValueError, UndoLogError) as error:
+            raise NotCalled(f"tool {tool.qualified} was not called: {error}") from error
+        try:
+            result = await self.upstreams.call(tool, arguments, registered.forward_key)
+        except Exception as error:
+            await run.finish(registered, error)
+            raise
+        outcome = answered(tool.tool.name, 200, result)
+        registered.output = outcome.output
+        await run.finish(registered, ToolFailed(outcome.error) if outcome.error else None)
+        meta = {**(result.meta or {}), SAGA_META: f"{run.namespace}/{run.name}", STEP_META: step}
+        return types.CallToolResult(
+            content=result.content, structured_content=result.structured_content, is_error=result.is_error, meta=meta
+        )
+
+    async def end(self, outcome: OnClose, reason: str) -> str:
+        """Commit or abort the open saga; what was done, said for the agent."""
+        run, self.run = self.run, None
+        if run is None:
+            return "no saga is open in this session: nothing to commit or abort"
+        if outcome == OnClose.COMMIT:
+            await run.commit()
+            return f"saga {run.namespace}/{run.name} committed: its steps stay done"
+        plan = await self.plan_of(run)
+        await run.abort(reason)
+        return f"saga {run.namespace}/{run.name} aborted ({reason}); the operator undoes, newest first: {plan}"
+
+    async def rewind(self, to_step: str, reason: str) -> str:
+        run = await self.saga()
+        await run.rewind_to(int(to_step) if to_step.isdigit() else to_step, reason)
+        return f"saga {run.namespace}/{run.name} rewound to {to_step}: the steps after it are undone; carry on"
+
+    async def status(self) -> str:
+        if self.run is None:
+            return "no saga is open in this session: no step has run that could be undone"
+        return (
+            f"saga {self.run.namespace}/{self.run.name}; undone on abort, newest first: {await self.plan_of(self.run)}"
+        )
+
+    async def plan_of(self, run: SagaRun) -> str:
+        plan = await Inspector(self.kube).plan(run.namespace, run.name)
+        return "; ".join(planned(p) for p in plan.steps) or "nothing"
+
+
+def planned(compensation: PlannedCompensation) -> str:
+    call = compensation.entry.spec.compensation
+    said = f"{compensation.order}. {compensation.entry.spec.step} → {call.function if call else '-'}"
+    if compensation.args is not None:
+        said += f" {json.dumps(compensation.args)}"
+    return said + (f" ({compensation.refusal})" if compensation.refusal else "")

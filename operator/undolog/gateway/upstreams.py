@@ -1,0 +1,101 @@
+"""The MCP servers behind the gateway: one client each (the `mcp` package's), their tools, and
+the calls forwarded to them with the step's Idempotency-Key (in `_meta`, and as the HTTP header
+on streamable HTTP)."""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import httpx2
+import mcp_types as types
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from undolog.api.gateway import Upstream
+from undolog.calls.mcp import KEY_META, keyed_meta
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+@dataclass(frozen=True)
+class UpstreamTool:
+    upstream: str
+    tool: types.Tool
+
+    @property
+    def qualified(self) -> str:
+        """<upstream>.<tool>: how the configuration names it."""
+        return f"{self.upstream}.{self.tool.name}"
+
+    @property
+    def read_only_hint(self) -> bool:
+        return bool(self.tool.annotations and self.tool.annotations.read_only_hint)
+
+
+async def keyed(request: httpx2.Request) -> None:
+    """The HTTP header of a tools/call, from its `_meta` (the MCP client writes the body)."""
+    try:
+        message = json.loads(request.content or b"null")
+    except ValueError:
+        return
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if isinstance(meta, dict) and isinstance(key := meta.get(KEY_META), str):
+        request.headers[IDEMPOTENCY_HEADER] = key
+
+
+class Upstreams:
+    """Connected at start, closed at the end; `tools` lists every upstream's tools under the name
+    the agent sees (the tool's own, `<upstream>.<tool>` where two upstreams share one)."""
+
+    def __init__(self, upstreams: dict[str, Upstream]) -> None:
+        self.config = upstreams
+        self.clients: dict[str, Client] = {}
+        self.tools: dict[str, UpstreamTool] = {}
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> Upstreams:
+        try:
+            for name, upstream in self.config.items():
+                self.clients[name] = await self._stack.enter_async_context(self._client(upstream))
+            await self.list_tools()
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self._stack.aclose()
+
+    def _client(self, upstream: Upstream) -> Client:
+        if upstream.url is not None:
+            http = httpx2.AsyncClient(event_hooks={"request": [keyed]}, trust_env=False, timeout=None)
+            self._stack.push_async_callback(http.aclose)
+            return Client(streamable_http_client(upstream.url, http_client=http), mode="legacy", cache=None)
+        assert upstream.command is not None
+        command, *args = upstream.command
+        parameters = StdioServerParameters(command=command, args=args, env={**os.environ, **upstream.env})
+        return Client(stdio_client(parameters), mode="legacy", cache=None)
+
+    async def list_tools(self) -> None:
+        listed: list[UpstreamTool] = []
+        for name, client in self.clients.items():
+            cursor: str | None = None
+            while True:
+                page = await client.list_tools(cursor=cursor)
+                listed.extend(UpstreamTool(name, tool) for tool in page.tools)
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+        counts: dict[str, int] = {}
+        for found in listed:
+            counts[found.tool.name] = counts.get(found.tool.name, 0) + 1
+        self.tools = {(t.tool.name if counts[t.tool.name] == 1 else t.qualified): t for t in listed}
+
+    async def call(self, tool: UpstreamTool, arguments: dict[str, object], key: str | None) -> types.CallToolResult:
+        meta = keyed_meta(key) if key else None
+        return await self.clients[tool.upstream].call_tool(tool.tool.name, arguments, meta=meta)

@@ -1,0 +1,263 @@
+"""Undo for any MCP agent: `undolog mcp` in front of a real MCP server (the tracker), agents
+that are real MCP clients (the `mcp` package's in Python, the official SDK's in TypeScript on
+node), and the operator compensating through the MCP transport (`close_issue` on the same
+server, under each entry's key)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import yaml
+from devtools.control_plane.local import free_port
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from tests.cluster.test_packaging import rendered
+from tests.conftest import REPO, Cluster
+from tests.support.manifests import webhook
+from tests.support.mcp_tracker import Tracker
+from tests.support.operator_process import OperatorProcess
+from tests.support.waiting import eventually, saga_phase, serving
+from undolog.api.gateway import GatewayConfig
+from undolog.gateway.run import load
+from undolog.kube import Kube
+
+pytestmark = pytest.mark.cluster
+
+AGENT = REPO / "tests" / "mcp_agent"
+
+
+def gateway_config(namespace: str, tracker: Tracker, **overrides: Any) -> dict[str, Any]:
+    return {
+        "namespace": namespace,
+        "upstreams": {"tracker": {"url": tracker.url}},
+        "tools": {
+            "tracker.create_issue": {
+                "compensation": {"tool": "tracker.close_issue", "args": {"number": "${output.number}"}}
+            },
+        },
+        **overrides,
+    }
+
+
+class GatewayProcess:
+    def __init__(self, kubeconfig: Path, config: dict[str, Any], tmp_path: Path, *extra: str) -> None:
+        path = tmp_path / "gateway.yaml"
+        path.write_text(yaml.safe_dump(config))
+        self.port = free_port()
+        self.log = (tmp_path / "gateway.log").open("w")
+        command = [sys.executable, "-m", "undolog.cli", "mcp", "--config", str(path), "--port", str(self.port)]
+        self.process = subprocess.Popen(
+            [*command, "--kubeconfig", str(kubeconfig), *extra], stdout=self.log, stderr=subprocess.STDOUT
+        )
+        serving(f"http://127.0.0.1:{self.port}/healthz", self.process, tmp_path / "gateway.log", 30)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(15)
+        self.log.close()
+
+
+@pytest.fixture
+def tracker() -> Iterator[Tracker]:
+    served = Tracker()
+    yield served
+    served.stop()
+
+
+@pytest_asyncio.fixture
+async def close_issue_webhook(kube: Kube, namespace: str, tracker: Tracker) -> None:
+    """The operator's way to close_issue: a Webhook whose version is an MCP tool."""
+    await kube.create(
+        "webhooks", namespace, webhook("tracker.close-issue", url=tracker.url, mcp={"tool": "close_issue"})
+    )
+
+
+@pytest.fixture
+def gateway(cluster: Cluster, namespace: str, tracker: Tracker, tmp_path: Path) -> Iterator[GatewayProcess]:
+    process = GatewayProcess(cluster.kubeconfig, gateway_config(namespace, tracker), tmp_path)
+    yield process
+    process.stop()
+
+
+async def only_saga(kube: Kube, namespace: str) -> str:
+    sagas = await eventually(lambda: kube.list("sagas", namespace), lambda found: len(found) == 1, 10, "one saga")
+    return str(sagas[0]["metadata"]["name"])
+
+
+@pytest.mark.usefixtures("close_issue_webhook", "operator")
+async def test_a_python_agent_s_failed_session_is_undone_newest_first_by_the_same_mcp_server(
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,
+    gateway: GatewayProcess,
+) -> None:
+    async with Client(gateway.url, mode="legacy") as agent:
+        names = {tool.name for tool in (await agent.list_tools()).tools}
+        assert {"create_issue", "close_issue", "list_issues", "undolog_abort", "undolog_rewind"} <= names
+        for title in ("one", "two"):
+            assert not (await agent.call_tool("create_issue", {"title": title})).is_error
+        failed = await agent.call_tool("create_issue", {"title": "three", "fail": True})
+        assert failed.is_error
+        assert (await agent.call_tool("list_issues", {})).content  # read-only: straight through
+        said = await agent.call_tool("undolog_abort", {"reason": "the third issue failed"})
+        text = said.content[0].text  # type: ignore[union-attr]
+        assert "aborted" in text, text
+        assert text.index("create_issue-3") < text.index("create_issue-2") < text.index("create_issue-1"), text
+    name = await only_saga(kube, namespace)
+    await saga_phase(kube, namespace, name, "Compensated")
+    assert [close.number for close in tracker.issues.closes] == [3, 2, 1]
+    assert [tracker.issues.state(n) for n in (1, 2, 3)] == ["closed"] * 3
+    keys = [close.meta_key for close in tracker.issues.closes]
+    assert len(set(keys)) == 3
+    assert all(keys)
+    assert all(close.header_key == close.meta_key for close in tracker.issues.closes)
+    entries = await kube.list("undoentries", namespace)
+    assert {f"undo-{e['spec']['undoId']}" for e in entries} == set(keys)
+    # The forward calls went upstream under their steps' keys, also in _meta.
+    assert all(tracker.issues.created_keys)
+    assert len(set(tracker.issues.created_keys)) == 3
+
+
+async def test_a_tool_neither_mapped_nor_read_only_is_refused_naming_how_to_map_it(
+    kube: Kube, namespace: str, tracker: Tracker, gateway: GatewayProcess
+) -> None:
+    async with Client(gateway.url, mode="legacy") as agent:
+        opened = await agent.call_tool("create_issue", {"title": "one"})
+        assert opened.meta
+        assert opened.meta["io.undolog/step"] == "create_issue-1"
+        with pytest.raises(MCPError) as refused:
+            await agent.call_tool("label_issue", {"number": 1, "label": "bug"})
+        assert "tracker.label_issue is not mapped" in str(refused.value)
+        assert "tools.tracker.label_issue" in str(refused.value)
+    assert "labels" not in tracker.issues.opened[1]  # nothing reached the tracker
+
+
+@pytest.mark.usefixtures("close_issue_webhook", "operator")
+async def test_a_session_that_ends_without_a_commit_is_aborted(
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,
+    gateway: GatewayProcess,
+) -> None:
+    async with Client(gateway.url, mode="legacy") as agent:  # leaving it sends DELETE: the session ends
+        await agent.call_tool("create_issue", {"title": "one"})
+    name = await only_saga(kube, namespace)
+    saga = await saga_phase(kube, namespace, name, "Compensated")
+    assert "session ended without a commit" in saga["metadata"]["annotations"]["undolog.io/abort-reason"]
+    assert tracker.issues.state(1) == "closed"
+
+
+def node_agent(gateway: GatewayProcess, scenario: str) -> list[dict[str, Any]]:
+    node = shutil.which("node")
+    assert node, "node is needed for the TypeScript agent (the machine's Node 20)"
+    assert (AGENT / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir(), "run make mcp-agent (npm ci)"
+    done = subprocess.run(
+        [node, "agent.mjs", gateway.url, scenario], cwd=AGENT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.mark.usefixtures("close_issue_webhook", "operator")
+async def test_a_typescript_agent_gets_undo_with_no_undolog_code(
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,
+    gateway: GatewayProcess,
+) -> None:
+    said = node_agent(gateway, "fail-third")
+    assert [line.get("isError") for line in said[1:]] == [False, False, True, False]
+    name = await only_saga(kube, namespace)
+    await saga_phase(kube, namespace, name, "Compensated")
+    assert [close.number for close in tracker.issues.closes] == [3, 2, 1]
+    assert len({close.meta_key for close in tracker.issues.closes}) == 3
+
+
+@pytest.mark.usefixtures("close_issue_webhook", "operator")
+async def test_a_typescript_agent_rewinds_to_its_first_step_and_carries_on(
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,
+    gateway: GatewayProcess,
+) -> None:
+    said = node_agent(gateway, "rewind")
+    rewound = next(line for line in said if line.get("name") == "undolog_rewind")
+    assert not rewound["isError"], rewound
+    name = await only_saga(kube, namespace)
+    await saga_phase(kube, namespace, name, "Completed")
+    assert [close.number for close in tracker.issues.closes] == [3, 2]
+    assert [tracker.issues.state(n) for n in (1, 2, 3, 4)] == ["open", "closed", "closed", "open"]
+
+
+async def test_the_mcp_transport_is_fenced_in_by_the_egress_policy(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,
+    close_issue_webhook: None,
+    gateway: GatewayProcess,
+    tmp_path: Path,
+) -> None:
+    fenced = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "fenced", allow_loopback=False)
+    (tmp_path / "fenced").mkdir()
+    fenced.start()
+    try:
+        async with Client(gateway.url, mode="legacy") as agent:
+            await agent.call_tool("create_issue", {"title": "one"})
+            await agent.call_tool("undolog_abort", {"reason": "test"})
+        name = await only_saga(kube, namespace)
+        halted = await saga_phase(kube, namespace, name, "Halted")
+        assert "refused by the operator's egress policy" in halted["status"]["message"], halted["status"]["message"]
+        assert tracker.issues.closes == []
+    finally:
+        fenced.stop()
+
+
+@pytest.mark.usefixtures("close_issue_webhook", "operator")
+async def test_the_chart_s_gateway_role_is_all_a_session_needs(
+    cluster: Cluster, kube: Kube, namespace: str, tracker: Tracker, tmp_path: Path
+) -> None:
+    documents = rendered(
+        "gateway.enabled=true", f"gateway.namespace={namespace}", f"gateway.config.upstreams.tracker.url={tracker.url}"
+    )
+    chart_config = next(d for d in documents if d["kind"] == "ConfigMap" and "gateway" in d["metadata"]["name"])
+    from_chart = load_config(chart_config["data"]["gateway.yaml"], tmp_path)
+    assert (from_chart.namespace, from_chart.upstreams["tracker"].url) == (namespace, tracker.url)
+    access = [d for d in documents if d["kind"] in ("Role", "RoleBinding") and "gateway" in d["metadata"]["name"]]
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "undolog-gateway"}}
+    for document in (*access, account):
+        document["metadata"]["namespace"] = namespace
+        document.get("subjects", [{}])[0]["namespace"] = namespace
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([account, *access]))
+    as_gateway = f"--as=system:serviceaccount:{namespace}:undolog-gateway"
+    gateway = GatewayProcess(cluster.kubeconfig, gateway_config(namespace, tracker), tmp_path, as_gateway)
+    try:
+        async with Client(gateway.url, mode="legacy") as agent:
+            await agent.call_tool("create_issue", {"title": "one"})
+            status = await agent.call_tool("undolog_status", {})
+            assert "create_issue-1 → tracker.close-issue" in status.content[0].text  # type: ignore[union-attr]
+            assert not (await agent.call_tool("undolog_abort", {"reason": "done"})).is_error
+        name = await only_saga(kube, namespace)
+        await saga_phase(kube, namespace, name, "Compensated")
+        assert tracker.issues.state(1) == "closed"
+    finally:
+        gateway.stop()
+
+
+def load_config(text: str, tmp_path: Path) -> GatewayConfig:
+    path = tmp_path / "from-chart.yaml"
+    path.write_text(text)
+    return load(str(path))

@@ -1,0 +1,117 @@
+"""A small issue tracker as a real MCP server (the `mcp` package's, streamable HTTP on loopback,
+in a thread of the test process): tools whose effects a test can inspect.
+
+- create_issue(title, fail=False): opens an issue; with `fail` it opens it and then answers
+  isError (a partial effect: the number comes back in structuredContent all the same).
+- close_issue(number): closes it; every close is recorded with the Idempotency-Key it came
+  under (`_meta` and header).
+- label_issue(number, label): changes state, mapped by no test configuration (refused).
+- list_issues(): read-only (`readOnlyHint`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp_types as types
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+
+KEY_META = "io.undolog/idempotency-key"
+
+
+@dataclass(frozen=True)
+class Close:
+    number: int
+    meta_key: str | None
+    header_key: str | None
+
+
+@dataclass
+class Issues:
+    opened: dict[int, dict[str, Any]] = field(default_factory=dict)
+    created_keys: list[str | None] = field(default_factory=list)
+    closes: list[Close] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def state(self, number: int) -> str:
+        with self.lock:
+            return str(self.opened[number]["state"])
+
+
+def keys_of(ctx: Context) -> tuple[str | None, str | None]:
+    meta = ctx.request_context.meta or {}
+    headers = ctx.headers or {}
+    key = meta.get(KEY_META) if isinstance(meta, dict) else getattr(meta, KEY_META, None)
+    return (str(key) if key else None), headers.get("idempotency-key")
+
+
+def tracker(issues: Issues) -> MCPServer:
+    server = MCPServer("tracker")
+
+    @server.tool()
+    def create_issue(title: str, ctx: Context, fail: bool = False) -> types.CallToolResult:
+        """Open an issue."""
+        with issues.lock:
+            number = len(issues.opened) + 1
+            issues.opened[number] = {"number": number, "title": title, "state": "open"}
+            issues.created_keys.append(keys_of(ctx)[0])
+        text = f"label service down after opening #{number}" if fail else f"opened #{number}"
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=text)], structured_content={"number": number}, is_error=fail
+        )
+
+    @server.tool()
+    def close_issue(number: int, ctx: Context) -> dict[str, Any]:
+        """Close an issue."""
+        with issues.lock:
+            issues.opened[number]["state"] = "closed"
+            issues.closes.append(Close(number, *keys_of(ctx)))
+        return {"number": number, "state": "closed"}
+
+    @server.tool()
+    def label_issue(number: int, label: str) -> str:
+        """Label an issue."""
+        with issues.lock:
+            issues.opened[number].setdefault("labels", []).append(label)
+        return "labelled"
+
+    @server.tool(annotations=types.ToolAnnotations(read_only_hint=True))
+    def list_issues() -> str:
+        """Every issue and its state."""
+        with issues.lock:
+            return ", ".join(f"#{n} {i['state']}" for n, i in issues.opened.items()) or "none"
+
+    return server
+
+
+class Tracker:
+    """The tracker served on a free loopback port until `stop`."""
+
+    def __init__(self) -> None:
+        self.issues = Issues()
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        app = tracker(self.issues).streamable_http_app()
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()), daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the tracker did not start within 10 s")
+            time.sleep(0.02)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)

@@ -1,0 +1,110 @@
+"""The gateway's pure decisions: what happens to a tool call, and the compensation it registers;
+and its configuration file's refusals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from undolog.api.gateway import GatewayConfig, ToolRule
+from undolog.decisions.arguments import resolve
+from undolog.decisions.tool_calls import PassThrough, Refuse, Register, compensation_call, decide
+from undolog.errors import UnresolvedReference
+
+
+def config(**overrides: Any) -> GatewayConfig:
+    return GatewayConfig.model_validate(
+        {
+            "namespace": "agents",
+            "upstreams": {"tracker": {"url": "http://127.0.0.1:1/mcp"}, "files": {"command": ["files-server"]}},
+            "tools": {
+                "tracker.create_issue": {
+                    "compensation": {"tool": "tracker.close_issue", "args": {"number": "${output.number}"}}
+                },
+                "tracker.search": {"readOnly": True},
+                "files.write": {"compensation": {"function": "restore-file", "args": {"path": "${args.path}"}}},
+            },
+            **overrides,
+        }
+    )
+
+
+def test_mapped_tools_are_registered_and_read_only_ones_pass() -> None:
+    gateway = config()
+    assert decide(gateway, "tracker.create_issue", read_only_hint=False) == Register(
+        gateway.tools["tracker.create_issue"]
+    )
+    assert decide(gateway, "tracker.search", read_only_hint=False) == PassThrough()
+    assert decide(gateway, "tracker.list_issues", read_only_hint=True) == PassThrough()
+
+
+def test_an_unmapped_tool_is_refused_naming_it_and_how_to_map_it_unless_the_policy_passes_it() -> None:
+    refused = decide(config(), "tracker.label_issue", read_only_hint=False)
+    assert isinstance(refused, Refuse)
+    assert "tracker.label_issue is not mapped" in refused.message
+    assert "tools.tracker.label_issue" in refused.message
+    assert "readOnly: true" in refused.message
+    assert decide(config(unmapped="pass"), "tracker.label_issue", read_only_hint=False) == Register(None)
+
+
+def test_a_mapping_wins_over_the_server_s_read_only_hint() -> None:
+    # A server that calls create_issue read-only is not believed over the configuration.
+    gateway = config()
+    assert isinstance(decide(gateway, "tracker.create_issue", read_only_hint=True), Register)
+
+
+def test_the_compensation_takes_the_arguments_now_and_the_output_when_compensated() -> None:
+    gateway = config()
+    call = compensation_call(gateway.tools["tracker.create_issue"], {"title": "x"}, "create-issue-1")
+    assert (call.function, call.args) == ("tracker.close-issue", {"number": "${steps.create-issue-1.output.number}"})
+    # The operator fills it in from the step's recorded output, as for orchestrated steps.
+    assert resolve(call.args, {"create-issue-1": {"number": 7}}) == {"number": 7}
+    files = compensation_call(gateway.tools["files.write"], {"path": "/a", "data": "..."}, "write-2")
+    assert (files.function, files.args) == ("restore-file", {"path": "/a"})
+
+
+def test_a_reference_inside_text_is_spliced_and_a_missing_argument_is_named() -> None:
+    rule = ToolRule.model_validate(
+        {"compensation": {"function": "undo", "args": {"note": "undo ${args.repo}#${output.n}", "n": "${args.n}"}}}
+    )
+    call = compensation_call(rule, {"repo": "a/b", "n": [1, 2]}, "s-1")
+    assert call.args == {"note": "undo a/b#${steps.s-1.output.n}", "n": [1, 2]}
+    with pytest.raises(UnresolvedReference, match="no 'repo'"):
+        compensation_call(rule, {"n": 1}, "s-1")
+    wrong = ToolRule.model_validate({"compensation": {"function": "undo", "args": {"x": "${steps.a.output}"}}})
+    with pytest.raises(UnresolvedReference, match="neither"):
+        compensation_call(wrong, {}, "s-1")
+
+
+INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+
+
+@given(st.dictionaries(st.text(st.characters(categories=["L", "N"]), min_size=1, max_size=8), INT64))
+def test_every_argument_reference_takes_its_value(args: dict[str, int]) -> None:
+    rule = ToolRule.model_validate({"compensation": {"function": "undo", "args": {k: f"${{args.{k}}}" for k in args}}})
+    assert compensation_call(rule, args, "s-1").args == args
+
+
+def test_an_argument_the_ledger_cannot_carry_is_refused_before_the_step_is_registered() -> None:
+    rule = ToolRule.model_validate({"compensation": {"function": "undo", "args": {"id": "${args.id}"}}})
+    with pytest.raises(ValueError, match=r"compensation of step s-1 cannot be registered: .*64 bits"):
+        compensation_call(rule, {"id": 2**64}, "s-1")
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"tools": {"tracker.create_issue": {"compensaton": {}}}}, "compensaton"),
+        ({"tools": {"tracker.create_issue": {}}}, "either readOnly: true or has a compensation"),
+        ({"tools": {"github.create_issue": {"readOnly": True}}}, "names no upstream"),
+        ({"upstreams": {"tracker": {}}}, "exactly one of url or command"),
+        ({"tools": {"create_issue": {"readOnly": True}}}, "<upstream>.<tool>"),
+    ],
+)
+def test_a_configuration_that_is_wrong_is_refused_naming_the_field(change: dict[str, Any], said: str) -> None:
+    with pytest.raises(ValidationError, match=said):
+        config(**change)
