@@ -13,11 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
 import yaml
 from devtools.control_plane.local import free_port
 from mcp import Client
+from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from tests.cluster.test_packaging import rendered
@@ -261,3 +263,45 @@ def load_config(text: str, tmp_path: Path) -> GatewayConfig:
     path = tmp_path / "from-chart.yaml"
     path.write_text(text)
     return load(str(path))
+
+
+@pytest.mark.usefixtures("close_issue_webhook", "operator")
+async def test_an_agent_that_starts_the_gateway_over_stdio_gets_the_same_undo(
+    cluster: Cluster, kube: Kube, namespace: str, tracker: Tracker, tmp_path: Path
+) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(gateway_config(namespace, tracker)))
+    command = ["-m", "undolog.cli", "mcp", "--stdio", "--config", str(path), "--kubeconfig", str(cluster.kubeconfig)]
+    async with Client(StdioServerParameters(command=sys.executable, args=command), mode="legacy") as agent:
+        for title in ("one", "two"):
+            await agent.call_tool("create_issue", {"title": title})
+    # stdin closed: the session ended without a commit, so its saga is aborted.
+    name = await only_saga(kube, namespace)
+    await saga_phase(kube, namespace, name, "Compensated")
+    assert [close.number for close in tracker.issues.closes] == [2, 1]
+
+
+@pytest.mark.usefixtures("close_issue_webhook", "operator")
+async def test_a_gateway_that_stops_ends_its_open_sessions_and_counts_what_it_did(
+    kube: Kube, namespace: str, tracker: Tracker, gateway: GatewayProcess
+) -> None:
+    async with Client(gateway.url, mode="legacy") as agent:
+        await agent.call_tool("create_issue", {"title": "one"})
+        await agent.call_tool("list_issues", {})
+        scraped = httpx.get(f"http://127.0.0.1:{gateway.port}/metrics", timeout=5).text
+        assert 'undolog_gateway_tool_calls_total{outcome="registered",tool="tracker.create_issue"} 1.0' in scraped
+        assert 'undolog_gateway_tool_calls_total{outcome="passed",tool="tracker.list_issues"} 1.0' in scraped
+        gateway.stop()  # SIGTERM while the session is open
+    name = await only_saga(kube, namespace)
+    saga = await saga_phase(kube, namespace, name, "Compensated")
+    assert "the gateway stopped" in saga["metadata"]["annotations"]["undolog.io/abort-reason"]
+
+
+async def test_a_sessionless_request_is_refused_a_mapped_tool_naming_the_handshake(
+    tracker: Tracker, gateway: GatewayProcess
+) -> None:
+    async with Client(gateway.url) as agent:  # the SDK's default: the sessionless revision when offered
+        assert (await agent.call_tool("list_issues", {})).content  # read-only tools pass all the same
+        with pytest.raises(MCPError, match="needs a session to be undoable: connect with the initialize handshake"):
+            await agent.call_tool("create_issue", {"title": "one"})
+    assert tracker.issues.opened == {}

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import signal
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,23 @@ def load(path: str) -> GatewayConfig:
         raise ValueError(f"{path}: {problems}") from None
 
 
+class Serving(uvicorn.Server):
+    """uvicorn's server, stopped by SIGTERM or SIGINT without the signal being raised again once
+    it has stopped (uvicorn's own way, which ended the process before the gateway could end its
+    open sessions' sagas)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for stop in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(stop, self.handle_exit, stop, None)
+        try:
+            yield
+        finally:
+            for stop in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(stop)
+
+
 def ending_sessions(app: ASGIApp, ended: Callable[[str], Any]) -> ASGIApp:
     """The ASGI app, telling `ended` of a session its client ended (DELETE with its id)."""
 
@@ -73,7 +91,7 @@ async def serve_http(config: GatewayConfig, host: str, port: int, connect: Calla
                 custom_starlette_routes=[Route("/metrics", metrics), Route("/healthz", healthz)],
             )
             wrapped = ending_sessions(app, lambda key: gateway.close_session(key, "the client ended it"))
-            server = uvicorn.Server(uvicorn.Config(wrapped, host=host, port=port, log_level="warning", lifespan="on"))
+            server = Serving(uvicorn.Config(wrapped, host=host, port=port, log_level="warning", lifespan="on"))
             reaper = asyncio.create_task(gateway.reap_idle())
             try:
                 await server.serve()
