@@ -288,7 +288,8 @@ async def test_a_gateway_that_stops_ends_its_open_sessions_and_counts_what_it_di
     async with Client(gateway.url, mode="legacy") as agent:
         await agent.call_tool("create_issue", {"title": "one"})
         await agent.call_tool("list_issues", {})
-        scraped = httpx.get(f"http://127.0.0.1:{gateway.port}/metrics", timeout=5).text
+        async with httpx.AsyncClient() as http:
+            scraped = (await http.get(f"http://127.0.0.1:{gateway.port}/metrics", timeout=5)).text
         assert 'undolog_gateway_tool_calls_total{outcome="registered",tool="tracker.create_issue"} 1.0' in scraped
         assert 'undolog_gateway_tool_calls_total{outcome="passed",tool="tracker.list_issues"} 1.0' in scraped
         gateway.stop()  # SIGTERM while the session is open
