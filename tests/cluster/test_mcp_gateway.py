@@ -306,3 +306,27 @@ async def test_a_sessionless_request_is_refused_a_mapped_tool_naming_the_handsha
         with pytest.raises(MCPError, match="needs a session to be undoable: connect with the initialize handshake"):
             await agent.call_tool("create_issue", {"title": "one"})
     assert tracker.issues.opened == {}
+
+
+async def test_an_upstream_started_as_a_command_speaks_over_stdio(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """A local MCP server (the tracker over stdio) behind the gateway; its mapped tool undone by
+    a Webhook function, since the operator cannot reach a process of the gateway's."""
+    config = {
+        "namespace": namespace,
+        "upstreams": {"local": {"command": [sys.executable, "-m", "tests.support.mcp_tracker"]}},
+        "tools": {"local.create_issue": {"compensation": {"function": "reopen", "args": {"n": "${output.number}"}}}},
+    }
+    gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+    try:
+        async with Client(gateway.url, mode="legacy") as agent:
+            opened = await agent.call_tool("create_issue", {"title": "one"})
+            assert opened.structured_content == {"number": 1}
+            listed = await agent.call_tool("list_issues", {})
+            assert listed.content[0].text == "#1 open"  # type: ignore[union-attr]
+            status = await agent.call_tool("undolog_status", {})
+            assert "create_issue-1 → reopen" in status.content[0].text  # type: ignore[union-attr]
+            await agent.call_tool("undolog_commit", {})
+    finally:
+        gateway.stop()

@@ -115,3 +115,7 @@ class Tracker:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(10)
+
+
+if __name__ == "__main__":  # the tracker as a local MCP server over stdio (an upstream `command`)
+    tracker(Issues()).run("stdio")
