@@ -11,7 +11,7 @@ LOCK := $(VENV)/bin/uv pip compile pyproject.toml --python-version 3.11 --python
 PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help venv tools browser faketime postgres crds lock lint test unit demo bench chaos traces cluster-up cluster-down cluster-reset clean \
+.PHONY: help venv tools tools-control-plane tools-helm browser faketime postgres crds lock lint test unit demo bench chaos traces cluster-up cluster-down cluster-reset clean \
 	image image-deps mcp-agent node-deps node-up node-down e2e demo-helm
 
 help:
@@ -20,6 +20,7 @@ help:
 	@echo "make unit          the unit tests alone (no control plane, about a minute)"
 	@echo "make browser       install Debian's chromium for the dashboard tests"
 	@echo "make tools         build the control plane, a node (kubelet, containerd, ...), kubectl and helm into bin/"
+	@echo "                   (each target builds only the groups it needs: tools/build.sh control-plane|helm|node)"
 	@echo "make image         the operator image from the Dockerfile, without Docker: build/undolog-image.oci.tar"
 	@echo "make cluster-up    start the local control plane (.cluster/kubeconfig), or restart what died on its data"
 	@echo "make cluster-down  stop it (data kept); make cluster-reset deletes its data (every saga)"
@@ -49,6 +50,12 @@ lock: venv
 
 tools:
 	tools/build.sh
+
+# Each target builds the groups it needs: the demo and the tests no node, only make e2e does.
+tools-control-plane:
+	tools/build.sh control-plane
+tools-helm:
+	tools/build.sh helm
 
 # The dashboard tests drive Debian's chromium (never a browser downloaded at run time).
 browser: /usr/bin/chromium
@@ -101,13 +108,13 @@ e2e: venv tools node-deps image
 bin/jaeger: tools/jaeger/go.mod tools/jaeger/go.sum
 	cd tools/jaeger && go build -trimpath -o $(CURDIR)/bin/jaeger github.com/jaegertracing/jaeger/cmd/jaeger
 
-traces: venv tools bin/jaeger
+traces: venv tools-control-plane bin/jaeger
 	UNDOLOG_TRACES=1 $(VENV)/bin/pytest tests/traces -s
 
 crds: venv
 	$(PY) -m devtools.crds crds
 
-lint: venv tools
+lint: venv tools-helm
 	$(VENV)/bin/ruff check $(PYTHON_SOURCES)
 	$(VENV)/bin/ruff format --check $(PYTHON_SOURCES)
 	$(VENV)/bin/mypy -p undolog
@@ -118,14 +125,14 @@ lint: venv tools
 	bin/helm template undolog charts/undolog --kube-version 1.37.2 --set watchNamespaces='{team-a,team-b}' \
 		--set metrics.serviceMonitor.enabled=true > /dev/null
 
-test: venv tools browser faketime postgres mcp-agent lint
+test: venv tools-control-plane tools-helm browser faketime postgres mcp-agent lint
 	$(VENV)/bin/pytest --durations=15
 
 # The pure decisions and the operator layer through its seams: no control plane, no tools.
 unit: venv
 	$(VENV)/bin/pytest tests/unit -q
 
-cluster-up: venv tools
+cluster-up: venv tools-control-plane
 	$(PY) -m devtools.cluster up
 
 cluster-down: venv
@@ -136,7 +143,7 @@ cluster-reset: venv
 
 clean: cluster-reset
 
-demo: venv tools
+demo: venv tools-control-plane
 	$(PY) -m examples.onboarding.demo
 
 # bench's Go clients (no dependencies), so the client is not the bottleneck: the raw API ceiling,
@@ -152,7 +159,7 @@ bin/.temporal-$(TEMPORAL_CLI):
 	GOBIN=$(CURDIR)/bin go install github.com/temporalio/cli/cmd/temporal@$(TEMPORAL_CLI)
 	touch $@
 
-bench: venv tools bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.temporal-$(TEMPORAL_CLI)
+bench: venv tools-control-plane bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.temporal-$(TEMPORAL_CLI)
 	$(PY) -m pip install -q --require-hashes -r requirements/bench.txt
 	$(PY) -m bench.compensation --sizes 1 10 100 1000
 	$(PY) -m bench.forward --concurrency 1 100
@@ -167,5 +174,5 @@ bench: venv tools bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.tempora
 	$(PY) -m bench.plot
 	$(PY) -m bench.summary
 
-chaos: venv tools
+chaos: venv tools-control-plane
 	UNDOLOG_CHAOS=full $(VENV)/bin/pytest tests/chaos -s

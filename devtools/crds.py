@@ -197,6 +197,8 @@ def definitions() -> dict[str, JsonSchema]:
         ],
         spec_required=False,
         root_rules=SAGA_ROOT_RULES,
+        # kubectl get sagas --field-selector status.phase=Halted (and undolog list --field-selector)
+        selectable=[".status.phase", ".spec.orgId"],
     )
     undo_entry = _definition(
         kind="UndoEntry",

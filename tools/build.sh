@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Builds the local control plane from source through the Go module proxy into bin/:
-# kube-apiserver, kube-controller-manager, kubectl (k8s.io/kubernetes), etcd, helm; and a node
-# for tests that run pods: kubelet, kube-scheduler, kube-proxy, containerd, ctr, its runc shim, crictl.
-# Each group is skipped when bin/.stamp-<group> already records the pinned version.
+# Builds the local control plane from source through the Go module proxy into bin/, by group:
+#   control-plane  etcd, kube-apiserver, kube-controller-manager, kubectl (make demo, make test)
+#   helm           helm (make test's chart tests, make e2e)
+#   node           kubelet, kube-scheduler, kube-proxy, containerd, ctr, its runc shim, crictl
+#                  (make e2e: a node that runs pods)
+# `tools/build.sh GROUP...` builds those; no argument builds every group. Each group is skipped
+# when bin/.stamp-<group> already records the pinned version.
 # Go's caches live under $HOME, so a second build on the same machine is mostly cache hits.
 set -euo pipefail
 
@@ -27,11 +30,11 @@ fresh() { # fresh GROUP VERSION FILE...: true when the stamp matches and every f
   for f in "$@"; do [[ -x "$BIN/$f" ]] || return 1; done
 }
 
-build_kubernetes() {
-  local v=$KUBERNETES_VERSION
-  local binaries=(kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy)
-  if fresh kubernetes "$v" "${binaries[@]}"; then
-    step "kubernetes $v: up to date"; return
+build_kubernetes() { # build_kubernetes STAMP BINARY...: k8s.io/kubernetes commands, one go build
+  local v=$KUBERNETES_VERSION group=$1; shift
+  local binaries=("$@")
+  if fresh "$group" "$v" "${binaries[@]}"; then
+    step "kubernetes $v ($group): up to date"; return
   fi
   local minor=${v#v1.}; minor=${minor%%.*}
   local date; date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
@@ -41,11 +44,11 @@ build_kubernetes() {
     ldflags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date -X $pkg.gitCommit=module-proxy"
   done
-  step "kubernetes $v: building ${binaries[*]} (cold: tens of minutes)"
+  step "kubernetes $v: building ${binaries[*]} (cold: minutes)"
   (cd "$TOOLS/kubernetes" && go build -p 2 -ldflags "$ldflags" -o "$BIN/" \
       "${binaries[@]/#/k8s.io/kubernetes/cmd/}")
-  echo "$v" > "$BIN/.stamp-kubernetes"
-  step "kubernetes $v: done"
+  echo "$v" > "$BIN/.stamp-$group"
+  step "kubernetes $v ($group): done"
 }
 
 build_etcd() {
@@ -93,9 +96,21 @@ build_containerd() {
   step "containerd $v: done"
 }
 
+build_group() {
+  case $1 in
+    control-plane)
+      build_etcd
+      build_kubernetes kubernetes-control-plane kube-apiserver kube-controller-manager kubectl ;;
+    helm) build_helm ;;
+    node)
+      build_kubernetes kubernetes-node kubelet kube-scheduler kube-proxy
+      build_containerd ;;
+    *) echo "tools/build.sh: no group $1 (control-plane, helm, node)" >&2; exit 2 ;;
+  esac
+}
+
 start=$SECONDS
-build_etcd
-build_helm
-build_kubernetes
-build_containerd
-step "all tools ready in $((SECONDS - start)) s: $(cd "$BIN" && ls | tr '\n' ' ')"
+groups=("$@")
+[[ ${#groups[@]} -gt 0 ]] || groups=(control-plane helm node)
+for group in "${groups[@]}"; do build_group "$group"; done
+step "${groups[*]} ready in $((SECONDS - start)) s: $(cd "$BIN" && ls | tr '\n' ' ')"

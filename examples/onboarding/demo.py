@@ -4,8 +4,10 @@
    small services, and register their undo endpoints as Webhooks.
 2. The agent onboards a user; the email provider answers too late, the agent aborts, and the
    operator undoes the work newest-first. Nothing is left behind in any service.
-3. Again with a broken compensation: the saga stops in Halted, where a person finds it with
-   `kubectl get sagas -l undolog.io/phase=halted`, fixes the Webhook and retries.
+3. Again with a broken compensation: the saga stops in Halted, where a person finds it (with
+   `undolog list --phase halted` or `kubectl get sagas -l undolog.io/phase=halted`), reads why
+   (`undolog show`), fixes the Webhook (`kubectl patch webhook`) and retries (`undolog retry`).
+4. Prints the namespace and the commands to look around afterwards.
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ def kubectl(*args: str) -> str:
 def show(*args: str) -> None:
     print(f"$ kubectl {' '.join(args)}")
     print(kubectl(*args).rstrip(), flush=True)
+
+
+def undolog(*args: str) -> None:
+    """The on-call CLI, as a person types it (`undolog`; here the venv's, with KUBECONFIG set)."""
+    print(f"$ undolog {' '.join(args)}")
+    done = subprocess.run([sys.executable, "-m", "undolog.cli", *args], capture_output=True, text=True, check=True)
+    print(done.stdout.rstrip(), flush=True)
 
 
 def wait_http(url: str, within: float = 60.0) -> None:
@@ -84,7 +93,8 @@ def webhook(name: str, url: str) -> dict[str, Any]:
     }
 
 
-async def story(namespace: str, urls: dict[str, str]) -> None:
+async def story(namespace: str, urls: dict[str, str]) -> str:
+    """The two runs; the halted-then-fixed saga's name."""
     kube = await Kube.connect()
     try:
         for name, url in (
@@ -109,16 +119,18 @@ async def story(namespace: str, urls: dict[str, str]) -> None:
         broken = webhook("revoke-permissions", f"{urls['authorization']}/permissions/revoke-everything")
         await kube.patch("webhooks", namespace, "revoke-permissions", {"spec": broken["spec"]})
         saga = await run_agent(namespace, urls, "grace@example.com")
-        halted = await wait_phase(kube, namespace, saga, "Halted")
+        await wait_phase(kube, namespace, saga, "Halted")
         show("get", "sagas", "-n", namespace, "-l", "undolog.io/phase=halted")
-        print(f"\nwhy: {halted['status']['message']}")
-        show("get", "undo", "-n", namespace, "--field-selector", f"spec.saga={saga}")
+        undolog("list", "-n", namespace, "--phase", "halted")
+        undolog("show", saga, "-n", namespace)
 
         banner("A person fixes the Webhook and retries the halted saga")
-        fixed = webhook("revoke-permissions", f"{urls['authorization']}/permissions/revoke")
-        await kube.patch("webhooks", namespace, "revoke-permissions", {"spec": fixed["spec"]})
-        print(f"$ kubectl annotate saga {saga} undolog.io/retry='fixed the revoke URL' -n {namespace}")
-        kubectl("annotate", "saga", saga, "undolog.io/retry=fixed the revoke URL", "-n", namespace)
+        fix = json.dumps({"spec": webhook("revoke-permissions", f"{urls['authorization']}/permissions/revoke")["spec"]})
+        print(f"$ kubectl patch webhook revoke-permissions -n {namespace} --type=merge -p '{fix}'")
+        print(kubectl("patch", "webhook", "revoke-permissions", "-n", namespace, "--type=merge", "-p", fix).rstrip())
+        undolog("plan", saga, "-n", namespace)
+        undolog("retry", saga, "-n", namespace, "--reason", "fixed the revoke URL")
+        print(f"  (the same with kubectl: kubectl annotate saga {saga} undolog.io/retry='fixed the revoke URL')")
         await wait_phase(kube, namespace, saga, "Compensated")
         show("get", "sagas", "-n", namespace)
         left = report(urls)
@@ -127,6 +139,7 @@ async def story(namespace: str, urls: dict[str, str]) -> None:
         print("nothing left behind")
         banner(f"Timeline of {saga}")
         show("describe", "saga", saga, "-n", namespace)
+        return saga
     finally:
         await kube.close()
 
@@ -208,14 +221,21 @@ def main() -> None:
             wait_http(f"{urls[name]}/state")
         wait_http(f"http://127.0.0.1:{liveness}/healthz")
         print(f"operator running (log: {logs / 'demo-operator.log'}); services at {', '.join(urls.values())}")
-        asyncio.run(story(namespace, urls))
+        saga = asyncio.run(story(namespace, urls))
     finally:
         for process in processes:
             process.terminate()
         for process in processes:
             process.wait(timeout=30)
-    banner("Done")
-    print(f"The control plane is still up: export KUBECONFIG={os.environ['KUBECONFIG']}; `make cluster-down` stops it.")
+    banner("Done: the control plane is still up (`make cluster-down` stops it); look around")
+    print(
+        f"  export KUBECONFIG={os.environ['KUBECONFIG']}\n"
+        f"  export PATH={Path(sys.executable).parent}:$PATH   # the undolog command\n"
+        f"  undolog list -n {namespace}\n"
+        f"  undolog show {saga} -n {namespace}\n"
+        f"  kubectl get sagas,undo -n {namespace}\n"
+        f"  undolog dashboard   # then open http://127.0.0.1:8000 (namespace {namespace})"
+    )
 
 
 if __name__ == "__main__":

@@ -210,6 +210,7 @@ class Inspector:
         function: str | None = None,
         older_than: timedelta | None = None,
         label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> SagaListing:
         """Sagas of a namespace (or all), halted first, then oldest first. `function`: sagas that
         call it to undo a step; the ages compare with the saga's creation. With them, the sagas
@@ -222,7 +223,9 @@ class Inspector:
             )
             if part
         )
-        parsed, version = await self.ledger.sagas(namespace, label_selector=selector or None)
+        parsed, version = await self.ledger.sagas(
+            namespace, label_selector=selector or None, field_selector=field_selector
+        )
         listed = [s for s in parsed if isinstance(s, Saga)]
         unreadable = [s for s in parsed if isinstance(s, UnreadableSaga)]
         if phase:  # from the status: the phase label is written only when a saga waits

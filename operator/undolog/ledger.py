@@ -251,11 +251,13 @@ class Ledger:
         return parse_saga(await self.kube.get("sagas", namespace, name))
 
     async def sagas(
-        self, namespace: str | None = None, *, label_selector: str | None = None
+        self, namespace: str | None = None, *, label_selector: str | None = None, field_selector: str | None = None
     ) -> tuple[list[Saga | UnreadableSaga], str]:
         """The sagas, and the resourceVersion the listing is consistent at (a watch from it
         misses nothing that changed after)."""
-        listed, version = await self.kube.list_versioned("sagas", namespace, label_selector=label_selector)
+        listed, version = await self.kube.list_versioned(
+            "sagas", namespace, label_selector=label_selector, field_selector=field_selector
+        )
         return [parse_saga(body) for body in listed], version
 
     async def entry(self, namespace: str, name: str) -> UndoEntry:

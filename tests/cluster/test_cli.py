@@ -96,6 +96,34 @@ async def test_list_puts_halted_first_and_filters(
     assert calling.stdout.split() == ["saga.undolog.io/stuck"]
 
 
+async def test_templates_field_selectors_and_no_headers_like_kubectl(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
+) -> None:
+    await halted_saga(kube, namespace, participant)
+    await external_saga(kube, namespace, "fine", [call("unsend")])
+    await saga_phase(kube, namespace, "fine", "Active")
+    template = '{range .items[*]}{.metadata.name}={.status.phase}{"\\n"}{end}'
+    lines = undolog(cluster, "list", "-n", namespace, "-o", f"jsonpath={template}")
+    print(f"\n$ undolog list -n {namespace} -o jsonpath='{template}'\n{lines.stdout}")
+    assert lines.stdout.splitlines() == ["stuck=Halted", "fine=Active"], lines.stderr
+    phase = undolog(cluster, "show", "stuck", "-n", namespace, "-o", "jsonpath={.status.phase}")
+    assert phase.stdout.strip() == "Halted"
+    columns = undolog(cluster, "list", "-n", namespace, "-o", "custom-columns=NAME:.metadata.name,ORG:.spec.orgId")
+    assert columns.stdout.split() == ["NAME", "ORG", "stuck", "acme", "fine", "<none>"]
+    selected = undolog(cluster, "list", "-n", namespace, "--field-selector", "status.phase=Halted", "--no-headers")
+    assert [line.split()[0] for line in selected.stdout.splitlines()] == ["stuck"], selected.stderr
+    # The same field as kubectl selects it (the CRD declares it selectable).
+    kubectl = cluster.kubectl("get", "sagas", "-n", namespace, "--field-selector", "spec.orgId=acme", "-o", "name")
+    assert kubectl.stdout.split() == ["saga.undolog.io/stuck"]
+    bad = undolog(cluster, "list", "-n", namespace, "-o", "jsonpath={.items[}")
+    assert bad.returncode == 2
+    assert "is not a JSONPath expression" in bad.stderr
+    timed = undolog(cluster, "list", "-n", namespace, "--request-timeout", "soon")
+    assert timed.returncode == 2
+    assert "'soon' is not a duration such as 30s, 2m or 1h" in timed.stderr
+    assert undolog(cluster, "list", "-n", namespace, "--request-timeout", "30s", "-o", "name").returncode == 0
+
+
 async def test_machine_output_survives_brackets_and_markup(
     kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
 ) -> None:

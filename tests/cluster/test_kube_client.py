@@ -77,3 +77,19 @@ async def test_refusals_are_mapped_by_kind_with_the_apiservers_message(kube: Kub
         async for _ in kube.watch("sagas", namespace, "1"):
             pass
     assert int(version) > 1
+
+
+async def test_impersonating_a_uid_and_extras_reaches_the_api(cluster: Cluster, tmp_path: Path) -> None:
+    """as-uid and as-user-extra of a kubeconfig's user are sent (they were ignored)."""
+    user = {"as": "alice", "as-uid": "uid-1234", "as-user-extra": {"reason": ["on call", "incident 7"]}}
+    merged = yaml.safe_load(cluster.kubeconfig.read_text())
+    for named in merged["users"]:
+        named["user"].update(user)
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(merged))
+    async with await Kube.connect(str(path)) as alice:
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        seen = (await alice.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", review))["status"]
+    assert seen["userInfo"]["username"] == "alice"
+    assert seen["userInfo"]["uid"] == "uid-1234"
+    assert seen["userInfo"]["extra"] == {"reason": ["on call", "incident 7"]}

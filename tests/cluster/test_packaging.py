@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import subprocess
 import time
 import uuid
@@ -221,11 +222,12 @@ async def test_metrics_are_served_with_prometheus_names(
     assert sample(text, "undolog_compensation_attempts_total", function="refund", outcome="permanent") == 1.0
     assert sample(text, "undolog_halted_sagas") == 1.0
     assert sample(text, "undolog_sagas", phase="Halted") == 1.0
-    assert sample(text, "undolog_compensation_duration_seconds_count", function="refund") == 2.0
+    assert sample(text, "undolog_compensation_call_duration_seconds_count", function="refund") == 2.0
+    assert sample(text, "undolog_compensation_duration_seconds_count", function="refund") == 2.0  # deprecated name
     assert sample(text, "undolog_forward_call_duration_seconds_count", function="work") == 1.0
     assert sample(text, "undolog_forward_attempts_total", function="work", outcome="succeeded") == 1.0
     assert sample(text, "undolog_saga_transitions_total", phase="Halted", reason="CompensationFailed") == 1.0
-    assert "# TYPE undolog_compensation_duration_seconds histogram" in text
+    assert "# TYPE undolog_compensation_call_duration_seconds histogram" in text
     assert sample(text, "undolog_leader") == 1.0
     assert "_created" not in text
     for expression in shipped_queries():
@@ -389,3 +391,54 @@ def test_values_are_checked_strictly_and_helm_knows_the_kubernetes_it_was_built_
     assert {"name": "ca", "configMap": {"name": "corporate-ca"}} in pod["volumes"]
     assert pod["automountServiceAccountToken"] is False
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_the_chart_as_a_subchart_with_global_values_and_the_naming_conventions(tmp_path: Path) -> None:
+    parent = tmp_path / "platform"
+    shutil.copytree(CHART, parent / "charts" / "undolog")
+    (parent / "Chart.yaml").write_text("apiVersion: v2\nname: platform\nversion: 1.0.0\n")
+    extra = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "{{ .Release.Name }}-extra"}}
+    values = {
+        "global": {"imageRegistry": "registry.example"},  # a parent's global: every subchart is given it
+        "undolog": {"fullnameOverride": "undo", "commonLabels": {"team": "payments"}, "extraObjects": [extra]},
+    }
+    (parent / "values.yaml").write_text(yaml.safe_dump(values))
+    args = [str(BIN / "helm"), "template", "rel", str(parent), "--kube-version", "1.37.2", "-n", "platform"]
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    documents = [d for d in yaml.safe_load_all(done.stdout) if d]
+    named = {(d["kind"], d["metadata"]["name"]) for d in documents}
+    assert {("Deployment", "undo"), ("ServiceAccount", "undo"), ("ConfigMap", "rel-extra")} <= named
+    made = [d for d in documents if d["kind"] != "CustomResourceDefinition" and d["metadata"]["name"] != "rel-extra"]
+    assert all(d["metadata"]["labels"]["team"] == "payments" for d in made)
+
+
+def test_every_alert_links_its_section_of_the_runbook() -> None:
+    rule = next(d for d in rendered("metrics.prometheusRule.enabled=true") if d["kind"] == "PrometheusRule")
+    sections = {line[3:].strip().lower() for line in (REPO / "docs" / "runbook.md").read_text().splitlines()
+                if line.startswith("## ")}  # fmt: skip
+    alerts = [r for group in rule["spec"]["groups"] for r in group["rules"]]
+    assert alerts
+    for alert in alerts:
+        page, _, anchor = alert["annotations"]["runbook_url"].partition("#")
+        assert page.endswith("/docs/runbook.md")
+        assert anchor == alert["alert"].lower() in sections, alert["alert"]
+
+
+def test_the_service_monitor_keeps_the_sagas_namespace_and_takes_its_relabelings() -> None:
+    monitor = next(
+        d
+        for d in rendered(
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.serviceMonitor.namespace=monitoring",
+            "metrics.serviceMonitor.metricRelabelings[0].action=drop",
+            "metrics.serviceMonitor.metricRelabelings[0].regex=undolog_compensation_duration_seconds.*",
+            "metrics.serviceMonitor.metricRelabelings[0].sourceLabels[0]=__name__",
+        )
+        if d["kind"] == "ServiceMonitor"
+    )
+    assert monitor["metadata"]["namespace"] == "monitoring"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["undolog-system"]}
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert endpoint["honorLabels"] is True  # else `namespace` (the saga's) becomes exported_namespace
+    assert endpoint["metricRelabelings"][0]["action"] == "drop"

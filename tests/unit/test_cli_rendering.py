@@ -3,12 +3,16 @@ would interpret, every line a person acts on present."""
 
 from __future__ import annotations
 
+import re
+
+import pytest
+import typer
 import yaml
 
 from tests.unit.test_phases import make_entry, make_saga, with_state
 from undolog import errors
 from undolog.api import LostEntry
-from undolog.cli.triage import Output, described, render_detail, render_sagas
+from undolog.cli.triage import Output, described, listed_as, printing, render_detail, render_sagas
 from undolog.inspect import SagaDetail
 
 
@@ -66,3 +70,34 @@ def test_times_have_their_date_and_zone() -> None:
     paris = timezone(timedelta(hours=1))
     assert clock(datetime(2026, 12, 3, 18, 55, 34, 100_000, tzinfo=paris)) == "2026-12-03T17:55:34.100Z"
     assert clock(None) == ""
+
+
+def test_jsonpath_and_custom_columns_print_as_kubectl_prints_them() -> None:
+    halted, active = make_saga("Halted"), make_saga("Active")
+    active.metadata.name = "t"
+    sagas = [halted, active]
+    names = listed_as(printing("jsonpath={.items[*].metadata.name}"), sagas, with_namespace=False)
+    assert names == "s t"
+    lines = printing('jsonpath={range .items[*]}{.metadata.name}{"\\t"}{.status.phase}{"\\n"}{end}')
+    assert listed_as(lines, sagas, with_namespace=False) == "s\tHalted\nt\tActive\n"
+    picked = printing('jsonpath={.items[?(@.status.phase=="Halted")].metadata.name}')
+    assert listed_as(picked, sagas, with_namespace=False) == "s"
+    columns = listed_as(printing("custom-columns=NAME:.metadata.name,ORG:.spec.orgId"), sagas, with_namespace=False)
+    assert columns.splitlines() == ["NAME   ORG", "s      <none>", "t      <none>"]
+    bare = listed_as(printing("custom-columns=NAME:.metadata.name", no_headers=True), sagas, with_namespace=False)
+    assert bare.splitlines() == ["s", "t"]
+    table = listed_as(printing("table", no_headers=True), sagas, with_namespace=False)
+    assert [line.split()[0] for line in table.splitlines()] == ["s", "t"]
+
+
+def test_a_template_that_cannot_be_read_is_a_usage_error_naming_it() -> None:
+    for given, said in (
+        ("jsonpath", "jsonpath= needs a template"),
+        ("jsonpath={.items[}", "is not a JSONPath expression"),
+        ("jsonpath={range .items[*]}{.metadata.name}", "{range} without {end}"),
+        ("custom-columns=NAME", "is not NAME:EXPRESSION"),
+        ("yaml=x", "-o yaml takes no template"),
+        ("xml", "'xml' is not an output format (table, wide, json, yaml, name, jsonpath=..., custom-columns=...)"),
+    ):
+        with pytest.raises(typer.BadParameter, match=re.escape(said)):
+            listed_as(printing(given), [make_saga("Active")], with_namespace=False)

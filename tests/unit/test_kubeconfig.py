@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import sys
 import time
@@ -256,3 +257,59 @@ async def test_kopf_logs_in_with_the_same_credentials_issued_again(tmp_path: Pat
     assert first.expiration is not None
     assert first.expiration.timestamp() > time.time() + 3000
     assert (await connection_info(kube)).token == "token-2-payments-False"
+
+
+def spy_plugin(tmp_path: Path, **exec_fields: Any) -> Path:
+    """A plugin that prompts on stderr, writes what it was told to `told.json`, and gives a token."""
+    script = tmp_path / "spy.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "print('To sign in, open https://login.example/device and enter ABCD-EFGH', file=sys.stderr, flush=True)\n"
+        f"open({str(tmp_path / 'told.json')!r}, 'w').write(os.environ['KUBERNETES_EXEC_INFO'])\n"
+        'print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",'
+        ' "status": {"token": "t"}}))\n'
+    )
+    plugin = {"apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable, "args": [str(script)]}
+    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\n...").decode()
+    extension = {"name": "client.authentication.k8s.io/exec", "extension": {"audience": "undolog"}}
+    return write(
+        tmp_path / "config",
+        [cluster("c", "https://127.0.0.1:6443", **{"certificate-authority-data": ca, "extensions": [extension]})],
+        [user("u", exec={**plugin, **exec_fields})],
+        [context("c", "c", "u")],
+        "c",
+    )
+
+
+async def test_an_exec_plugin_s_prompt_reaches_the_terminal_and_it_is_told_the_cluster_when_it_asks(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert await TokenSource(credentials(str(spy_plugin(tmp_path, provideClusterInfo=True)))).token() == "t"
+    assert "enter ABCD-EFGH" in capfd.readouterr().err  # a device-code login is seen, not swallowed
+    told = json.loads((tmp_path / "told.json").read_text())["spec"]
+    assert told["interactive"] is False  # the tests' stdin is no terminal
+    assert told["cluster"]["server"] == "https://127.0.0.1:6443"
+    assert told["cluster"]["config"] == {"audience": "undolog"}
+    assert base64.b64decode(told["cluster"]["certificate-authority-data"]).startswith(b"-----BEGIN")
+    await TokenSource(credentials(str(spy_plugin(tmp_path)))).token()
+    assert "cluster" not in json.loads((tmp_path / "told.json").read_text())["spec"]  # not asked: not told
+
+
+async def test_an_exec_plugin_that_needs_a_terminal_without_one_is_refused_naming_why(tmp_path: Path) -> None:
+    with pytest.raises(errors.KubeconfigInvalid, match=r"needs a terminal \(interactiveMode: Always\)"):
+        await TokenSource(credentials(str(spy_plugin(tmp_path, interactiveMode="Always")))).token()
+    with pytest.raises(errors.KubeconfigInvalid, match=r"exec\.interactiveMode is 'Sometimes'"):
+        credentials(str(spy_plugin(tmp_path, interactiveMode="Sometimes")))
+
+
+def test_impersonation_of_a_uid_and_extras_is_read(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "config",
+        [cluster("c", "https://127.0.0.1:6443")],
+        [user("u", **{"as": "alice", "as-uid": "1234", "as-user-extra": {"reason": ["on call", "incident 7"]}})],
+        [context("c", "c", "u")],
+        "c",
+    )
+    found = credentials(str(path))
+    assert (found.as_user, found.as_uid) == ("alice", "1234")
+    assert found.as_extra == (("reason", "on call"), ("reason", "incident 7"))

@@ -7,9 +7,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
+from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 
 Plural = Literal["sagas", "undoentries", "webhooks"]
 GROUP = "undolog.io"
@@ -108,7 +109,39 @@ class Model(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-class Call(Model):
+class UserFacing(Model):
+    """A model people write in code (a Call, a compensation policy): what it was given that it
+    has no field for is noted, and the SDK refuses it (`unknown_fields`) before anything is
+    registered: `Call(function=..., arg={...})` is a typo, not `args={}`. Objects read from the
+    API are not refused for it: an older operator may read what a newer release wrote."""
+
+    _unknown: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _note_unknown(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        made = handler(data)
+        if isinstance(data, dict) and isinstance(made, UserFacing):
+            known = {name for name in cls.model_fields} | {f.alias for f in cls.model_fields.values() if f.alias}
+            made._unknown = tuple(str(key) for key in data if key not in known)
+        return made
+
+
+def unknown_fields(model: BaseModel) -> list[str]:
+    """Every field a user-facing model (and those within it) was given and has none for, each as
+    `Type.field (its fields: ...)`."""
+    found = []
+    if isinstance(model, UserFacing):
+        fields = ", ".join(type(model).model_fields)
+        found += [f"{type(model).__name__} has no field {key!r} (its fields: {fields})" for key in model._unknown]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            found += unknown_fields(value)
+    return found
+
+
+class Call(UserFacing):
     """A call to a registered function: the Webhook named `function`, at `version`."""
 
     function: str = Field(

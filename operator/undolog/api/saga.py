@@ -21,6 +21,7 @@ from undolog.api.common import (
     Plural,
     Resource,
     StepName,
+    UserFacing,
 )
 
 # A deadline later than this is no deadline: start + 10^12 s is past year 9999, which Python's
@@ -254,7 +255,7 @@ class Step(Model):
     }
 
 
-class Effect(Model):
+class Effect(UserFacing):
     """A call made only if the saga commits (transactional outbox): an email, a notification."""
 
     name: str = Field(max_length=63, pattern=STEP_NAME, description="Unique within the saga.")
@@ -290,7 +291,7 @@ class LostEntry(Model):
     )
 
 
-class Backoff(Model):
+class Backoff(UserFacing):
     """Retry timing for transient failures: exponential with full jitter."""
 
     initial_milliseconds: int = Field(default=100, ge=1, le=60_000, description="First delay cap.")
@@ -299,7 +300,7 @@ class Backoff(Model):
     max_retries: int = Field(default=3, ge=0, le=100, description="Retries after the first attempt.")
 
 
-class CompensationPolicy(Model):
+class CompensationPolicy(UserFacing):
     """What happens when a compensation fails, and how transient failures are retried."""
 
     on_failure: OnFailure = Field(

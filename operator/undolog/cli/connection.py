@@ -4,6 +4,7 @@ talks to the API takes them after its name, as kubectl's commands do, and finds 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -17,7 +18,23 @@ class Connection:
     context: str | None = None
     as_user: str | None = None
     as_groups: tuple[str, ...] = ()
+    request_timeout: str | None = None  # kubectl's: 0 (none), 30, 30s, 2m, 1h
     namespace: str | None = None  # -n, on the commands that take it
+
+    @property
+    def request_seconds(self) -> float | None:
+        """--request-timeout in seconds (None: the client's own bound); BadParameter naming it."""
+        text = (self.request_timeout or "").strip()
+        if not text:
+            return None
+        if text == "0":
+            return float(TIMEOUT_NONE)
+        found = re.fullmatch(r"([0-9]+)(s|m|h)?", text)
+        if not found:
+            raise typer.BadParameter(
+                f"{text!r} is not a duration such as 30s, 2m or 1h", param_hint="--request-timeout"
+            )
+        return int(found.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[found.group(2)]
 
 
 def _user(
@@ -30,6 +47,10 @@ def _user(
     as_user: Annotated[str | None, typer.Option("--as", help="Impersonate this user (the API checks you may).")] = None,
     as_groups: Annotated[
         list[str] | None, typer.Option("--as-group", help="Impersonate this group (repeatable).")
+    ] = None,
+    request_timeout: Annotated[
+        str | None,
+        typer.Option("--request-timeout", help="How long one request may take (30s, 2m; 0: no limit)."),
     ] = None,
 ) -> None:
     """The options themselves (typer turns this signature into them once)."""
@@ -50,6 +71,9 @@ def _options(*declared: Any) -> tuple[Any, ...]:
         made.command(function.__name__)(function)
     group = typer.main.get_group(made)
     return tuple(param for name in group.list_commands(typer.Context(group)) for param in group.commands[name].params)
+
+
+TIMEOUT_NONE = 10 * 365 * 24 * 3600  # "0": no limit, as kubectl means it (aiohttp takes a number)
 
 
 class UserCommand(TyperCommand):

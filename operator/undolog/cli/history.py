@@ -12,9 +12,13 @@ from undolog.api import Saga, SagaPhase
 from undolog.archive import HistoryQuery
 from undolog.cli.triage import (
     AllNamespaces,
+    NoHeaders,
     Output,
+    OutputOption,
     document,
     printable,
+    printed,
+    printing,
     run,
     table,
     target,
@@ -84,13 +88,15 @@ def history(
         str | None, typer.Option(help="Only sagas whose reason, message or failure (why it was undone) contains this.")
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000, help="At most this many, newest first.")] = 100,
-    output: Annotated[Output, typer.Option("--output", "-o", help="table, wide, json, yaml or name.")] = Output.table,
+    output: OutputOption = "table",
+    no_headers: NoHeaders = False,
     archive_dsn: Annotated[
         str | None,
         typer.Option(envvar="UNDOLOG_ARCHIVE_DSN", help="The archive's PostgreSQL connection string (libpq's)."),
     ] = None,
 ) -> None:
     """Finished sagas from the archive, newest first; only of namespaces where you may list sagas."""
+    how = printing(output, no_headers)
     where = target(ctx, all_namespaces)
     if archive_dsn:
         where = where.with_archive(archive_dsn)
@@ -108,8 +114,9 @@ def history(
         return await inspector.history(where.scope, query)
 
     listed = run(where, fetch)
-    if listed.sagas or output not in (Output.table, Output.wide):
-        typer.echo(render_history(listed, output, all_namespaces))
+    if listed.sagas or how.output not in (Output.table, Output.wide):
+        items = [s.to_api() for s in listed.sagas]
+        typer.echo(printed(how, items, lambda output: render_history(listed, output, all_namespaces)))
     else:
         typer.echo(
             "No archived sagas found" + ("." if all_namespaces else f" in {where.namespace} namespace."), err=True

@@ -31,7 +31,13 @@ def mcp(
     user = connection(ctx)
 
     async def connect() -> Kube:
-        return await Kube.connect(user.kubeconfig, user.context, as_user=user.as_user, as_groups=user.as_groups)
+        return await Kube.connect(
+            user.kubeconfig,
+            user.context,
+            as_user=user.as_user,
+            as_groups=user.as_groups,
+            request_timeout=user.request_seconds,
+        )
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if stdio:

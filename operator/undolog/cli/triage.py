@@ -34,6 +34,7 @@ import yaml
 from undolog import errors
 from undolog.api import EntryState, Saga, SagaPhase, UndoEntry
 from undolog.archive import ArchiveStore
+from undolog.cli import printers
 from undolog.cli.connection import connection
 from undolog.inspect import Inspector, PlannedCompensation, SagaDetail, SagaListing, age, duration, expires_in
 from undolog.kube import Kube, default_namespace
@@ -51,6 +52,61 @@ class Output(StrEnum):
     json = "json"
     yaml = "yaml"
     name = "name"
+    jsonpath = "jsonpath"  # with =TEMPLATE
+    custom_columns = "custom-columns"  # with =SPEC
+
+
+TEMPLATED = (Output.jsonpath, Output.custom_columns)
+
+
+@dataclass(frozen=True)
+class Printing:
+    """-o and --no-headers as given: a format, and its template for jsonpath= or custom-columns=."""
+
+    output: Output
+    template: str = ""
+    headers: bool = True
+
+
+def printing(text: str, no_headers: bool = False) -> Printing:
+    kind, equals, template = text.partition("=")
+    try:
+        output = Output(kind)
+    except ValueError:
+        choices = ", ".join(o.value + ("=..." if o in TEMPLATED else "") for o in Output)
+        raise typer.BadParameter(f"{text!r} is not an output format ({choices})", param_hint="-o") from None
+    if (output in TEMPLATED) != bool(equals and template):
+        want = f"{kind}= needs a template, e.g. -o jsonpath='{{.metadata.name}}'" if output in TEMPLATED else ""
+        raise typer.BadParameter(want or f"-o {kind} takes no template", param_hint="-o")
+    return Printing(output, template, not no_headers)
+
+
+def printed(how: Printing, items: list[dict[str, Any]], built_in: Callable[[Output], str], *, one: bool = False) -> str:
+    """What a command prints: its own format, or a template over its objects (`one`: the object
+    itself, as kubectl's get of a named object, else a List of them)."""
+    try:
+        if how.output == Output.jsonpath:
+            return printers.jsonpath(
+                how.template, items[0] if one else {"apiVersion": "v1", "kind": "List", "items": items}
+            )
+        if how.output == Output.custom_columns:
+            rows = printers.custom_columns(how.template, items)
+            return table(rows[0], rows[1:], headers=how.headers)
+    except printers.TemplateError as bad:
+        raise typer.BadParameter(str(bad), param_hint="-o") from None
+    text = built_in(how.output)
+    if how.headers or how.output not in (Output.table, Output.wide):
+        return text
+    return "\n".join(text.splitlines()[1:])
+
+
+OutputOption = Annotated[
+    str,
+    typer.Option(
+        "--output", "-o", help="table, wide, json, yaml, name, jsonpath=TEMPLATE or custom-columns=NAME:EXPR,..."
+    ),
+]
+NoHeaders = Annotated[bool, typer.Option("--no-headers", help="Tables without their header line.")]
 
 
 # -- connecting as kubectl does -------------------------------------------------------------------
@@ -83,6 +139,7 @@ class Target:
     as_user: str | None
     as_groups: Sequence[str]
     all_namespaces: bool = False
+    request_timeout: float | None = None  # --request-timeout, in seconds
     # The archive, for history and for sagas gone from the cluster (`undolog history --archive-dsn`).
     archive_dsn: str | None = field(default_factory=lambda: os.environ.get("UNDOLOG_ARCHIVE_DSN") or None)
 
@@ -101,7 +158,11 @@ class Target:
     def run(self, command: Callable[[Inspector], Awaitable[T]]) -> Coroutine[Any, Any, T]:
         async def main() -> T:
             kube = await Kube.connect(
-                self.kubeconfig, self.context, as_user=self.as_user, as_groups=tuple(self.as_groups)
+                self.kubeconfig,
+                self.context,
+                as_user=self.as_user,
+                as_groups=tuple(self.as_groups),
+                request_timeout=self.request_timeout,
             )
             archive = ArchiveStore(self.archive_dsn) if self.archive_dsn else None
             if archive is not None:
@@ -121,7 +182,13 @@ def target(ctx: typer.Context, all_namespaces: bool = False, *, namespace: str |
     command's own -n, where it has one."""
     found = connection(ctx)
     return Target(
-        found.kubeconfig, found.context, namespace or found.namespace, found.as_user, found.as_groups, all_namespaces
+        found.kubeconfig,
+        found.context,
+        namespace or found.namespace,
+        found.as_user,
+        found.as_groups,
+        all_namespaces,
+        found.request_seconds,
     )
 
 
@@ -167,11 +234,12 @@ def printable(text: str) -> str:
     return _UNPRINTABLE.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], *, headers: bool = True) -> str:
     """Columns padded like kubectl's; every cell printable."""
     rows = [[printable(str(cell)) for cell in row] for row in rows]
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["   ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in [header, *rows]]
+    shown = [header, *rows] if headers else rows
+    widths = [max((len(str(row[i])) for row in shown), default=0) for i in range(len(header))]
+    lines = ["   ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in shown]
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -291,23 +359,26 @@ def entry_row(entry: UndoEntry) -> list[str]:
     ]
 
 
+def plan_items(planned: list[PlannedCompensation]) -> list[dict[str, Any]]:
+    return [
+        {
+            "order": p.order,
+            "entry": p.entry.metadata.name,
+            "stackPosition": p.entry.spec.stack_position,
+            "step": p.entry.spec.step,
+            "state": p.entry.status.state.value,
+            "function": p.entry.spec.compensation.function if p.entry.spec.compensation else None,
+            "target": p.target,
+            "args": p.args,
+            "refusal": p.refusal,
+        }
+        for p in planned
+    ]
+
+
 def render_plan(where: str, planned: list[PlannedCompensation], output: Output) -> str:
     if output in (Output.json, Output.yaml):
-        items = [
-            {
-                "order": p.order,
-                "entry": p.entry.metadata.name,
-                "stackPosition": p.entry.spec.stack_position,
-                "step": p.entry.spec.step,
-                "state": p.entry.status.state.value,
-                "function": p.entry.spec.compensation.function if p.entry.spec.compensation else None,
-                "target": p.target,
-                "args": p.args,
-                "refusal": p.refusal,
-            }
-            for p in planned
-        ]
-        return document(items, output)
+        return document(plan_items(planned), output)
     if output == Output.name:
         return "\n".join(f"undoentry.undolog.io/{p.entry.metadata.name}" for p in planned)
     if not planned:
@@ -341,23 +412,35 @@ def list_sagas(
     org: Annotated[str | None, typer.Option(help="Only this spec.orgId.")] = None,
     function: Annotated[str | None, typer.Option(help="Only sagas that call this function to undo a step.")] = None,
     selector: Annotated[str | None, typer.Option("--selector", "-l", help="A label selector.")] = None,
+    field_selector: Annotated[
+        str | None,
+        typer.Option(help="A field selector: metadata.name, status.phase or spec.orgId, e.g. status.phase=Halted."),
+    ] = None,
     older_than: Annotated[str | None, typer.Option(help="Only sagas older than this, e.g. 15m.")] = None,
-    output: Annotated[Output, typer.Option("--output", "-o", help="table, wide, json, yaml or name.")] = Output.table,
+    output: OutputOption = "table",
+    no_headers: NoHeaders = False,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Then print each change as it happens.")] = False,
 ) -> None:
     """Sagas, halted first: phase, steps, undone, reason, age."""
+    how = printing(output, no_headers)
     where = target(ctx, all_namespaces)
     minimum_age = older(older_than)
 
     async def fetch(inspector: Inspector) -> SagaListing:
         return await inspector.listing(
-            where.scope, phase=phase, org=org, function=function, older_than=minimum_age, label_selector=selector
+            where.scope,
+            phase=phase,
+            org=org,
+            function=function,
+            older_than=minimum_age,
+            label_selector=selector,
+            field_selector=field_selector,
         )
 
     listed = run(where, fetch)
     sagas = listed.sagas
-    if sagas or output not in (Output.table, Output.wide):
-        typer.echo(render_sagas(sagas, output, all_namespaces))
+    if sagas or how.output not in (Output.table, Output.wide):
+        typer.echo(listed_as(how, sagas, all_namespaces))
     elif not watch and not listed.unreadable:
         typer.echo("No sagas found" + ("." if all_namespaces else f" in {where.namespace} namespace."), err=True)
     for odd in listed.unreadable:  # on stderr, like kubectl's warnings: the output itself stays parseable
@@ -368,11 +451,15 @@ def list_sagas(
             err=True,
         )
     if watch:
-        run(where, lambda inspector: follow(inspector, where.scope, None, output, all_namespaces, listed.version))
+        run(where, lambda inspector: follow(inspector, where.scope, None, how, all_namespaces, listed.version))
+
+
+def listed_as(how: Printing, sagas: list[Saga], with_namespace: bool) -> str:
+    return printed(how, [s.to_api() for s in sagas], lambda output: render_sagas(sagas, output, with_namespace))
 
 
 async def follow(
-    inspector: Inspector, scope: str | None, name: str | None, output: Output, with_ns: bool, since: str | None
+    inspector: Inspector, scope: str | None, name: str | None, how: Printing, with_ns: bool, since: str | None
 ) -> None:
     """kubectl's --watch: a line (or document) per change after what was shown (`since`), until
     interrupted."""
@@ -380,40 +467,49 @@ async def follow(
         if saga is None:
             continue
         if name is not None:
-            typer.echo("\n" + render_detail(await inspector.show(saga.metadata.namespace, name), output))
-        elif output in (Output.table, Output.wide):
-            typer.echo(table(saga_header(output, with_ns), [saga_row(saga, output, with_ns)]).splitlines()[1])
+            typer.echo("\n" + detailed_as(how, await inspector.show(saga.metadata.namespace, name)))
+        elif how.output in (Output.table, Output.wide):
+            typer.echo(table(saga_header(how.output, with_ns), [saga_row(saga, how.output, with_ns)]).splitlines()[1])
         else:
-            typer.echo(render_sagas([saga], output, with_ns))
+            typer.echo(listed_as(replace(how, headers=False), [saga], with_ns))
 
 
 def show(
     ctx: typer.Context,
     saga: SagaName,
-    output: Annotated[Output, typer.Option("--output", "-o", help="table, json, yaml or name.")] = Output.table,
+    output: OutputOption = "table",
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Then show it again at each change.")] = False,
 ) -> None:
     """The undo stack (newest first) and the event timeline of one saga."""
+    how = printing(output)
     where = target(ctx)
     detail = run(where, lambda inspector: inspector.show(where.namespace, saga))
-    typer.echo(render_detail(detail, output))
+    typer.echo(detailed_as(how, detail))
     if watch:
         since = detail.saga.metadata.resource_version
-        run(where, lambda inspector: follow(inspector, where.namespace, saga, output, False, since))
+        run(where, lambda inspector: follow(inspector, where.namespace, saga, how, False, since))
+
+
+def detailed_as(how: Printing, detail: SagaDetail) -> str:
+    """A template sees the saga itself (its entries are `undolog list`'s and kubectl's to read)."""
+    return printed(how, [detail.saga.to_api()], lambda output: render_detail(detail, output), one=True)
 
 
 def plan(
     ctx: typer.Context,
     saga: SagaName,
-    output: Annotated[Output, typer.Option("--output", "-o", help="table, wide, json, yaml or name.")] = Output.table,
+    output: OutputOption = "table",
+    no_headers: NoHeaders = False,
 ) -> None:
     """What a compensation would do now (or after a retry), in order, without doing it."""
+    how = printing(output, no_headers)
     where = target(ctx)
     planned = run(where, lambda inspector: inspector.plan(where.namespace, saga))
-    if planned.finished is not None and output in (Output.table, Output.wide):
+    if planned.finished is not None and how.output in (Output.table, Output.wide):
         typer.echo(f"saga {where.namespace}/{saga} is {planned.finished}: there is nothing left to compensate")
         return
-    typer.echo(render_plan(f"{where.namespace}/{saga}", planned.steps, output))
+    steps = planned.steps
+    typer.echo(printed(how, plan_items(steps), lambda out: render_plan(f"{where.namespace}/{saga}", steps, out)))
     for lost in planned.halts_on:  # on stderr, like kubectl's warnings: the plan itself stays parseable
         warning = (
             f"warning: entry {lost.name} cannot be read ({lost.why}): the operator halts when it reaches it (the "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import builtins
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -79,12 +79,15 @@ class Kube:
         *,
         as_user: str | None = None,
         as_groups: Sequence[str] = (),
+        request_timeout: float | None = None,
     ) -> Kube:
         """From the given kubeconfig (or KUBECONFIG), else the in-cluster service account;
         `as_user`/`as_groups` impersonate as kubectl's --as/--as-group do (the API checks that
-        the real user may impersonate, and then checks the impersonated one's RBAC). A
+        the real user may impersonate, and then checks the impersonated one's RBAC);
+        `request_timeout` bounds each request as kubectl's --request-timeout does. A
         kubeconfig that cannot be used is errors.KubeconfigInvalid here, before any request."""
-        kube = cls(credentials(kubeconfig, context, as_user=as_user, as_groups=as_groups))
+        timeouts = TIMEOUTS if request_timeout is None else replace(TIMEOUTS, request=request_timeout)
+        kube = cls(credentials(kubeconfig, context, as_user=as_user, as_groups=as_groups), timeouts)
         await kube.connection.authorization()
         return kube
 

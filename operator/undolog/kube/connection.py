@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from multidict import CIMultiDict
@@ -172,6 +173,10 @@ class Connection:
             impersonation.add("Impersonate-User", self.credentials.as_user)
         for group in self.credentials.as_groups:  # several headers of one name
             impersonation.add("Impersonate-Group", group)
+        if self.credentials.as_uid:
+            impersonation.add("Impersonate-Uid", self.credentials.as_uid)
+        for key, value in self.credentials.as_extra:  # the key percent-encoded, as client-go sends it
+            impersonation.add(f"Impersonate-Extra-{quote(key, safe='')}", value)
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=limit),
             trust_env=False,  # no .netrc or proxy lookups per request

@@ -4,9 +4,10 @@ the Pod's service account.
 Supported as kubectl does: KUBECONFIG with several files (the first to name a cluster, user or
 context wins), paths relative to the file that holds them, certificate and key files or data,
 tokens and token files (re-read, as kubelet rotates them), exec credential plugins (run again
-when what they gave expires), impersonation, insecure-skip-tls-verify and tls-server-name.
-What is not (auth-provider, basic auth, proxy-url) is refused with the field named, never
-ignored.
+when what they gave expires; their stderr reaches the terminal, and their stdin it too when it is
+one and `interactiveMode` allows, so a login prompt works; `provideClusterInfo`), impersonation
+(as, as-groups, as-uid, as-user-extra), insecure-skip-tls-verify and tls-server-name. What is
+not (auth-provider, basic auth, proxy-url) is refused with the field named, never ignored.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import json
 import os
 import ssl
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -34,6 +37,10 @@ TOKEN_FILE_REREAD_SECONDS = 60.0  # as client-go: a rotated projected token is p
 EXEC_EARLY_SECONDS = 10.0  # run the plugin again a little before what it gave expires
 EXEC_TIMEOUT_SECONDS = 60.0  # a plugin that hangs (a browser login nobody completes) is an error
 UNSUPPORTED_USER_FIELDS = ("auth-provider", "username", "password")
+EXEC_EXTENSION = (
+    "client.authentication.k8s.io/exec"  # a cluster's extension passed to its plugin as spec.cluster.config
+)
+STDERR_KEPT = 500  # of a plugin's stderr, quoted when it fails
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,9 @@ class ExecPlugin:
     env: tuple[tuple[str, str], ...] = ()
     api_version: str = "client.authentication.k8s.io/v1"
     base_dir: str = "."  # a relative command is found from the kubeconfig's folder, as kubectl does
+    interactive_mode: str = "IfAvailable"  # Never, IfAvailable, Always (client-go's)
+    cluster: dict[str, Any] | None = None  # spec.cluster, with provideClusterInfo: true
+    install_hint: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,8 @@ class Credentials:
     exec_plugin: ExecPlugin | None = None
     as_user: str | None = None
     as_groups: tuple[str, ...] = ()
+    as_uid: str | None = None
+    as_extra: tuple[tuple[str, str], ...] = ()  # Impersonate-Extra-<key>: value, one per value
     namespace: str = "default"
     source: str = ""  # the file (or "the service account") these came from, for error messages
 
@@ -201,7 +213,6 @@ def from_kubeconfig(kubeconfig: str | None = None, context: str | None = None) -
         )
     if not cluster.get("server"):
         raise errors.KubeconfigInvalid(f"the kubeconfig {cluster_file}, cluster {cluster_name!r} has no server")
-    plugin = user.get("exec")
     return Credentials(
         server=str(cluster["server"]).rstrip("/"),
         ca_file=_relative(cluster.get("certificate-authority"), cluster_file),
@@ -214,20 +225,54 @@ def from_kubeconfig(kubeconfig: str | None = None, context: str | None = None) -
         key_data=_data(user.get("client-key-data"), "client-key-data", user_file),
         token=user.get("token"),
         token_file=_relative(user.get("tokenFile"), user_file),
-        exec_plugin=None
-        if not plugin
-        else ExecPlugin(
-            command=str(plugin["command"]),
-            args=tuple(str(a) for a in plugin.get("args") or ()),
-            env=tuple((str(e["name"]), str(e["value"])) for e in plugin.get("env") or ()),
-            api_version=str(plugin.get("apiVersion", ExecPlugin.api_version)),
-            base_dir=str(user_file.parent),
-        ),
+        exec_plugin=_exec_plugin(user.get("exec"), user_file, cluster, cluster_file),
         as_user=user.get("as"),
         as_groups=tuple(user.get("as-groups") or ()),
+        as_uid=user.get("as-uid"),
+        as_extra=tuple((str(k), str(v)) for k, values in (user.get("as-user-extra") or {}).items() for v in values),
         namespace=str(chosen.get("namespace") or "default"),
         source=str(user_file),
     )
+
+
+def _exec_plugin(
+    plugin: dict[str, Any] | None, user_file: Path, cluster: dict[str, Any], cluster_file: Path
+) -> ExecPlugin | None:
+    if not plugin:
+        return None
+    mode = str(plugin.get("interactiveMode") or "IfAvailable")
+    if mode not in ("Never", "IfAvailable", "Always"):
+        raise errors.KubeconfigInvalid(
+            f"the kubeconfig {user_file}: exec.interactiveMode is {mode!r}, not Never, IfAvailable or Always"
+        )
+    return ExecPlugin(
+        command=str(plugin["command"]),
+        args=tuple(str(a) for a in plugin.get("args") or ()),
+        env=tuple((str(e["name"]), str(e["value"])) for e in plugin.get("env") or ()),
+        api_version=str(plugin.get("apiVersion", ExecPlugin.api_version)),
+        base_dir=str(user_file.parent),
+        interactive_mode=mode,
+        cluster=_cluster_info(cluster, cluster_file) if plugin.get("provideClusterInfo") else None,
+        install_hint=str(plugin.get("installHint") or ""),
+    )
+
+
+def _cluster_info(cluster: dict[str, Any], cluster_file: Path) -> dict[str, Any]:
+    """ExecCredential's spec.cluster, as client-go fills it (the CA as data, read from its file)."""
+    ca = cluster.get("certificate-authority-data")
+    if ca is None and cluster.get("certificate-authority"):
+        path = Path(_relative(cluster["certificate-authority"], cluster_file) or "")
+        ca = base64.b64encode(path.read_bytes()).decode() if path.is_file() else None
+    info = {
+        "server": cluster.get("server"),
+        "tls-server-name": cluster.get("tls-server-name"),
+        "insecure-skip-tls-verify": cluster.get("insecure-skip-tls-verify"),
+        "certificate-authority-data": ca,
+        "config": next(
+            (e.get("extension") for e in cluster.get("extensions") or [] if e.get("name") == EXEC_EXTENSION), None
+        ),
+    }
+    return {key: value for key, value in info.items() if value is not None}
 
 
 def credentials(
@@ -247,27 +292,33 @@ def credentials(
 
 
 def run_exec_plugin(plugin: ExecPlugin) -> ExecCredential:
-    """Run the plugin as client-go does (no terminal: interactive false) and read what it printed."""
-    info = {"apiVersion": plugin.api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
+    """Run the plugin as client-go does: its stderr relayed to ours as it comes (a login prompt is
+    seen), stdin ours when it is a terminal and interactiveMode allows (`interactive` told)."""
+    interactive = plugin.interactive_mode != "Never" and sys.stdin is not None and sys.stdin.isatty()
+    if plugin.interactive_mode == "Always" and not interactive:
+        raise errors.KubeconfigInvalid(
+            f"the exec credential plugin {plugin.command!r} needs a terminal (interactiveMode: Always), "
+            "and stdin is not one"
+        )
+    spec: dict[str, Any] = {"interactive": interactive}
+    if plugin.cluster is not None:
+        spec["cluster"] = plugin.cluster
+    info = {"apiVersion": plugin.api_version, "kind": "ExecCredential", "spec": spec}
     command = plugin.command
     if os.sep in command and not os.path.isabs(command):
         command = os.path.join(plugin.base_dir, command)
     env = {**os.environ, **dict(plugin.env), "KUBERNETES_EXEC_INFO": json.dumps(info)}
+    # No time limit on a person at a prompt; one on a plugin nobody can answer.
+    timeout = None if interactive else EXEC_TIMEOUT_SECONDS
     try:
-        done = subprocess.run(
-            [command, *plugin.args],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=EXEC_TIMEOUT_SECONDS,
-            check=False,
-        )
+        done = _run_relaying_stderr([command, *plugin.args], env, interactive, timeout)
     except (OSError, subprocess.TimeoutExpired) as error:
+        hint = f" ({plugin.install_hint.strip()})" if plugin.install_hint and isinstance(error, OSError) else ""
         raise errors.KubeconfigInvalid(
-            f"the exec credential plugin {plugin.command!r} could not run: {error}"
+            f"the exec credential plugin {plugin.command!r} could not run: {error}{hint}"
         ) from error
     if done.returncode != 0:
-        said = done.stderr.decode(errors="replace").strip()[-500:]
+        said = done.stderr.decode(errors="replace").strip()[-STDERR_KEPT:]
         raise errors.KubeconfigInvalid(
             f"the exec credential plugin {plugin.command!r} exited with {done.returncode}: {said}"
         )
@@ -285,6 +336,45 @@ def run_exec_plugin(plugin: ExecPlugin) -> ExecCredential:
         raise errors.KubeconfigInvalid(
             f"the exec credential plugin {plugin.command!r} printed no ExecCredential status: {error}"
         ) from error
+
+
+def _run_relaying_stderr(
+    argv: list[str], env: dict[str, str], interactive: bool, timeout: float | None
+) -> subprocess.CompletedProcess[bytes]:
+    """The plugin run to its end: stdout kept, stderr copied to ours line by line (and its end
+    kept for the error message)."""
+    process = subprocess.Popen(
+        argv, env=env, stdin=None if interactive else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert process.stdout is not None
+    assert process.stderr is not None
+    kept = bytearray()
+
+    def relay(stream: Any) -> None:
+        for line in iter(stream.readline, b""):
+            kept.extend(line)
+            del kept[: max(0, len(kept) - 4 * STDERR_KEPT)]
+            sys.stderr.write(line.decode(errors="replace"))
+            sys.stderr.flush()
+
+    out = bytearray()
+    stdout = process.stdout
+    readers = [
+        threading.Thread(target=relay, args=(process.stderr,), daemon=True),
+        threading.Thread(target=lambda: out.extend(stdout.read()), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+    finally:
+        for reader in readers:
+            reader.join(5)
+    return subprocess.CompletedProcess(argv, process.returncode, bytes(out), bytes(kept))
 
 
 def ssl_context(found: Credentials, issued: ExecCredential | None = None) -> ssl.SSLContext:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
+from pydantic import BaseModel
+
 from undolog import errors, tracing
 from undolog.api import (
     Call,
@@ -28,6 +30,7 @@ from undolog.api import (
     UndoEntry,
 )
 from undolog.api.changes import EntryStatusChange, changed
+from undolog.api.common import unknown_fields
 from undolog.conventions import (
     ABORT_REASON_ANNOTATION,
     FAILED_STEP_ANNOTATION,
@@ -69,6 +72,13 @@ async def recorded(write: Callable[[], Awaitable[T]], what: str, within: float =
 
 _current_saga: contextvars.ContextVar[SagaRun] = contextvars.ContextVar("undolog_saga")
 _current_step: contextvars.ContextVar[StepRun] = contextvars.ContextVar("undolog_step")
+
+
+def typos(given: BaseModel | None, what: str) -> None:
+    """ValueError naming each field `given` has none for (a typo lost silently otherwise)."""
+    unknown = unknown_fields(given) if given is not None else []
+    if unknown:
+        raise ValueError(f"{what}: {'; '.join(unknown)}; nothing was registered")
 
 
 def current_saga() -> SagaRun:
@@ -167,6 +177,7 @@ class SagaRun:
         refused = step_name_refusal(step)
         if refused:
             raise ValueError(f"saga {self.namespace}/{self.name}: {refused}")
+        typos(compensation, f"saga {self.namespace}/{self.name}: step {step!r}'s compensation")
         ledger = await self._client()
         self.saga = await ledger.saga(self.namespace, self.name)
         phase = self.saga.status.phase
@@ -254,6 +265,7 @@ class SagaRun:
     async def stage_effect(self, name: str, call: Call) -> None:
         """A post-commit effect: sent by the operator once the saga is Completed, never after an
         abort (the same outbox as orchestrated sagas' spec.effects)."""
+        typos(call, f"saga {self.namespace}/{self.name}: effect {name!r}")
         ledger = await self._client()
         async with self._lock:
             try:
@@ -384,6 +396,7 @@ async def open_saga(
         raise ValueError("give exactly one of name or generate_name")
     if resume and name is None:
         raise ValueError("resume=True needs the saga's name")
+    typos(policy, "open_saga's policy")
     owns = kube is None
     client = kube or await Kube.connect(kubeconfig)
     spec = SagaSpec(
