@@ -1,6 +1,6 @@
-"""Fault injection with invariant checks. `make test` runs a short version of each scenario;
-`make chaos` (UNDOLOG_CHAOS=full) runs them at full size and records the counts in
-bench/results/chaos.json (summarised in docs/reliability.md).
+"""Fault injection with invariant checks, marked `fault`: `make chaos` (and CI) runs them at full
+size (UNDOLOG_CHAOS=full) and records the counts in bench/results/chaos.json (summarised in
+docs/reliability.md); `pytest tests/chaos` runs a short version of each; `make test` none.
 
 1. kill -9 of the operator at random moments, restarted each time, while sagas run forward
    and are compensated.
@@ -43,7 +43,7 @@ from tests.support.waiting import eventually
 from undolog.errors import AlreadyExists, KubeError
 from undolog.kube import Body, Kube
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.fault]
 FULL = os.environ.get("UNDOLOG_CHAOS") == "full"
 RESULTS = REPO / "bench" / "results" / "chaos.json"
 

@@ -43,6 +43,7 @@ def rows(postgres: LocalPostgres, sql: str, *params: object) -> list[tuple[objec
         return connection.execute(sql, params).fetchall()
 
 
+@pytest.mark.fault  # a minute of outage: in make chaos and CI, not in make test
 async def test_postgres_away_for_a_minute_while_100_sagas_finish_deletes_none_before_it_holds_them(
     cluster: Cluster, kube: Kube, namespace: str, participant: Participant, tmp_path: Path, postgres: LocalPostgres
 ) -> None:

@@ -16,6 +16,7 @@ from undolog.cli.triage import (
     Output,
     OutputOption,
     document,
+    emit,
     printable,
     printed,
     printing,
@@ -116,7 +117,7 @@ def history(
     listed = run(where, fetch)
     if listed.sagas or how.output not in (Output.table, Output.wide):
         items = [s.to_api() for s in listed.sagas]
-        typer.echo(printed(how, items, lambda output: render_history(listed, output, all_namespaces)))
+        emit(how, printed(how, items, lambda output: render_history(listed, output, all_namespaces)))
     else:
         typer.echo(
             "No archived sagas found" + ("." if all_namespaces else f" in {where.namespace} namespace."), err=True

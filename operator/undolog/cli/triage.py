@@ -100,6 +100,11 @@ def printed(how: Printing, items: list[dict[str, Any]], built_in: Callable[[Outp
     return "\n".join(text.splitlines()[1:])
 
 
+def emit(how: Printing, text: str) -> None:
+    """Print it; a jsonpath template as it is, with no newline added (kubectl's)."""
+    typer.echo(text, nl=how.output != Output.jsonpath)
+
+
 OutputOption = Annotated[
     str,
     typer.Option(
@@ -440,7 +445,7 @@ def list_sagas(
     listed = run(where, fetch)
     sagas = listed.sagas
     if sagas or how.output not in (Output.table, Output.wide):
-        typer.echo(listed_as(how, sagas, all_namespaces))
+        emit(how, listed_as(how, sagas, all_namespaces))
     elif not watch and not listed.unreadable:
         typer.echo("No sagas found" + ("." if all_namespaces else f" in {where.namespace} namespace."), err=True)
     for odd in listed.unreadable:  # on stderr, like kubectl's warnings: the output itself stays parseable
@@ -467,11 +472,11 @@ async def follow(
         if saga is None:
             continue
         if name is not None:
-            typer.echo("\n" + detailed_as(how, await inspector.show(saga.metadata.namespace, name)))
+            emit(how, "\n" + detailed_as(how, await inspector.show(saga.metadata.namespace, name)))
         elif how.output in (Output.table, Output.wide):
             typer.echo(table(saga_header(how.output, with_ns), [saga_row(saga, how.output, with_ns)]).splitlines()[1])
         else:
-            typer.echo(listed_as(replace(how, headers=False), [saga], with_ns))
+            emit(how, listed_as(replace(how, headers=False), [saga], with_ns))
 
 
 def show(
@@ -484,7 +489,7 @@ def show(
     how = printing(output)
     where = target(ctx)
     detail = run(where, lambda inspector: inspector.show(where.namespace, saga))
-    typer.echo(detailed_as(how, detail))
+    emit(how, detailed_as(how, detail))
     if watch:
         since = detail.saga.metadata.resource_version
         run(where, lambda inspector: follow(inspector, where.namespace, saga, how, False, since))
@@ -509,7 +514,7 @@ def plan(
         typer.echo(f"saga {where.namespace}/{saga} is {planned.finished}: there is nothing left to compensate")
         return
     steps = planned.steps
-    typer.echo(printed(how, plan_items(steps), lambda out: render_plan(f"{where.namespace}/{saga}", steps, out)))
+    emit(how, printed(how, plan_items(steps), lambda out: render_plan(f"{where.namespace}/{saga}", steps, out)))
     for lost in planned.halts_on:  # on stderr, like kubectl's warnings: the plan itself stays parseable
         warning = (
             f"warning: entry {lost.name} cannot be read ({lost.why}): the operator halts when it reaches it (the "
