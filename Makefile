@@ -11,7 +11,7 @@ LOCK := $(VENV)/bin/uv pip compile pyproject.toml --python-version 3.11 --python
 PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help venv tools tools-control-plane tools-helm browser faketime postgres crds lock lint test unit demo bench chaos traces cluster-up cluster-down cluster-reset clean \
+.PHONY: help venv tools tools-control-plane tools-helm dist browser faketime postgres crds lock lint test unit demo bench chaos traces cluster-up cluster-down cluster-reset clean \
 	image image-deps mcp-agent node-deps node-up node-down e2e demo-helm
 
 help:
@@ -27,6 +27,7 @@ help:
 	@echo "make node-up       the control plane with a node that runs pods (kubelet, containerd, runc; root)"
 	@echo "make node-down     stop them, the pods, and undo the node's network and kernel settings"
 	@echo "make e2e           helm install the chart with the built image on that node, and prove it works"
+	@echo "make dist          what a release publishes, built and checked in dist/ (wheel, sdist, chart, image, SBOM)"
 	@echo "make demo-helm     the onboarding story against the operator running as pods on the node"
 	@echo "make crds          regenerate crds/ from the API models"
 	@echo "make lock          re-resolve requirements/*.txt (exact versions, hashes) from pyproject.toml's ranges"
@@ -101,8 +102,13 @@ node-down: venv
 demo-helm: node-up
 	$(SUDO) $(PY) -m examples.onboarding.demo_helm $(NODE_CLUSTER)/kubeconfig
 
-e2e: venv tools node-deps image
+e2e: venv tools node-deps dist
 	$(SUDO) UNDOLOG_E2E=1 $(VENV)/bin/pytest tests/e2e -s
+
+# What a release publishes (tools/dist.sh): sdist and wheel, the chart package, the image archive
+# and its SBOM, checksums; each checked. The e2e tests install this chart package.
+dist: venv tools-helm image
+	PY=$(PY) tools/dist.sh
 
 # Jaeger v2 from the Go module proxy (tools/jaeger/go.mod pins it), for `make traces`.
 bin/jaeger: tools/jaeger/go.mod tools/jaeger/go.sum

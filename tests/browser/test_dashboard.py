@@ -12,6 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -237,6 +239,124 @@ def other_site() -> Iterator[tuple[int, list[str]]]:
     yield server.server_address[1], asked
     server.shutdown()
     server.server_close()
+
+
+async def test_a_person_rewinds_an_active_saga_from_its_page_and_finds_sagas_by_name(
+    kube: Kube,
+    namespace: str,
+    participant: Participant,
+    operator: OperatorProcess,
+    dashboard: Dashboard,
+    page: Page,
+) -> None:
+    await register(kube, namespace, participant, "undo")
+    await external_saga(kube, namespace, "booking", [call("undo", step=1), call("undo", step=2), call("undo", step=3)])
+    await saga_phase(kube, namespace, "booking", "Active")
+    await page.goto(f"{dashboard.url}/sagas/{namespace}/booking")
+    await page.get_by_label("Rewind to step").select_option(label="1. step1")
+    await page.get_by_label("Reason for the rewind").fill("the second and third were booked twice")
+    await page.get_by_role("button", name="Rewind").click()
+    await expect(page.get_by_role("status")).to_contain_text("rewind of")
+    rewound = await eventually(
+        lambda: kube.get("sagas", namespace, "booking"),
+        lambda body: (body.get("status", {}).get("rewind") or {}).get("state") == "Done",
+        30,
+        "the rewind done",
+    )
+    assert rewound["status"]["phase"] == "Active"
+    undone = [r.body["step"] for r in participant.received("/undo")]
+    assert undone == [3, 2], undone  # newest first, the first step kept
+    assert "the second and third were booked twice" in rewound["spec"]["rewind"]["reason"]
+
+    for n in range(3):
+        await kube.create("sagas", namespace, saga(f"order-{n}"))
+    await page.goto(f"{dashboard.url}/sagas?namespace={namespace}&name=order-")
+    table = page.get_by_role("table")
+    await expect(table.get_by_role("link", name="order-0")).to_be_visible()
+    await expect(table.get_by_role("link", name="booking")).to_have_count(0)
+    await expect(page.get_by_role("caption")).to_contain_text("3 saga(s)")
+
+
+class AuthenticatingProxy:
+    """What oauth2-proxy does once a person signed in with OIDC: every request passed on to the
+    dashboard with the person's token in X-Forwarded-Access-Token (a real HTTP hop, on loopback)."""
+
+    def __init__(self, upstream: str, token: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        upstream_host = upstream.removeprefix("http://")
+
+        class Forward(BaseHTTPRequestHandler):
+            def forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                headers |= {"Host": upstream_host, "X-Forwarded-Access-Token": token}
+                request = urllib.request.Request(f"{upstream}{self.path}", body, headers, method=self.command)
+                opener = urllib.request.build_opener(NoRedirect)
+                try:
+                    answer = opener.open(request, timeout=30)
+                except urllib.error.HTTPError as refused:
+                    answer = refused
+                payload = answer.read()
+                self.send_response(answer.status)
+                for key, value in answer.headers.items():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = forward
+
+            def log_message(self, *_: object) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Forward)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *_: object, **__: object) -> None:
+        return None  # the browser follows redirects itself
+
+
+async def test_behind_an_oidc_proxy_the_dashboard_acts_with_the_token_it_passes_and_refuses_the_rest(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    participant: Participant,
+    operator: OperatorProcess,
+    tmp_path: Path,
+    page: Page,
+) -> None:
+    assert cluster.local is not None
+    await halted_saga(kube, namespace, participant)
+    token = await reader_token(kube, namespace)
+    served = Dashboard(
+        cluster,
+        tmp_path / "dashboard.log",
+        "--auth=proxy",
+        f"--api-server={kube.server}",
+        f"--api-ca-file={cluster.local.pki / 'serving-ca.crt'}",
+    )
+    proxy = AuthenticatingProxy(served.url, token)
+    try:
+        await page.goto(f"{proxy.url}/sagas/{namespace}/stuck")
+        await expect(page.get_by_text(f"Signed in as system:serviceaccount:{namespace}:viewer")).to_be_visible()
+        await expect(page.get_by_role("heading", name="stuck")).to_be_visible()
+        # Around the proxy there is no way in: no login page, no cookie, a 401 that says why.
+        direct = await page.goto(f"{served.url}/sagas/{namespace}/stuck")
+        assert direct is not None
+        assert direct.status == 401
+        await expect(page.get_by_text("no X-Forwarded-Access-Token header")).to_be_visible()
+        assert (await page.goto(f"{served.url}/login")).status == 404  # type: ignore[union-attr]
+    finally:
+        proxy.stop()
+        served.stop()
 
 
 @pytest.mark.parametrize("elsewhere", ["/%09/127.0.0.1:{port}/", "//127.0.0.1:{port}/", "/%5C127.0.0.1:{port}/"])

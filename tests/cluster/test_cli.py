@@ -432,6 +432,16 @@ def test_installed_as_a_kubectl_plugin(cluster: Cluster, namespace: str) -> None
     )
     assert result.returncode == 0, result.stderr
     assert f"No sagas found in {namespace} namespace." in result.stderr  # as kubectl says it
+    # `kubectl undolog re<TAB>`: kubectl asks kubectl_complete-undolog, found beside the plugin.
+    assert (plugin_dir / "kubectl_complete-undolog").exists()
+    completed = subprocess.run(
+        [str(BIN / "kubectl"), "__complete", "undolog", "re"], capture_output=True, text=True, env=env, check=False
+    )
+    assert completed.stdout.splitlines()[:3] == ["retry", "rewind", ":4"], completed.stdout + completed.stderr
+    options = subprocess.run(
+        [str(BIN / "kubectl"), "__complete", "undolog", "list", "--out"], capture_output=True, text=True, env=env
+    )
+    assert options.stdout.splitlines()[0] == "--output", options.stdout + options.stderr
 
 
 async def test_a_watch_goes_on_from_what_was_listed_not_from_when_it_began(kube: Kube, namespace: str) -> None:

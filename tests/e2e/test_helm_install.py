@@ -21,9 +21,11 @@ from tests.conftest import BIN, REPO, Cluster
 from tests.support.identities import lease_holder
 from tests.support.waiting import eventually
 from undolog.kube import Kube
+from undolog.version import __version__
 
 RELEASE, RELEASE_NAMESPACE, SHOP = "undolog", "undolog-system", "onboarding"
-CHART = REPO / "charts" / "undolog"
+# The chart as a release publishes it (make dist: helm package, linted); make e2e builds it first.
+CHART = REPO / "dist" / f"undolog-{__version__}.tgz"
 ONBOARDING = REPO / "examples" / "onboarding"
 LEASE = "undolog-operator"
 LEASE_SECONDS = 15  # the chart's default: a user's first install
@@ -115,6 +117,7 @@ def release(node_cluster: Cluster) -> Iterator[Release]:
 async def test_helm_install_on_crds_applied_with_kubectl_runs_two_ready_pods_and_one_leads(
     release: Release, node_kube: Kube
 ) -> None:
+    assert CHART.is_file(), f"{CHART} is missing: make dist packages the chart (make e2e runs it first)"
     # What `make demo` and the README's quick start leave behind: CRDs applied without Helm.
     release.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
     begin = time.monotonic()

@@ -11,8 +11,9 @@ import pytest_asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from tests.unit.test_phases import make_saga
 from undolog.dashboard.guards import allowed_hosts, host_name
-from undolog.dashboard.server import application
+from undolog.dashboard.server import application, page_of
 from undolog.kube import Kube
 
 
@@ -90,3 +91,14 @@ def test_which_names_it_answers_to(address: str, given: list[str], allowed: set[
 )
 def test_the_name_of_a_host_header(host: str, name: str) -> None:
     assert host_name(host) == name
+
+
+def test_the_live_list_is_shown_a_page_at_a_time() -> None:
+    sagas = [make_saga("Active") for _ in range(250)]
+    first = page_of(sagas, "")
+    assert (len(first.items), first.first, first.total, first.previous, first.next) == (100, 1, 250, None, 2)
+    last = page_of(sagas, "3")
+    assert (len(last.items), last.first, last.previous, last.next) == (50, 201, 2, None)
+    assert page_of(sagas, "9").first == 1  # past the end, or not a number: the first page
+    assert page_of(sagas, "x").first == 1
+    assert page_of([], "1").next is None

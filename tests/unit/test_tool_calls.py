@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from undolog.api.common import MAX_ARGS
 from undolog.api.gateway import GatewayConfig, ToolRule
 from undolog.decisions.arguments import resolve
 from undolog.decisions.tool_calls import PassThrough, Refuse, Register, compensation_call, decide
@@ -83,7 +84,7 @@ def test_a_reference_inside_text_is_spliced_and_a_missing_argument_is_named() ->
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 
 
-@given(st.dictionaries(st.text(st.characters(categories=["L", "N"]), min_size=1, max_size=8), INT64))
+@given(st.dictionaries(st.text(st.characters(categories=["L", "N"]), min_size=1, max_size=8), INT64, max_size=MAX_ARGS))
 def test_every_argument_reference_takes_its_value(args: dict[str, int]) -> None:
     rule = ToolRule.model_validate({"compensation": {"function": "undo", "args": {k: f"${{args.{k}}}" for k in args}}})
     assert compensation_call(rule, args, "s-1").args == args

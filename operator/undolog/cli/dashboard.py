@@ -14,6 +14,7 @@ from undolog.cli.connection import connection
 class Auth(StrEnum):
     kubeconfig = "kubeconfig"
     token = "token"
+    proxy = "proxy"
 
 
 def dashboard(
@@ -24,9 +25,13 @@ def dashboard(
         Auth,
         typer.Option(
             help="kubeconfig: act as the kubeconfig's user (one person, locally). token: act with the bearer "
-            "token each request carries, or one pasted on the login page (in a cluster)."
+            "token each request carries, or one pasted on the login page (in a cluster). proxy: act with the "
+            "token an authenticating proxy (OIDC) passes in --token-header, and only with it."
         ),
     ] = Auth.kubeconfig,
+    token_header: Annotated[
+        str, typer.Option(help="With --auth proxy: the header the proxy passes the token in (oauth2-proxy's).")
+    ] = "X-Forwarded-Access-Token",
     api_server: Annotated[
         str | None, typer.Option(help="With --auth token: the API's URL (in a pod: found by itself).")
     ] = None,
@@ -52,13 +57,17 @@ def dashboard(
     """Serve the triage dashboard: halted sagas first, their undo stacks live, retry/skip/abort
     with a reason, with your own permissions."""
     from undolog.dashboard.server import serve
-    from undolog.dashboard.viewers import KubeconfigViewer, TokenViewers, Viewers
+    from undolog.dashboard.viewers import KubeconfigViewer, ProxyViewers, TokenViewers, Viewers
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     viewers: Viewers
-    if auth == Auth.token:
+    if auth in (Auth.token, Auth.proxy):
         try:
-            viewers = TokenViewers.in_cluster(api_server, api_ca_file)
+            viewers = (
+                ProxyViewers.behind(token_header, api_server, api_ca_file)
+                if auth == Auth.proxy
+                else TokenViewers.in_cluster(api_server, api_ca_file)
+            )
         except ValueError as error:
             raise typer.BadParameter(str(error)) from None
     else:

@@ -28,11 +28,11 @@ from aiohttp import web
 from yarl import URL
 
 from undolog import errors
-from undolog.api import SagaPhase
+from undolog.api import Saga, SagaPhase
 from undolog.archive import ArchiveStore, HistoryQuery
 from undolog.conventions import now
 from undolog.dashboard.guards import allowed_hosts, guarded
-from undolog.dashboard.viewers import TOKEN_COOKIE, TokenViewers, Viewers
+from undolog.dashboard.viewers import TOKEN_COOKIE, ProxyViewers, TokenViewers, Viewers
 from undolog.decisions import compensation_plan, resolutions
 from undolog.decisions.phases import TERMINAL
 from undolog.inspect import Inspector, age, duration, expires_in
@@ -44,6 +44,7 @@ KEEPALIVE_SECONDS = 15.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 VIEWERS = web.AppKey("viewers", Viewers)
 ARCHIVE: web.AppKey[ArchiveStore | None] = web.AppKey("archive")
+LIST_PAGE = 100  # sagas a page of the live list shows (halted first: they are on the first)
 HISTORY_PAGE = 50
 TEMPLATES = web.AppKey("templates", jinja2.Environment)
 SYMBOLS = {  # readable without colour: every phase also has a symbol and its name
@@ -108,7 +109,13 @@ def page(handler: Callable[[Page], Awaitable[web.StreamResponse]]) -> Handler:
     """The viewer's client (or the login page), the CSRF check on forms, API refusals shown."""
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
-        kube = await request.app[VIEWERS].client(request)
+        viewers = request.app[VIEWERS]
+        kube = await viewers.client(request)
+        if kube is None and isinstance(viewers, ProxyViewers):
+            raise web.HTTPUnauthorized(
+                text=f"no {viewers.header} header: this dashboard is reached through its authenticating proxy, "
+                "which passes the viewer's token in it"
+            )
         if kube is None:
             raise web.HTTPSeeOther("/login?" + urlencode({"next": request.path_qs}))
         csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(24)
@@ -160,14 +167,46 @@ async def saga_list(current: Page) -> web.StreamResponse:
         function=query.get("function") or None,
         older_than=older_than,
     )
-    sagas = listed.sagas
-    filters = {k: query.get(k, "") for k in ("phase", "org", "function", "older_than")}
+    filters = {k: query.get(k, "") for k in ("phase", "org", "function", "older_than", "name")}
     filters["namespace"] = namespace or ""
+    sagas = [s for s in listed.sagas if filters["name"].strip() in s.metadata.name]
+    shown = page_of(sagas, query.get("page", ""))
     events = "/events?" + urlencode({"namespace": namespace or ""})
     halted = [s for s in sagas if s.status.phase == SagaPhase.HALTED]
     functions = sorted(await current.inspector.compensations_called(halted, namespace))
     return current.render(
-        "sagas.html", sagas=sagas, unreadable=listed.unreadable, filters=filters, events=events, functions=functions
+        "sagas.html",
+        sagas=shown.items,
+        shown=shown,
+        unreadable=listed.unreadable,
+        filters=filters,
+        events=events,
+        functions=functions,
+    )
+
+
+@dataclass(frozen=True)
+class Shown:
+    """One page of a list: its items, where it starts (1-based), the total, the pages around it."""
+
+    items: list[Saga]
+    first: int
+    total: int
+    previous: int | None
+    next: int | None
+
+
+def page_of(sagas: list[Saga], asked: str) -> Shown:
+    """The page `asked` (1 when it is none or past the end) of LIST_PAGE sagas."""
+    pages = max(1, -(-len(sagas) // LIST_PAGE))
+    number = int(asked) if asked.isdigit() and 1 <= int(asked) <= pages else 1
+    start = (number - 1) * LIST_PAGE
+    return Shown(
+        sagas[start : start + LIST_PAGE],
+        start + 1,
+        len(sagas),
+        number - 1 if number > 1 else None,
+        number + 1 if number < pages else None,
     )
 
 
@@ -226,6 +265,8 @@ async def saga_page(current: Page) -> web.StreamResponse:
         skippable=skippable,
         can_retry=isinstance(resolutions.retry(saga), resolutions.Allowed),
         can_abort=isinstance(resolutions.abort(saga), resolutions.Allowed),
+        # Rewind to a step: an Active saga, to any step but its newest (the shared rule decides on submit).
+        rewind_to=[] if saga.status.phase != SagaPhase.ACTIVE else detail.entries[1:],
         halted_on=halted_on,
         waves=[] if saga.status.phase in TERMINAL else compensation_plan.waves(detail.entries),
         events="/events?" + urlencode({"namespace": namespace, "saga": name}),
@@ -266,6 +307,19 @@ async def abort(current: Page) -> web.StreamResponse:
     namespace, name = current.request.match_info["namespace"], current.request.match_info["name"]
     await current.inspector.abort(namespace, name, await reason_of(current))
     raise back(current, f"{namespace}/{name} aborted: it will be compensated newest-first")
+
+
+@page
+async def rewind_saga(current: Page) -> web.StreamResponse:
+    namespace, name = current.request.match_info["namespace"], current.request.match_info["name"]
+    to = str((await current.request.post()).get("to", "")).strip()
+    if not to.isdigit():
+        raise errors.CommandError("choose the step to rewind to")
+    asked = await current.inspector.rewind(namespace, name, int(to), await reason_of(current))
+    raise back(
+        current,
+        f"rewind of {namespace}/{name} to position {asked.to_position} requested: the steps above it are undone",
+    )
 
 
 @page
@@ -426,6 +480,7 @@ def application(
             web.get("/history", history_page),
             web.post("/sagas/{namespace}/{name}/retry", retry),
             web.post("/sagas/{namespace}/{name}/abort", abort),
+            web.post("/sagas/{namespace}/{name}/rewind", rewind_saga),
             web.post("/sagas/{namespace}/{name}/entries/{position:[0-9]{1,10}}/skip", skip),
             web.post("/retry-halted", retry_halted),
             web.get("/webhooks/{namespace}/{name}", webhook_page),
@@ -433,7 +488,7 @@ def application(
             web.static("/static", str(static)),
         ]
     )
-    if isinstance(viewers, TokenViewers):
+    if isinstance(viewers, TokenViewers) and viewers.login:
         app.add_routes(
             [web.get("/login", login_form), web.post("/login", signing_in(viewers)), web.post("/logout", logout)]
         )

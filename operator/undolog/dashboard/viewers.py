@@ -6,6 +6,9 @@
   authenticating proxy or ingress, or pasted once on the login page and kept in an HttpOnly,
   SameSite=Strict cookie), sent to the API as is: the way the Argo server's client mode and
   the Kubernetes dashboard work. The dashboard's pod needs no ServiceAccount token at all.
+- Behind a reverse proxy doing OIDC (`--auth proxy`), the token the proxy passes in a header
+  (oauth2-proxy's X-Forwarded-Access-Token by default), and nothing else: no login page, no
+  cookie; a request without it did not come through the proxy and is refused.
 """
 
 from __future__ import annotations
@@ -86,11 +89,10 @@ class TokenViewers:
     def in_cluster(cls, server: str | None, ca_file: str | None) -> TokenViewers:
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         if server is None and host is None:
-            raise ValueError("--auth token needs --api-server outside a cluster")
+            raise ValueError("--auth token and --auth proxy need --api-server outside a cluster")
         return cls(server or f"https://{host}:{port}", ca_file or IN_CLUSTER_CA)
 
-    @staticmethod
-    def token_of(request: web.Request) -> str | None:
+    def token_of(self, request: web.Request) -> str | None:
         header = request.headers.get("Authorization", "")
         if header.lower().startswith("bearer "):
             return header[7:].strip() or None
@@ -122,3 +124,24 @@ class TokenViewers:
         for kube in self._clients.values():
             await kube.close()
         self._clients.clear()
+
+
+@dataclass
+class ProxyViewers(TokenViewers):
+    """Each request's token from the header an authenticating proxy sets (an OIDC access or ID
+    token the API accepts), never from a cookie or the login page."""
+
+    header: str = "X-Forwarded-Access-Token"
+
+    @classmethod
+    def behind(cls, header: str, server: str | None, ca_file: str | None) -> ProxyViewers:
+        found = cls.in_cluster(server, ca_file)
+        return cls(found.server, found.ca_file, header=header)
+
+    def token_of(self, request: web.Request) -> str | None:
+        value = request.headers.get(self.header, "").strip()
+        return (value[7:].strip() if value.lower().startswith("bearer ") else value) or None
+
+    @property
+    def login(self) -> bool:
+        return False
