@@ -206,6 +206,8 @@ async def test_a_viewer_without_patch_sees_the_apis_refusal(
     await page.goto(f"{token_dashboard.url}/sagas/{namespace}/stuck")
     await sign_in(page, token)
     await expect(page.get_by_text(f"Signed in as system:serviceaccount:{namespace}:viewer")).to_be_visible()
+    message = (await kube.get("sagas", namespace, "stuck"))["status"]["message"]
+    await expect(page.get_by_text(message, exact=True)).to_have_count(1)  # the halt message once, not per condition
     await page.get_by_label("Reason for the retry").fill("trying")
     await page.get_by_role("button", name="Retry").click()
     refusal = page.get_by_role("alert")
@@ -402,7 +404,7 @@ async def test_the_filters_live_in_the_url_and_a_batch_retry_after_a_fix(
     await page.get_by_label("Phase").select_option("Halted")
     await page.get_by_role("button", name="Filter").click()
     await expect(page).to_have_url(
-        f"{dashboard.url}/sagas?namespace={namespace}&phase=Halted&org=&function=&older_than="
+        f"{dashboard.url}/sagas?namespace={namespace}&name=&phase=Halted&org=&function=&older_than="
     )
     await expect(rows).to_have_count(2)
     for typed, said in (("15x", "is not a duration such as 90s"), ("1000000000d", "is longer than any age")):
