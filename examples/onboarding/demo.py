@@ -230,7 +230,7 @@ def main() -> None:
     banner("Done: the control plane is still up (`make cluster-down` stops it); look around")
     print(
         f"  export KUBECONFIG={os.environ['KUBECONFIG']}\n"
-        f"  export PATH={Path(sys.executable).parent}:$PATH   # the undolog command\n"
+        f"  export PATH={BIN}:{Path(sys.executable).parent}:$PATH   # kubectl and the undolog command\n"
         f"  undolog list -n {namespace}\n"
         f"  undolog show {saga} -n {namespace}\n"
         f"  kubectl get sagas,undo -n {namespace}\n"
