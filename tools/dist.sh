@@ -37,7 +37,8 @@ trap 'rm -rf "$fresh"' EXIT
 "$fresh/venv/bin/pip" install -q "$OUT/undolog-$VERSION-py3-none-any.whl"
 "$fresh/venv/bin/python" -c 'import undolog, undolog.sdk; print("undolog", undolog.__version__, "SDK imported")'
 # The SDK installs lean: the command says what to add rather than failing on an import.
-"$fresh/venv/bin/undolog" version 2>&1 | grep -q "pip install 'undolog\[cli\]'"
+said=$("$fresh/venv/bin/undolog" version 2>&1 || true)
+grep -qF "pip install 'undolog[cli]'" <<< "$said" || { echo "the lean install's command said: $said"; exit 1; }
 
 (cd "$OUT" && sha256sum -- * > SHA256SUMS)
 step "done: $(cd "$OUT" && ls | tr '\n' ' ')"
