@@ -5,6 +5,7 @@ server, under each entry's key)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -181,9 +182,11 @@ async def test_a_typescript_agent_gets_undo_with_no_undolog_code(
     gateway: GatewayProcess,
 ) -> None:
     said = node_agent(gateway, "fail-third")
+    print("\n" + "\n".join(json.dumps(line) for line in said))
     assert [line.get("isError") for line in said[1:]] == [False, False, True, False]
     name = await only_saga(kube, namespace)
     await saga_phase(kube, namespace, name, "Compensated")
+    print("\n".join(f"closed #{close.number} under {close.meta_key}" for close in tracker.issues.closes))
     assert [close.number for close in tracker.issues.closes] == [3, 2, 1]
     assert len({close.meta_key for close in tracker.issues.closes}) == 3
 
@@ -196,6 +199,7 @@ async def test_a_typescript_agent_rewinds_to_its_first_step_and_carries_on(
     gateway: GatewayProcess,
 ) -> None:
     said = node_agent(gateway, "rewind")
+    print("\n" + "\n".join(json.dumps(line) for line in said))
     rewound = next(line for line in said if line.get("name") == "undolog_rewind")
     assert not rewound["isError"], rewound
     name = await only_saga(kube, namespace)
@@ -330,3 +334,43 @@ async def test_an_upstream_started_as_a_command_speaks_over_stdio(
             await agent.call_tool("undolog_commit", {})
     finally:
         gateway.stop()
+
+
+@pytest.mark.usefixtures("operator")
+async def test_a_gateway_killed_while_a_call_is_upstream_leaves_its_saga_to_the_operator(
+    cluster: Cluster, kube: Kube, namespace: str, tracker: Tracker, tmp_path: Path
+) -> None:
+    """kill -9 between the entry's creation and the upstream's answer: the issue was opened, the
+    gateway never learnt so. Past the session's deadline the operator aborts the saga and undoes
+    the call, whose effect may have happened, with what its arguments say (no output came back)."""
+    undo_webhook = webhook("tracker.close-issues-titled", url=tracker.url, mcp={"tool": "close_issues_titled"})
+    await kube.create("webhooks", namespace, undo_webhook)
+    undo = {"tool": "tracker.close_issues_titled", "args": {"title": "${args.title}"}}
+    tools = {"tracker.create_issue": {"compensation": undo}}
+    config = gateway_config(namespace, tracker, deadline_seconds=5, tools=tools)
+    gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+    tracker.issues.answer.clear()
+    try:
+        async with Client(gateway.url, mode="legacy") as agent:
+            calling = asyncio.create_task(agent.call_tool("create_issue", {"title": "held"}))
+            await eventually(lambda: opened(tracker), bool, 10, "the issue opened upstream")
+            name = await only_saga(kube, namespace)
+            entry = (await kube.list("undoentries", namespace))[0]
+            assert entry["status"]["effect"] == "Executing", entry["status"]  # written before the call
+            gateway.process.kill()
+            gateway.process.wait(10)
+            calling.cancel()
+    except* (httpx.HTTPError, MCPError, asyncio.CancelledError):
+        pass  # the agent's connection went with the gateway
+    finally:
+        tracker.issues.answer.set()
+        gateway.log.close()
+    saga = await saga_phase(kube, namespace, name, "Compensated", within=60)
+    print(f"\nsaga {name}: {saga['status']['phase']}, {saga['status'].get('message')}")
+    assert tracker.issues.state(1) == "closed"
+    [close] = tracker.issues.closes
+    assert close.meta_key == f"undo-{entry['spec']['undoId']}"
+
+
+async def opened(tracker: Tracker) -> bool:
+    return bool(tracker.issues.opened)

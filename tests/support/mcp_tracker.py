@@ -4,7 +4,12 @@ in a thread of the test process): tools whose effects a test can inspect.
 - create_issue(title, fail=False): opens an issue; with `fail` it opens it and then answers
   isError (a partial effect: the number comes back in structuredContent all the same).
 - close_issue(number): closes it; every close is recorded with the Idempotency-Key it came
-  under (`_meta` and header).
+  under (`_meta` and header). `Issues.faults` scripts its next answers: "slow" (answered after
+  SLOW_SECONDS), "huge" (a HUGE_BYTES text), "error" (isError, nothing closed).
+- close_issues_titled(title): closes the open issues of that title (an undo that needs only the
+  call's arguments), recorded as close_issue's are.
+- `Issues.answer`: while cleared, create_issue opens its issue and then waits to answer until
+  it is set (a call whose effect happened and whose answer has not come back yet).
 - label_issue(number, label): changes state, mapped by no test configuration (refused).
 - list_issues(): read-only (`readOnlyHint`).
 """
@@ -23,6 +28,8 @@ import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 
 KEY_META = "io.undolog/idempotency-key"
+SLOW_SECONDS = 4.0
+HUGE_BYTES = 48 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -32,12 +39,30 @@ class Close:
     header_key: str | None
 
 
+def answering() -> threading.Event:
+    answer = threading.Event()
+    answer.set()
+    return answer
+
+
 @dataclass
 class Issues:
     opened: dict[int, dict[str, Any]] = field(default_factory=dict)
     created_keys: list[str | None] = field(default_factory=list)
     closes: list[Close] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
+    answer: threading.Event = field(default_factory=answering)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def open(self, title: str) -> int:
+        with self.lock:
+            number = len(self.opened) + 1
+            self.opened[number] = {"number": number, "title": title, "state": "open"}
+            return number
+
+    def next_fault(self) -> str | None:
+        with self.lock:
+            return self.faults.pop(0) if self.faults else None
 
     def state(self, number: int) -> str:
         with self.lock:
@@ -51,28 +76,52 @@ def keys_of(ctx: Context) -> tuple[str | None, str | None]:
     return (str(key) if key else None), headers.get("idempotency-key")
 
 
+def said(text: str, is_error: bool = False, **structured: Any) -> types.CallToolResult:
+    content: list[types.ContentBlock] = [types.TextContent(type="text", text=text)]
+    return types.CallToolResult(content=content, structured_content=structured or None, is_error=is_error)
+
+
 def tracker(issues: Issues) -> MCPServer:
     server = MCPServer("tracker")
 
     @server.tool()
-    def create_issue(title: str, ctx: Context, fail: bool = False) -> types.CallToolResult:
+    async def create_issue(title: str, ctx: Context, fail: bool = False) -> types.CallToolResult:
         """Open an issue."""
         with issues.lock:
             number = len(issues.opened) + 1
             issues.opened[number] = {"number": number, "title": title, "state": "open"}
             issues.created_keys.append(keys_of(ctx)[0])
+        if not issues.answer.is_set():
+            await asyncio.to_thread(issues.answer.wait, 60)
         text = f"label service down after opening #{number}" if fail else f"opened #{number}"
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=text)], structured_content={"number": number}, is_error=fail
         )
 
     @server.tool()
-    def close_issue(number: int, ctx: Context) -> dict[str, Any]:
+    async def close_issue(number: int, ctx: Context) -> types.CallToolResult:
         """Close an issue."""
+        fault = issues.next_fault()
+        if fault == "error":
+            return said("the tracker is read-only today", is_error=True)
+        if fault == "huge":
+            return said("x" * HUGE_BYTES)
+        if fault == "slow":
+            await asyncio.sleep(SLOW_SECONDS)
         with issues.lock:
             issues.opened[number]["state"] = "closed"
             issues.closes.append(Close(number, *keys_of(ctx)))
-        return {"number": number, "state": "closed"}
+        return said(f"closed #{number}", number=number, state="closed")
+
+    @server.tool()
+    def close_issues_titled(title: str, ctx: Context) -> types.CallToolResult:
+        """Close the open issues of this title."""
+        with issues.lock:
+            numbers = [n for n, i in issues.opened.items() if i["title"] == title and i["state"] == "open"]
+            for number in numbers:
+                issues.opened[number]["state"] = "closed"
+                issues.closes.append(Close(number, *keys_of(ctx)))
+        return said(f"closed {numbers}", closed=numbers)
 
     @server.tool()
     def label_issue(number: int, label: str) -> str:

@@ -164,6 +164,40 @@ async def test_a_released_lease_is_taken_at_once() -> None:
     assert (standby.token() or 0) > (holder.token() or 0)
 
 
+@dataclass
+class LateRenewalLeases(FakeLeases):
+    """A renewal cancelled by the stop still reaches the API, after the release read the Lease."""
+
+    late: int = 1
+
+    async def replace_lease(self, namespace: str, name: str, body: Body) -> Body:
+        if self.late and body["spec"].get("holderIdentity") == "":
+            self.late -= 1
+            self.stored[name]["spec"]["renewTime"] = "later"
+            self._store(name, self.stored[name])
+        return await super().replace_lease(namespace, name, body)
+
+
+async def test_a_lease_renewed_as_the_holder_stops_is_still_handed_back() -> None:
+    """Seen in CI: the stop cancelled a renewal the API carried out after the release read the
+    Lease; the release's write conflicted and the Lease stayed with a process that was gone."""
+    leases, clock = LateRenewalLeases(), Clock()
+    holder = Leadership(leases, SETTINGS, "a", clock)
+    assert await holder._acquire_or_renew()
+    holder.leading = True
+    await holder.release()
+    assert leases.stored[SETTINGS.name]["spec"]["holderIdentity"] == ""
+
+
+async def test_a_lease_taken_as_the_holder_stops_is_handed_back_though_it_never_led() -> None:
+    """The write that took the Lease landed, its answer did not reach the loop before the stop."""
+    leases, clock = FakeLeases(), Clock()
+    holder = Leadership(leases, SETTINGS, "a", clock)
+    assert await holder._acquire_or_renew()
+    await holder.release()
+    assert leases.stored[SETTINGS.name]["spec"]["holderIdentity"] == ""
+
+
 async def test_the_lease_is_renewed_while_the_new_holder_takes_charge() -> None:
     """Taking charge of many sagas can take longer than the Lease; the renewals go on meanwhile,
     so the holder may still send when it is ready (at 10,000 sagas it lost the Lease at once)."""

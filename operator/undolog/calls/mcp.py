@@ -38,8 +38,8 @@ class AnswerTooLarge(httpx2.ReadError):
 
 
 class _Capped(httpx2.AsyncByteStream):
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self.response = response
+    def __init__(self, response: aiohttp.ClientResponse, carrier: Carrier) -> None:
+        self.response, self.carrier = response, carrier
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         read = 0
@@ -47,6 +47,7 @@ class _Capped(httpx2.AsyncByteStream):
             read += len(chunk)
             if read > MAX_ANSWER_BYTES:
                 self.response.close()
+                self.carrier.too_large(self.response.status)
                 raise AnswerTooLarge(f"an answer larger than {MAX_ANSWER_BYTES} bytes: the rest was not read")
             yield chunk
 
@@ -77,7 +78,17 @@ class Carrier(httpx2.AsyncBaseTransport):
             self.failure = self.http.failure(error, self.target)
             raise httpx2.ConnectError(self.failure.error or type(error).__name__) from error
         self.status = response.status
-        return httpx2.Response(response.status, headers=list(response.headers.items()), stream=_Capped(response))
+        return httpx2.Response(response.status, headers=list(response.headers.items()), stream=_Capped(response, self))
+
+    def too_large(self, status: int) -> None:
+        # The tool's result is in the answer: one too large to read is no success, and asked
+        # again under its key the tool would answer the same. A person looks at it.
+        self.failure = CallOutcome(
+            status_code=status,
+            error=f"tool {self.target.tool!r} answered more than {MAX_ANSWER_BYTES} bytes: the rest was not read "
+            "(connection closed), so its result is unknown and the effect may have happened",
+            verdict=Verdict.PERMANENT,
+        )
 
 
 class McpTransport:

@@ -191,20 +191,29 @@ class Leadership:
         return holder not in ("", self.me)
 
     async def release(self) -> None:
-        """On a clean shutdown: hand the Lease back, so a standby takes over at once."""
-        if not self.leading:
-            return
+        """On a clean shutdown: hand the Lease back, so a standby takes over at once. Whether or
+        not the loop knew it led: a write cancelled by the stop may still have taken the Lease."""
         self.leading = False
         await self._give_back()
 
-    async def _give_back(self) -> None:
-        try:
-            lease = await self.kube.get_lease(self.settings.namespace, self.settings.name)
-            if lease["spec"].get("holderIdentity") == self.me:
+    async def _give_back(self, attempts: int = 3) -> None:
+        # A renewal cancelled by the stop can land after the read below: read again on a conflict.
+        for attempt in range(attempts):
+            try:
+                lease = await self.kube.get_lease(self.settings.namespace, self.settings.name)
+                if lease["spec"].get("holderIdentity") != self.me:
+                    return
                 lease["spec"]["holderIdentity"] = ""
                 await self.kube.replace_lease(self.settings.namespace, self.settings.name, lease)
-        except errors.KubeError as error:
-            log.warning("the Lease %s was not released: %s", self.reference, error.message)
+                return
+            except errors.NotFound:
+                return
+            except errors.Conflict as error:
+                if attempt + 1 == attempts:
+                    log.warning("the Lease %s was not released: %s", self.reference, error.message)
+            except errors.KubeError as error:
+                log.warning("the Lease %s was not released: %s", self.reference, error.message)
+                return
 
     async def _acquire_or_renew(self, take: bool = True) -> bool:
         settings = self.settings
