@@ -177,6 +177,7 @@ bench: venv tools-control-plane bin/undolog-bench-ceiling bin/undolog-bench-floo
 	$(PY) -m bench.archive --sagas 1000
 	$(PY) -m bench.deep --depths 2000 10000
 	$(PY) -m bench.wave --sagas 500 --down 60 --limit 50
+	$(PY) -m bench.gateway --calls 200
 	$(PY) -m bench.plot
 	$(PY) -m bench.summary
 

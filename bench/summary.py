@@ -1,7 +1,7 @@
 """bench/results/summary.json: the figures the issues ask for, from the JSON the last `make bench`
-wrote (compensation, compensation_idle, forward, scale, idle, replicas, footprint, archive). A
-figure that was not measured is null and `not_measured` says why, or the committed run's value
-named in `carried_over`; nothing is estimated.
+wrote (compensation, compensation_idle, forward, scale, idle, replicas, footprint, archive,
+deep, wave, gateway). A figure that was not measured is null and `not_measured` says why, or
+the committed run's value named in `carried_over`; nothing is estimated.
 Committed with the change that moves a figure, so figures can be checked without re-running."""
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ KEYS = (
     "wave_halted_sagas",
     "wave_max_calls_in_1s",
     "wave_seconds_after_return",
+    "mcp_gateway_added_p50_ms",
+    "mcp_gateway_added_p99_ms",
+    "mcp_gateway_entry_writes_per_call",
 )
 
 
@@ -77,6 +80,7 @@ def summarize() -> dict[str, Any]:
         "archive",
         "deep",
         "wave",
+        "gateway",
     )
     sources = {name: load(name) for name in names}
     fsync = {name: data.get("etcd_fsync") for name, data in sources.items() if data is not None}
@@ -144,6 +148,12 @@ def summarize() -> dict[str, Any]:
         figures["wave_halted_sagas"] = wave["results"]["halted_sagas"]
         figures["wave_max_calls_in_1s"] = wave["results"]["max_calls_in_1s"]
         figures["wave_seconds_after_return"] = wave["results"]["seconds_after_return"]
+
+    if gateway := sources["gateway"]:
+        # 200 mapped tool calls through `undolog mcp`, each beside the same call made directly.
+        figures["mcp_gateway_added_p50_ms"] = gateway["results"]["added"]["p50_ms"]
+        figures["mcp_gateway_added_p99_ms"] = gateway["results"]["added"]["p99_ms"]
+        figures["mcp_gateway_entry_writes_per_call"] = gateway["results"]["entry_writes_per_call"]
 
     for key, value in figures.items():
         if value is None:

@@ -71,6 +71,7 @@ def generated_name(prefix: str) -> str:
 # -- sizes -------------------------------------------------------------------------------------------
 
 MAX_OUTPUT_BYTES = 16 * 1024  # a forward output kept in the ledger
+IN_FLIGHT_MARK_AFTER = 0.5  # seconds a call may take before its entry is marked in flight (for people)
 MAX_ANSWER_BYTES = 1024 * 1024  # read from a participant at most; the rest is never read
 MAX_CALL_BYTES = 1024 * 1024  # a call's arguments sent to a participant, their references resolved
 MAX_ERROR_TEXT = 300  # of an error answer's body, in lastError

@@ -18,59 +18,24 @@ import httpx
 import pytest
 import pytest_asyncio
 import yaml
-from devtools.control_plane.local import free_port
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from tests.cluster.test_packaging import rendered
 from tests.conftest import REPO, Cluster
+from tests.support.gateway_process import GatewayProcess, gateway_config
 from tests.support.manifests import webhook
 from tests.support.mcp_tracker import Tracker
 from tests.support.operator_process import OperatorProcess
-from tests.support.waiting import eventually, saga_phase, serving
+from tests.support.waiting import eventually, saga_phase
 from undolog.api.gateway import GatewayConfig
 from undolog.gateway.run import load
-from undolog.kube import Kube
+from undolog.kube import Body, Kube
 
 pytestmark = pytest.mark.cluster
 
 AGENT = REPO / "tests" / "mcp_agent"
-
-
-def gateway_config(namespace: str, tracker: Tracker, **overrides: Any) -> dict[str, Any]:
-    return {
-        "namespace": namespace,
-        "upstreams": {"tracker": {"url": tracker.url}},
-        "tools": {
-            "tracker.create_issue": {
-                "compensation": {"tool": "tracker.close_issue", "args": {"number": "${output.number}"}}
-            },
-        },
-        **overrides,
-    }
-
-
-class GatewayProcess:
-    def __init__(self, kubeconfig: Path, config: dict[str, Any], tmp_path: Path, *extra: str) -> None:
-        path = tmp_path / "gateway.yaml"
-        path.write_text(yaml.safe_dump(config))
-        self.port = free_port()
-        self.log = (tmp_path / "gateway.log").open("w")
-        command = [sys.executable, "-m", "undolog.cli", "mcp", "--config", str(path), "--port", str(self.port)]
-        self.process = subprocess.Popen(
-            [*command, "--kubeconfig", str(kubeconfig), *extra], stdout=self.log, stderr=subprocess.STDOUT
-        )
-        serving(f"http://127.0.0.1:{self.port}/healthz", self.process, tmp_path / "gateway.log", 30)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(15)
-        self.log.close()
 
 
 @pytest.fixture
@@ -355,8 +320,9 @@ async def test_a_gateway_killed_while_a_call_is_upstream_leaves_its_saga_to_the_
             calling = asyncio.create_task(agent.call_tool("create_issue", {"title": "held"}))
             await eventually(lambda: opened(tracker), bool, 10, "the issue opened upstream")
             name = await only_saga(kube, namespace)
-            entry = (await kube.list("undoentries", namespace))[0]
-            assert entry["status"]["effect"] == "Executing", entry["status"]  # written before the call
+            [entry] = await kube.list("undoentries", namespace)  # written before the call
+            # Marked Executing once the call has been out IN_FLIGHT_MARK_AFTER, for people watching.
+            await eventually(lambda: effect_of(kube, entry), lambda e: e == "Executing", 10, "marked in flight")
             gateway.process.kill()
             gateway.process.wait(10)
             calling.cancel()
@@ -370,6 +336,12 @@ async def test_a_gateway_killed_while_a_call_is_upstream_leaves_its_saga_to_the_
     assert tracker.issues.state(1) == "closed"
     [close] = tracker.issues.closes
     assert close.meta_key == f"undo-{entry['spec']['undoId']}"
+
+
+async def effect_of(kube: Kube, entry: Body) -> str:
+    metadata = entry["metadata"]
+    read = await kube.get("undoentries", metadata["namespace"], metadata["name"])
+    return str(read.get("status", {}).get("effect", "Pending"))  # no status yet: created, effect Pending
 
 
 async def opened(tracker: Tracker) -> bool:

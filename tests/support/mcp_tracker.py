@@ -82,7 +82,7 @@ def said(text: str, is_error: bool = False, **structured: Any) -> types.CallTool
 
 
 def tracker(issues: Issues) -> MCPServer:
-    server = MCPServer("tracker")
+    server = MCPServer("tracker", log_level="WARNING")  # its INFO lines (per request) drown a test's output
 
     @server.tool()
     async def create_issue(title: str, ctx: Context, fail: bool = False) -> types.CallToolResult:

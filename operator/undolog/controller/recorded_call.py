@@ -24,7 +24,7 @@ from undolog.calls.registry import Registry
 from undolog.calls.runner import AttemptRecord, CallResult, CallTrace, Runner
 from undolog.calls.transport import Target
 from undolog.controller.timeline import Timeline
-from undolog.conventions import clip
+from undolog.conventions import IN_FLIGHT_MARK_AFTER, clip
 from undolog.decisions.arguments import resolve
 from undolog.decisions.retry import Verdict
 from undolog.errors import CallNotPossible, KubeError
@@ -32,7 +32,6 @@ from undolog.ledger import Ledger
 from undolog.tracing import TRACEPARENT_ANNOTATION
 
 log = logging.getLogger("undolog.calls")
-IN_FLIGHT_MARK_AFTER = 0.5  # seconds a call may take before its entry is marked in flight
 Changes = EntryStatusChange
 
 

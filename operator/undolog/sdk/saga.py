@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import time
@@ -34,6 +35,7 @@ from undolog.api.common import unknown_fields
 from undolog.conventions import (
     ABORT_REASON_ANNOTATION,
     FAILED_STEP_ANNOTATION,
+    IN_FLIGHT_MARK_AFTER,
     forward_key,
     kept_output,
     new_undo_entry,
@@ -111,6 +113,35 @@ class StepRun:
     position: int
     entry: UndoEntry
     output: dict[str, Any] | None = None
+    _marking: asyncio.Task[None] | None = field(default=None, repr=False)
+    _writing_mark: bool = field(default=False, repr=False)
+
+    def mark_when_slow(self, ledger: Ledger) -> None:
+        """Effect Executing once the step has run IN_FLIGHT_MARK_AFTER, for people watching, as
+        the operator marks its own calls: a Pending entry is compensated just the same, so a
+        quick step costs two writes (created, recorded), not three."""
+        self._marking = asyncio.create_task(self._mark(ledger), name=f"marking {self.name} in flight")
+
+    async def _mark(self, ledger: Ledger) -> None:
+        await asyncio.sleep(IN_FLIGHT_MARK_AFTER)
+        self._writing_mark = True
+        try:
+            status = changed(self.entry.status, {"effect": EffectState.EXECUTING})
+            self.entry = await ledger.write_entry_status(self.entry, status)
+        except Exception:  # only a mark (its client may be closed by now): the outcome is what counts
+            with contextlib.suppress(Exception):
+                self.entry = await ledger.entry(*self.entry.key)  # the mark may have landed all the same
+
+    async def marked(self) -> None:
+        """The mark settled before the outcome is written: not begun (cancelled in its wait) or
+        written (its copy of the entry is the one the next write is conditional on)."""
+        if self._marking is None:
+            return
+        if self._writing_mark:
+            await self._marking
+        else:
+            self._marking.cancel()
+        self._marking = None
 
     @property
     def forward_key(self) -> str:
@@ -166,7 +197,8 @@ class SagaRun:
     # -- steps -------------------------------------------------------------------------------
 
     async def register(self, step: str, compensation: Call | None, depends_on: Sequence[str] | None = None) -> StepRun:
-        """Write the step's UndoEntry (write-ahead) and mark its effect Executing.
+        """Write the step's UndoEntry (write-ahead); its effect is marked Executing if the step
+        is still running IN_FLIGHT_MARK_AFTER later.
 
         Positions come from a lock-guarded counter, so concurrent tool calls get distinct,
         strictly increasing positions; AlreadyExists on a position is never retried silently.
@@ -202,8 +234,9 @@ class SagaRun:
             entry = await ledger.create_entry(
                 new_undo_entry(self.saga, position, step, compensation, depends_on=dependencies)
             )
-            entry = await ledger.write_entry_status(entry, changed(entry.status, {"effect": EffectState.EXECUTING}))
-        return StepRun(self, step, position, entry)
+        run = StepRun(self, step, position, entry)
+        run.mark_when_slow(ledger)
+        return run
 
     async def finish(self, run: StepRun, error: BaseException | None = None) -> None:
         """Record the effect's outcome: Committed with its output, or Failed with the error
@@ -211,6 +244,7 @@ class SagaRun:
         output, when the agent set one (a partial effect's identifier), is kept: its compensation
         may need it."""
         ledger = await self._client()
+        await run.marked()
         output, omitted = kept_output(run.output)
         if error is None:
             changes: EntryStatusChange = {"effect": EffectState.COMMITTED, "output": output, "output_omitted": omitted}

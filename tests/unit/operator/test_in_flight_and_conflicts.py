@@ -14,7 +14,7 @@ from undolog.api import (
     UndoEntry,
 )
 from undolog.calls.transport import PreparedCall
-from undolog.controller.recorded_call import IN_FLIGHT_MARK_AFTER
+from undolog.conventions import IN_FLIGHT_MARK_AFTER
 from undolog.kube import Body, Plural
 
 
