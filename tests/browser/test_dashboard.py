@@ -6,24 +6,21 @@ filters live in the URL, a batch retry after a fix. Screenshots go to docs/."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 from devtools.control_plane.local import free_port
 from devtools.postgres import LocalPostgres
-from playwright.async_api import Browser, Page, Route, async_playwright, expect
+from playwright.async_api import Page, Route, expect
 
+from tests.browser.conftest import Dashboard
 from tests.cluster.test_cli import halted_saga
 from tests.cluster.test_compensation import abort, external_saga, register
 from tests.cluster.test_retention import deleted
@@ -32,71 +29,11 @@ from tests.support.identities import create_service_account, service_account_tok
 from tests.support.manifests import call, saga
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Reply
-from tests.support.waiting import eventually, saga_phase, until_healthy
+from tests.support.waiting import eventually, saga_phase
 from undolog.kube import Kube
 
 pytestmark = pytest.mark.cluster
-CHROMIUM = os.environ.get("UNDOLOG_CHROMIUM", "/usr/bin/chromium")
-# No background traffic: this machine's network is closed, and tests stay on loopback.
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 DOCS = REPO / "docs"
-
-
-class Dashboard:
-    """`undolog dashboard` as a process, as a person would start it."""
-
-    def __init__(self, cluster: Cluster, log: Path, *args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        with log.open("wb") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "undolog.cli", "dashboard", f"--port={self.port}", *args],
-                env=cluster.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        until_healthy(f"{self.url}/healthz", self.process, log.read_text, 30, "the dashboard")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=15)
-
-
-@pytest.fixture
-def dashboard(cluster: Cluster, tmp_path: Path) -> Iterator[Dashboard]:
-    served = Dashboard(cluster, tmp_path / "dashboard.log", f"--kubeconfig={cluster.kubeconfig}")
-    yield served
-    served.stop()
-
-
-@pytest.fixture(scope="session")
-def chromium() -> str:
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: `make test` installs Debian's chromium"
-    return CHROMIUM
-
-
-@pytest_asyncio.fixture(scope="session")
-async def browser(chromium: str) -> AsyncIterator[Browser]:
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=chromium, args=FLAGS)
-        yield launched
-        await launched.close()
-
-
-@pytest_asyncio.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context(viewport={"width": 1280, "height": 900})
-    opened = await context.new_page()
-    yield opened
-    await context.close()
 
 
 async def test_a_halted_saga_appears_live_and_a_retry_from_the_page_compensates_it(
@@ -326,7 +263,7 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):
         return None  # the browser follows redirects itself
 
 
-async def test_behind_an_oidc_proxy_the_dashboard_acts_with_the_token_it_passes_and_refuses_the_rest(
+async def test_behind_an_oidc_proxy_under_a_path_the_dashboard_acts_with_the_token_it_passes_and_refuses_the_rest(
     cluster: Cluster,
     kube: Kube,
     namespace: str,
@@ -344,18 +281,30 @@ async def test_behind_an_oidc_proxy_the_dashboard_acts_with_the_token_it_passes_
         "--auth=proxy",
         f"--api-server={kube.server}",
         f"--api-ca-file={cluster.local.pki / 'serving-ca.crt'}",
+        "--base-path=/undolog",  # the proxy serves other things at its root, and passes the path on
     )
     proxy = AuthenticatingProxy(served.url, token)
     try:
-        await page.goto(f"{proxy.url}/sagas/{namespace}/stuck")
+        await page.goto(f"{proxy.url}/undolog/sagas/{namespace}/stuck")
         await expect(page.get_by_text(f"Signed in as system:serviceaccount:{namespace}:viewer")).to_be_visible()
         await expect(page.get_by_role("heading", name="stuck")).to_be_visible()
+        # Its live events under the path too (this proxy reads whole answers, so no stream passes it).
+        assert (await page.locator("body").get_attribute("data-events") or "").startswith("/undolog/events?")
+        assert await page.evaluate("getComputedStyle(document.body).maxWidth") == "1152px"  # its stylesheet
+        await page.get_by_role("link", name="Overview").click()
+        await expect(page).to_have_url(f"{proxy.url}/undolog/overview")
+        await expect(page.get_by_role("alert")).to_contain_text("cannot list resource")  # at the cluster scope
+        await page.goto(f"{proxy.url}/undolog/overview?namespace={namespace}")
+        await expect(page.get_by_role("img", name="Sagas by phase").locator("rect.bar.halted title")).to_have_text(
+            "Halted: 1"
+        )
         # Around the proxy there is no way in: no login page, no cookie, a 401 that says why.
-        direct = await page.goto(f"{served.url}/sagas/{namespace}/stuck")
+        direct = await page.goto(f"{served.url}/undolog/sagas/{namespace}/stuck")
         assert direct is not None
         assert direct.status == 401
         await expect(page.get_by_text("no X-Forwarded-Access-Token header")).to_be_visible()
-        assert (await page.goto(f"{served.url}/login")).status == 404  # type: ignore[union-attr]
+        assert (await page.goto(f"{served.url}/undolog/login")).status == 404  # type: ignore[union-attr]
+        assert (await page.goto(f"{served.url}/sagas")).status == 404  # type: ignore[union-attr]
     finally:
         proxy.stop()
         served.stop()

@@ -45,6 +45,13 @@ def dashboard(
             "loopback it answers to loopback names only, else to any unless this is given."
         ),
     ] = None,
+    base_path: Annotated[
+        str,
+        typer.Option(
+            help="The path prefix it is served under (/undolog), behind a proxy that passes the path on as it "
+            "came; /healthz stays at the root."
+        ),
+    ] = "",
     archive_dsn: Annotated[
         str | None,
         typer.Option(
@@ -56,10 +63,15 @@ def dashboard(
 ) -> None:
     """Serve the triage dashboard: halted sagas first, their undo stacks live, retry/skip/abort
     with a reason, with your own permissions."""
+    from undolog.dashboard.server import base_path as prefix
     from undolog.dashboard.server import serve
     from undolog.dashboard.viewers import KubeconfigViewer, ProxyViewers, TokenViewers, Viewers
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        base = prefix(base_path)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--base-path") from None
     viewers: Viewers
     if auth in (Auth.token, Auth.proxy):
         try:
@@ -75,4 +87,4 @@ def dashboard(
         viewers = KubeconfigViewer(user.kubeconfig, user.context, user.as_user, user.as_groups)
     from undolog.archive import ArchiveStore
 
-    serve(viewers, address, port, ArchiveStore(archive_dsn) if archive_dsn else None, allowed_host or ())
+    serve(viewers, address, port, ArchiveStore(archive_dsn) if archive_dsn else None, allowed_host or (), base)

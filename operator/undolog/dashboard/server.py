@@ -31,11 +31,13 @@ from undolog import errors
 from undolog.api import Saga, SagaPhase
 from undolog.archive import ArchiveStore, HistoryQuery
 from undolog.conventions import now
+from undolog.dashboard import pictures
 from undolog.dashboard.guards import allowed_hosts, guarded
+from undolog.dashboard.overview import read_overview
 from undolog.dashboard.viewers import TOKEN_COOKIE, ProxyViewers, TokenViewers, Viewers
 from undolog.decisions import compensation_plan, resolutions
 from undolog.decisions.phases import TERMINAL
-from undolog.inspect import Inspector, age, duration, expires_in
+from undolog.inspect import Inspector, SagaDetail, age, duration, expires_in
 from undolog.kube import Kube
 
 log = logging.getLogger("undolog.dashboard")
@@ -47,6 +49,7 @@ ARCHIVE: web.AppKey[ArchiveStore | None] = web.AppKey("archive")
 LIST_PAGE = 100  # sagas a page of the live list shows (halted first: they are on the first)
 HISTORY_PAGE = 50
 TEMPLATES = web.AppKey("templates", jinja2.Environment)
+BASE = web.AppKey("base", str)  # the path prefix it is served under ("" or "/undolog"): --base-path
 SYMBOLS = {  # readable without colour: every phase also has a symbol and its name
     SagaPhase.HALTED: "‖",
     SagaPhase.FAILED: "✗",
@@ -56,6 +59,15 @@ SYMBOLS = {  # readable without colour: every phase also has a symbol and its na
     SagaPhase.COMPLETED: "✓",
     SagaPhase.COMPENSATED: "↩",
 }
+
+
+def base_path(text: str) -> str:
+    """--base-path as a prefix: "" for none, else "/name" (one leading slash, none trailing)."""
+    cleaned = "/" + text.strip().strip("/")
+    plain = re.fullmatch(r"(/[A-Za-z0-9._~-]+)+", cleaned) and not {".", ".."} & set(cleaned.split("/"))
+    if cleaned != "/" and not plain:
+        raise ValueError(f"--base-path {text!r}: a URL path such as /undolog (letters, digits, . _ ~ - and /)")
+    return "" if cleaned == "/" else cleaned
 
 
 def templates() -> jinja2.Environment:
@@ -87,6 +99,9 @@ class Page:
     def inspector(self) -> Inspector:
         return Inspector(self.kube, self.request.app[ARCHIVE])
 
+    def url(self, path: str) -> str:
+        return self.request.app[BASE] + path
+
     def render(self, template: str, status: int = 200, **context: Any) -> web.Response:
         environment = self.request.app[TEMPLATES]
         fragment = self.request.query.get("fragment") == "1"
@@ -98,10 +113,11 @@ class Page:
             path=self.request.path_qs,
             notice=self.request.query.get("notice", ""),
             history=self.request.app[ARCHIVE] is not None,
+            base=self.request.app[BASE],
             **context,
         )
         response = web.Response(text=body, content_type="text/html", status=status)
-        response.set_cookie(CSRF_COOKIE, self.csrf, httponly=True, samesite="Strict", path="/")
+        response.set_cookie(CSRF_COOKIE, self.csrf, httponly=True, samesite="Strict", path=self.url("/"))
         return response
 
 
@@ -117,7 +133,7 @@ def page(handler: Callable[[Page], Awaitable[web.StreamResponse]]) -> Handler:
                 "which passes the viewer's token in it"
             )
         if kube is None:
-            raise web.HTTPSeeOther("/login?" + urlencode({"next": request.path_qs}))
+            raise web.HTTPSeeOther(request.app[BASE] + "/login?" + urlencode({"next": request.path_qs}))
         csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(24)
         if request.method == "POST":
             form = await request.post()
@@ -152,6 +168,23 @@ def scope(current: Page) -> str | None:
 
 
 @page
+async def overview_page(current: Page) -> web.StreamResponse:
+    """The installation at a glance: the sagas by phase, the halted ones by the function they
+    wait on and their namespace, the compensations of the last hour."""
+    namespace = scope(current)
+    moment = now()
+    seen = await read_overview(current.inspector.ledger, namespace, moment)
+    return current.render(
+        "overview.html",
+        seen=seen,
+        namespace=namespace or "",
+        phases=pictures.bars([(p.value, n, p.value.lower()) for p, n in seen.phases]),
+        hour=pictures.columns(seen.compensated, moment),
+        events=current.url("/events?" + urlencode({"namespace": namespace or ""})),
+    )
+
+
+@page
 async def saga_list(current: Page) -> web.StreamResponse:
     query = current.request.query
     phase = SagaPhase(query["phase"]) if query.get("phase") in set(SagaPhase) else None
@@ -171,7 +204,7 @@ async def saga_list(current: Page) -> web.StreamResponse:
     filters["namespace"] = namespace or ""
     sagas = [s for s in listed.sagas if filters["name"].strip() in s.metadata.name]
     shown = page_of(sagas, query.get("page", ""))
-    events = "/events?" + urlencode({"namespace": namespace or ""})
+    events = current.url("/events?" + urlencode({"namespace": namespace or ""}))
     halted = [s for s in sagas if s.status.phase == SagaPhase.HALTED]
     functions = sorted(await current.inspector.compensations_called(halted, namespace))
     return current.render(
@@ -235,7 +268,7 @@ async def history_page(current: Page) -> web.StreamResponse:
     older = None
     if listed.next_page is not None:
         at, uid = listed.next_page
-        older = "/history?" + urlencode(
+        older = current.url("/history?") + urlencode(
             {**{k: v for k, v in filters.items() if v}, "before": f"{at.isoformat()}|{uid}"}
         )
     return current.render("history.html", sagas=listed.sagas, refused=listed.refused, filters=filters, older=older)
@@ -269,8 +302,19 @@ async def saga_page(current: Page) -> web.StreamResponse:
         rewind_to=[] if saga.status.phase != SagaPhase.ACTIVE else detail.entries[1:],
         halted_on=halted_on,
         waves=[] if saga.status.phase in TERMINAL else compensation_plan.waves(detail.entries),
-        events="/events?" + urlencode({"namespace": namespace, "saga": name}),
+        timeline=pictures.timeline(detail.entries, detail.events, started(detail)),
+        graph=pictures.graph(detail.entries),
+        events=current.url("/events?" + urlencode({"namespace": namespace, "saga": name})),
     )
+
+
+def started(detail: SagaDetail) -> datetime:
+    """The timeline's zero: the saga's creation, or its first call or Event if they came earlier
+    (an archived saga's record, a clock apart)."""
+    moments = [a.time for e in detail.entries for a in e.status.attempts]
+    moments += [e.time for e in detail.events if e.time is not None]
+    created = detail.saga.metadata.creation_timestamp or detail.saga.status.start_time
+    return min([*moments, *([created] if created else [])], default=now())
 
 
 @page
@@ -283,7 +327,7 @@ async def webhook_page(current: Page) -> web.StreamResponse:
 
 
 def back(current: Page, notice: str) -> web.HTTPSeeOther:
-    target = str(current.request.headers.get("Referer") or "/")
+    target = str(current.request.headers.get("Referer") or current.url("/"))
     base = target.split("?notice=", 1)[0].split("&notice=", 1)[0]
     return web.HTTPSeeOther(base + ("&" if "?" in base else "?") + urlencode({"notice": notice}))
 
@@ -403,29 +447,30 @@ async def keepalive(changes: AsyncIterator[Any]) -> AsyncIterator[bool]:
 async def login_form(request: web.Request) -> web.StreamResponse:
     environment = request.app[TEMPLATES]
     body = environment.get_template("login.html").render(
-        next=request.query.get("next", "/"),
+        next=request.query.get("next", request.app[BASE] + "/"),
         error=request.query.get("error", ""),
         fragment=False,
         csrf="",
         viewer="",
         login=True,
-        path="/login",
+        path=request.app[BASE] + "/login",
         notice="",
         history=request.app[ARCHIVE] is not None,
+        base=request.app[BASE],
     )
     return web.Response(text=body, content_type="text/html")
 
 
-def here(target: str) -> str:
-    """`target` if it is a page of this dashboard, else "/": judged as the redirect will write it.
+def here(target: str, home: str = "/") -> str:
+    """`target` if it is a page of this dashboard, else `home`: judged as the redirect will write it.
     A sign-in link's `next` is anyone's to choose, and yarl drops tabs and newlines, so "/\t/host"
     passed a check on the text as given and left as "//host": another site, with the viewer
     believing they had just signed in to this one."""
     try:
         written = str(URL(target))
     except ValueError:
-        return "/"
-    return written if written.startswith("/") and not written.startswith("//") else "/"
+        return home
+    return written if written.startswith("/") and not written.startswith("//") else home
 
 
 def signing_in(viewers: TokenViewers) -> Handler:
@@ -433,24 +478,27 @@ def signing_in(viewers: TokenViewers) -> Handler:
         """A pasted token is checked against the API (who is it?) before it is kept."""
         form = await request.post()
         token = str(form.get("token", "")).strip()
-        target = here(str(form.get("next", "/")))
+        base = request.app[BASE]
+        target = here(str(form.get("next", "/")), base + "/")
         kube = Kube.with_token(viewers.server, viewers.ca_file, token)
         try:
             await kube.whoami()
         except errors.KubeError as refused:
-            raise web.HTTPSeeOther("/login?" + urlencode({"next": target, "error": refused.message})) from None
+            raise web.HTTPSeeOther(base + "/login?" + urlencode({"next": target, "error": refused.message})) from None
         finally:
             await kube.close()
         response = web.HTTPSeeOther(target)
-        response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", secure=request.secure, path="/")
+        response.set_cookie(
+            TOKEN_COOKIE, token, httponly=True, samesite="Strict", secure=request.secure, path=base + "/"
+        )
         raise response
 
     return login
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
-    response = web.HTTPSeeOther("/login")
-    response.del_cookie(TOKEN_COOKIE, path="/")
+    response = web.HTTPSeeOther(request.app[BASE] + "/login")
+    response.del_cookie(TOKEN_COOKIE, path=request.app[BASE] + "/")
     raise response
 
 
@@ -459,39 +507,49 @@ async def healthz(request: web.Request) -> web.StreamResponse:
 
 
 async def home(request: web.Request) -> web.StreamResponse:
-    raise web.HTTPSeeOther("/sagas")
+    raise web.HTTPSeeOther(request.app[BASE] + "/sagas")
 
 
 def application(
-    viewers: Viewers, archive: ArchiveStore | None = None, hosts: frozenset[str] | None = None
+    viewers: Viewers, archive: ArchiveStore | None = None, hosts: frozenset[str] | None = None, base: str = ""
 ) -> web.Application:
-    """`hosts`: the Host names it answers to (None: any); see dashboard.guards."""
+    """`hosts`: the Host names it answers to (None: any); see dashboard.guards. `base`: the path
+    prefix every page is served under (behind a proxy that passes the path on as it came); the
+    health check stays at /healthz for probes."""
     app = web.Application(middlewares=[guarded(hosts)])
     app[VIEWERS] = viewers
     app[ARCHIVE] = archive
     app[TEMPLATES] = templates()
+    app[BASE] = base
     static = resources.files("undolog.dashboard") / "static"
     app.add_routes(
         [
-            web.get("/", home),
             web.get("/healthz", healthz),
-            web.get("/sagas", saga_list),
-            web.get("/sagas/{namespace}/{name}", saga_page),
-            web.get("/history", history_page),
-            web.post("/sagas/{namespace}/{name}/retry", retry),
-            web.post("/sagas/{namespace}/{name}/abort", abort),
-            web.post("/sagas/{namespace}/{name}/rewind", rewind_saga),
-            web.post("/sagas/{namespace}/{name}/entries/{position:[0-9]{1,10}}/skip", skip),
-            web.post("/retry-halted", retry_halted),
-            web.get("/webhooks/{namespace}/{name}", webhook_page),
-            web.get("/events", events),
-            web.static("/static", str(static)),
+            web.get(f"{base}/", home),
+            web.get(f"{base}/overview", overview_page),
+            web.get(f"{base}/sagas", saga_list),
+            web.get(f"{base}/sagas/{{namespace}}/{{name}}", saga_page),
+            web.get(f"{base}/history", history_page),
+            web.post(f"{base}/sagas/{{namespace}}/{{name}}/retry", retry),
+            web.post(f"{base}/sagas/{{namespace}}/{{name}}/abort", abort),
+            web.post(f"{base}/sagas/{{namespace}}/{{name}}/rewind", rewind_saga),
+            web.post(f"{base}/sagas/{{namespace}}/{{name}}/entries/{{position:[0-9]{{1,10}}}}/skip", skip),
+            web.post(f"{base}/retry-halted", retry_halted),
+            web.get(f"{base}/webhooks/{{namespace}}/{{name}}", webhook_page),
+            web.get(f"{base}/events", events),
+            web.static(f"{base}/static", str(static)),
         ]
     )
     if isinstance(viewers, TokenViewers) and viewers.login:
         app.add_routes(
-            [web.get("/login", login_form), web.post("/login", signing_in(viewers)), web.post("/logout", logout)]
+            [
+                web.get(f"{base}/login", login_form),
+                web.post(f"{base}/login", signing_in(viewers)),
+                web.post(f"{base}/logout", logout),
+            ]
         )
+    if base:
+        app.add_routes([web.get(base, home)])
 
     async def open_archive(_: web.Application) -> None:
         if archive is not None:
@@ -508,11 +566,16 @@ def application(
 
 
 def serve(
-    viewers: Viewers, host: str, port: int, archive: ArchiveStore | None = None, allowed: Collection[str] = ()
+    viewers: Viewers,
+    host: str,
+    port: int,
+    archive: ArchiveStore | None = None,
+    allowed: Collection[str] = (),
+    base: str = "",
 ) -> None:
     # Live pages hold a connection open for good: a stop closes them after a moment, not a minute.
     web.run_app(
-        application(viewers, archive, allowed_hosts(host, allowed)),
+        application(viewers, archive, allowed_hosts(host, allowed), base),
         host=host,
         port=port,
         shutdown_timeout=1.0,
