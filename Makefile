@@ -12,7 +12,7 @@ PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: help venv tools tools-control-plane tools-helm dist browser faketime postgres crds lock lint test unit demo bench chaos traces cluster-up cluster-down cluster-reset clean \
-	image image-deps mcp-agent node-deps node-up node-down e2e demo-helm
+	image image-deps mcp-agent node-deps node-up node-down e2e demo-helm alerts
 
 help:
 	@echo "make demo          run the onboarding saga on a local control plane (builds what it needs)"
@@ -33,6 +33,8 @@ help:
 	@echo "make lock          re-resolve requirements/*.txt (exact versions, hashes) from pyproject.toml's ranges"
 	@echo "make bench         every benchmark; tables in the terminal, JSON in bench/results, docs/throughput.png"
 	@echo "make chaos         the long fault scenarios (marked fault) at full size (counts in bench/results/chaos.json)"
+	@echo "make traces        an SDK saga's trace read back from Jaeger (built from the Go module proxy)"
+	@echo "make alerts        the chart's alerts evaluated by Prometheus (built from the Go module proxy) on a real scrape"
 
 venv: $(VENV)/.installed
 
@@ -116,6 +118,13 @@ bin/jaeger: tools/jaeger/go.mod tools/jaeger/go.sum
 
 traces: venv tools-control-plane bin/jaeger
 	UNDOLOG_TRACES=1 $(VENV)/bin/pytest tests/traces -s
+
+# Prometheus from the Go module proxy (tools/prometheus/go.mod pins it), for `make alerts`.
+bin/prometheus: tools/prometheus/go.mod tools/prometheus/go.sum
+	cd tools/prometheus && go build -trimpath -o $(CURDIR)/bin/prometheus github.com/prometheus/prometheus/cmd/prometheus
+
+alerts: venv tools-control-plane tools-helm bin/prometheus
+	UNDOLOG_ALERTS=1 $(VENV)/bin/pytest tests/alerts -s
 
 crds: venv
 	$(PY) -m devtools.crds crds

@@ -27,10 +27,9 @@ from undolog.kube import Kube
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("UNDOLOG_BIN_DIR", REPO / "bin"))
 # tests/e2e runs pods on a real node (root, an image): `make e2e`, not `make test`; tests/traces
-# a trace backend built for it: `make traces`.
-collect_ignore = [
-    name for name, asked in (("e2e", "UNDOLOG_E2E"), ("traces", "UNDOLOG_TRACES")) if not os.environ.get(asked)
-]
+# a trace backend built for it: `make traces`; tests/alerts a Prometheus built for it: `make alerts`.
+ASKED = (("e2e", "UNDOLOG_E2E"), ("traces", "UNDOLOG_TRACES"), ("alerts", "UNDOLOG_ALERTS"))
+collect_ignore = [name for name, asked in ASKED if not os.environ.get(asked)]
 
 
 @dataclass(frozen=True)
