@@ -399,8 +399,15 @@ def test_the_chart_as_a_subchart_with_global_values_and_the_naming_conventions(t
     (parent / "Chart.yaml").write_text("apiVersion: v2\nname: platform\nversion: 1.0.0\n")
     extra = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "{{ .Release.Name }}-extra"}}
     values = {
-        "global": {"imageRegistry": "registry.example"},  # a parent's global: every subchart is given it
-        "undolog": {"fullnameOverride": "undo", "commonLabels": {"team": "payments"}, "extraObjects": [extra]},
+        # A parent's global, given to every subchart: a mirror and its pull secret, for every pod.
+        "global": {"imageRegistry": "registry.example", "imagePullSecrets": [{"name": "mirror-pull"}]},
+        "undolog": {
+            "fullnameOverride": "undo",
+            "commonLabels": {"team": "payments"},
+            "extraObjects": [extra],
+            "dashboard": {"enabled": True},
+            "gateway": {"enabled": True},
+        },
     }
     (parent / "values.yaml").write_text(yaml.safe_dump(values))
     args = [str(BIN / "helm"), "template", "rel", str(parent), "--kube-version", "1.37.2", "-n", "platform"]
@@ -411,6 +418,12 @@ def test_the_chart_as_a_subchart_with_global_values_and_the_naming_conventions(t
     assert {("Deployment", "undo"), ("ServiceAccount", "undo"), ("ConfigMap", "rel-extra")} <= named
     made = [d for d in documents if d["kind"] != "CustomResourceDefinition" and d["metadata"]["name"] != "rel-extra"]
     assert all(d["metadata"]["labels"]["team"] == "payments" for d in made)
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    pods = [d["spec"]["template"]["spec"] for d in documents if d["kind"] == "Deployment"]
+    assert len(pods) == 3  # the operator, the dashboard and the gateway
+    for pod in pods:
+        assert pod["imagePullSecrets"] == [{"name": "mirror-pull"}]
+        assert {c["image"] for c in pod["containers"]} == {f"registry.example/undolog/undolog:{version}"}
 
 
 def test_every_alert_links_its_section_of_the_runbook() -> None:

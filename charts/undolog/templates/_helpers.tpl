@@ -70,11 +70,36 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* The operator image: by digest when one is given (immutable), else by tag. */}}
 {{- define "undolog.image" -}}
+{{- $repository := include "undolog.repository" . -}}
 {{- if .Values.image.digest -}}
-{{ printf "%s@%s" .Values.image.repository .Values.image.digest | quote }}
+{{ printf "%s@%s" $repository .Values.image.digest | quote }}
 {{- else -}}
-{{ printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) | quote }}
+{{ printf "%s:%s" $repository (.Values.image.tag | default .Chart.AppVersion) | quote }}
 {{- end -}}
+{{- end }}
+
+{{/* image.repository, its registry replaced by global.imageRegistry when a parent chart sets one
+(a mirror): the first part is a registry when it has a dot or a port, or is localhost. */}}
+{{- define "undolog.repository" -}}
+{{- $registry := (.Values.global).imageRegistry | default "" -}}
+{{- $parts := splitList "/" .Values.image.repository -}}
+{{- $first := first $parts -}}
+{{- $hosted := and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- if not $registry -}}
+{{ .Values.image.repository }}
+{{- else if $hosted -}}
+{{ printf "%s/%s" $registry (rest $parts | join "/") }}
+{{- else -}}
+{{ printf "%s/%s" $registry .Values.image.repository }}
+{{- end -}}
+{{- end }}
+
+{{/* Every pod's pull secrets: the chart's imagePullSecrets and a parent's global.imagePullSecrets. */}}
+{{- define "undolog.imagePullSecrets" -}}
+{{- $secrets := concat (.Values.imagePullSecrets | default list) ((.Values.global).imagePullSecrets | default list) -}}
+{{- with $secrets }}
+imagePullSecrets: {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/* The archive's connection (operator and dashboard): --archive-dsn from its parts, or nothing. */}}
