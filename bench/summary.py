@@ -25,6 +25,8 @@ KEYS = (
     "floor_abort_first_call_p99_ms_10",
     "writes_per_compensated_saga",
     "writes_per_forward_step",
+    "entry_writes_per_forward_step",
+    "saga_writes_per_forward_saga",
     "compensation_fraction_of_ceiling",
     "forward_fraction_of_ceiling",
     "rss_mib_10k",
@@ -111,6 +113,10 @@ def summarize() -> dict[str, Any]:
             writes = one["api_writes"]
             own = writes.get("sagas", 0) + writes.get("undoentries", 0) + writes.get("events", 0) - 1
             figures["writes_per_forward_step"] = round(own / 3, 2)
+            # The same writes apart: each step's entry (created before its call, its outcome after,
+            # its field owners dropped once the saga finished), and the saga's own, once a saga.
+            figures["entry_writes_per_forward_step"] = one["entry_writes_per_step"]
+            figures["saga_writes_per_forward_saga"] = float(writes.get("sagas", 0) - 1)
         if hundred := row(forward["results"], "concurrent_sagas", 100):
             figures["forward_fraction_of_ceiling"] = hundred.get("fraction_of_go_ceiling")
     if scale := sources["scale"]:
