@@ -84,6 +84,14 @@ def test_compensations_of_several_entries_that_overlapped_are_one_band() -> None
     assert [band.label for band in drawn.bands] == ["ran together: #3, #2"]
 
 
+def test_a_deep_stack_s_timeline_draws_its_newest_entries_and_says_how_many_are_not() -> None:
+    entries = [called(make_entry(n), ("Compensation", 10_000 - n, 1, 200, None)) for n in range(1000, 0, -1)]
+    drawn = pictures.timeline(entries, [], NOW)
+    assert drawn is not None
+    assert (len(drawn.lanes), drawn.omitted, drawn.lanes[0][1]) == (pictures.MAX_LANES, 900, "#1000 step1000")
+    assert len(drawn.bars) == pictures.MAX_LANES
+
+
 def test_a_saga_without_calls_has_no_timeline_and_ticks_are_round() -> None:
     assert pictures.timeline([make_entry(1)], [], NOW) is None
     assert [t.label for t in pictures.ticks(9.1)] == ["0", "+2 s", "+4 s", "+6 s", "+8 s"]

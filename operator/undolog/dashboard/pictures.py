@@ -20,6 +20,7 @@ LANE = 26.0
 AXIS = 34.0  # below the lanes: ticks and their labels
 MIN_BAR = 3.0  # a 2 ms call is still seen
 MAX_GRAPH_NODES = 60  # a deeper graph is the undo stack's table, not a picture
+MAX_LANES = 100  # the newest entries a timeline draws: a 10,000-entry stack stays a page, not a poster
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class Timeline:
     bands: list[Band]
     ticks: list[Tick]
     start: datetime  # the axis' zero
+    omitted: int = 0  # older entries not drawn (past MAX_LANES)
 
     @property
     def axis_y(self) -> float:
@@ -111,7 +113,10 @@ def ticks(seconds: float) -> list[Tick]:
 def timeline(entries: Sequence[UndoEntry], events: Sequence[EventRecord], start: datetime) -> Timeline | None:
     """Each entry a lane (newest on top, as the stack is drawn); its calls on one time axis from
     `start` (the saga's creation); the saga's Events as lines (halts stand out); compensation
-    calls of several entries that overlapped as a band. None when no call was recorded."""
+    calls of several entries that overlapped as a band. None when no call was recorded. At most
+    MAX_LANES entries, the newest (`entries` come newest first)."""
+    omitted = max(0, len(entries) - MAX_LANES)
+    entries = entries[:MAX_LANES]
     if not any(e.status.attempts for e in entries):
         return None
     seconds = span(entries, events, start)
@@ -141,7 +146,8 @@ def timeline(entries: Sequence[UndoEntry], events: Sequence[EventRecord], start:
         if e.time is not None
     ]
     height = len(entries) * LANE + AXIS
-    return Timeline(LABELS + PLOT + 20, height, lanes, bars, marks, waves(entries, x), ticks(seconds), start)
+    drawn = waves(entries, x)
+    return Timeline(LABELS + PLOT + 20, height, lanes, bars, marks, drawn, ticks(seconds), start, omitted)
 
 
 def waves(entries: Sequence[UndoEntry], x: Callable[[datetime], float]) -> list[Band]:
