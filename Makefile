@@ -80,10 +80,12 @@ postgres:
 	@ls /usr/lib/postgresql/*/bin/pg_ctl > /dev/null 2>&1 || $(SUDO) apt-get install -y -q postgresql \
 		|| { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q postgresql; }
 
-# buildah builds the Dockerfile; debootstrap makes a base when no registry is reachable.
+# buildah builds the Dockerfile with Debian's runc (tools/image.sh: buildah's crun refuses this
+# machine's cgroups); debootstrap makes a base when no registry is reachable.
 image-deps:
-	@command -v buildah > /dev/null && command -v debootstrap > /dev/null || $(SUDO) apt-get install -y -q buildah debootstrap \
-		|| { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q buildah debootstrap; }
+	@command -v buildah > /dev/null && command -v debootstrap > /dev/null && command -v runc > /dev/null \
+		|| $(SUDO) apt-get install -y -q buildah debootstrap runc \
+		|| { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q buildah debootstrap runc; }
 
 image: venv tools image-deps
 	$(SUDO) PY=$(PY) tools/image.sh

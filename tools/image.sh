@@ -60,7 +60,9 @@ base="${BASE:-$(make_base)}"
 step "image $IMAGE on $base"
 # runc (Debian's, as the node uses), not buildah's default crun: crun refuses a machine whose
 # cgroups are in hybrid mode ("cgroups in hybrid mode not supported"), which runc handles.
-buildah bud --quiet --layers --network none --runtime "$(command -v runc)" --build-arg "BASE=$base" -t "$IMAGE" \
+# Without runc, buildah would fall back to crun and fail there: say what is missing instead.
+runtime=$(command -v runc) || { echo "tools/image.sh: runc is missing (make image-deps installs it)" >&2; exit 1; }
+buildah bud --quiet --layers --network none --runtime "$runtime" --build-arg "BASE=$base" -t "$IMAGE" \
   -f "$ROOT/Dockerfile" "$ROOT" > /dev/null
 rm -f "$OUT/undolog-image.oci.tar"
 buildah push --quiet "$IMAGE" "oci-archive:$OUT/undolog-image.oci.tar:$IMAGE"
