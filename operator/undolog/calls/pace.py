@@ -165,12 +165,16 @@ class Pacing:
             pace.bucket, wait = pace.bucket.take(self.clock())
 
     async def _in_flight_turn(self, pace: ParticipantPace, limits: Limits | None) -> None:
+        """A place among the calls in flight, waited for in the saga's slot: as short as a call,
+        and given back, each freed slot let one more saga in to wait too (bench.scale: 1,000
+        sagas on one participant held 181.5 MiB instead of 112.0)."""
         held, shards = self.share()
         limit = in_flight_share((limits and limits.in_flight) or DEFAULT_IN_FLIGHT, held, shards)
         while pace.in_flight >= limit:
-            await self._until_changed(pace, None)
+            await self._until_changed(pace, None, away=False)
         pace.in_flight += 1
 
-    async def _until_changed(self, pace: ParticipantPace, seconds: float | None) -> None:
+    async def _until_changed(self, pace: ParticipantPace, seconds: float | None, *, away: bool = True) -> None:
+        changed = asyncio.wait_for(pace.changed.wait(), seconds)
         with contextlib.suppress(TimeoutError):
-            await self.away(asyncio.wait_for(pace.changed.wait(), seconds))
+            await (self.away(changed) if away else changed)

@@ -48,9 +48,24 @@ class SagaSlots:
     served, the slots went to a busy namespace's drivers as they woke, one after another, and
     another namespace's saga waited behind all of them."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, away: int | None = None) -> None:
         self.free = total  # while some are free nobody waits
         self._waiting: Turns[asyncio.Future[None]] = Turns()
+        # Sagas that may wait without a slot at once (a retry's backoff, an open breaker, a
+        # participant's rate): as many as the slots unless said. Each is a live driver holding
+        # its saga and entries parsed, so memory stays bounded by twice the slots whatever the
+        # participants do; past it a saga waits in its slot.
+        self.away_free = total if away is None else away
+
+    def step_away(self) -> bool:
+        """Whether one more saga may wait without its slot (then it counts until `step_back`)."""
+        if self.away_free <= 0:
+            return False
+        self.away_free -= 1
+        return True
+
+    def step_back(self) -> None:
+        self.away_free += 1
 
     def locked(self) -> bool:
         return self.free == 0
@@ -112,12 +127,17 @@ class Slot:
         self.give_back()  # not held when cancelled while waiting to take it back
 
     async def away(self, waiting: Awaitable[T]) -> T:
-        """Give the slot up while `waiting`. With several calls of the saga under way, the first
-        to wait gives it up and the first to wake takes it back: never two slots for one saga."""
-        self.give_back()
+        """Give the slot up while `waiting`, while fewer sagas than the bound wait so (else wait
+        in it). With several calls of the saga under way, the first to wait gives it up and the
+        first to wake takes it back: never two slots for one saga."""
+        stepped = self.held and self.slots.step_away()
+        if stepped:
+            self.give_back()
         try:
             return await waiting
         finally:
+            if stepped:
+                self.slots.step_back()
             task = asyncio.current_task()
             if task is None or not task.cancelling():  # a driver stopped takes nothing back
                 await self._take_back()

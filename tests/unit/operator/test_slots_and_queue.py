@@ -26,6 +26,31 @@ async def test_calls_made_together_give_up_and_take_back_one_slot() -> None:
     await asyncio.wait_for(asyncio.gather(slots.acquire(NS), slots.acquire(NS)), 1)  # both free again: none leaked
 
 
+async def test_no_more_sagas_wait_without_a_slot_than_the_bound_the_others_wait_in_theirs() -> None:
+    """Each saga waiting without its slot is a live driver: unbounded, every saga waiting on a
+    participant's outage or rate would be one, and memory would grow with them."""
+    slots = SagaSlots(2, away=1)
+    release = asyncio.Event()
+    held: list[Slot] = []
+
+    async def saga(name: str) -> None:
+        async with Slot(slots, name) as slot:
+            held.append(slot)
+            await without_slot(release.wait())
+
+    sagas = [asyncio.create_task(saga(name)) for name in ("a", "b", "c")]
+    await eventually(lambda: _return(len(held)), lambda n: n == 3, 2, "three sagas started")
+    assert [slot.held for slot in held] == [False, True, True]  # a stepped away; b and c wait in theirs
+    assert (slots.free, slots.away_free) == (0, 0)
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*sagas), 2)
+    assert (slots.free, slots.away_free) == (2, 1)  # all given back
+
+
+async def _return(value: int) -> int:
+    return value
+
+
 async def test_a_free_slot_goes_to_the_namespaces_in_turn_and_none_is_lost_to_a_cancelled_waiter() -> None:
     """Drivers of a busy namespace woken one after another (a change, a timer, a retry pause
     ending) asked the slots before another namespace's driver did: first come first served,
