@@ -19,7 +19,7 @@ from tests.cluster.test_retention import deleted
 from tests.conftest import Cluster
 from tests.support.manifests import call
 from tests.support.operator_process import OperatorProcess
-from tests.support.participants import Participant, Reply
+from tests.support.participants import Participant, Received, Reply
 from undolog.kube import Kube
 
 pytestmark = pytest.mark.cluster
@@ -57,7 +57,18 @@ async def test_history_and_show_read_the_archive_and_another_tenants_history_is_
     )
     operator.start()
     try:
-        participant.script("/refund", Reply(500, {"error": "ledger closed"}), Reply(200, {}))
+        # Each saga's first attempt fails: one scripted 500 went to whichever namespace the
+        # operator reached first, and left the other's history without a failed attempt.
+        first_attempts: set[str] = set()
+
+        def fail_first(request: Received) -> Reply:
+            key = request.headers["idempotency-key"]
+            if key in first_attempts:
+                return Reply(200, {})
+            first_attempts.add(key)
+            return Reply(500, {"error": "ledger closed"})
+
+        participant.handle("/refund", fail_first)
         for ns in (namespace, other_namespace):
             await register(kube, ns, participant, "refund")
             await external_saga(kube, ns, "order-7", [call("refund", amount=30)], orgId="acme")
@@ -92,6 +103,8 @@ async def test_history_and_show_read_the_archive_and_another_tenants_history_is_
     assert "HTTP 500" in shown.stdout  # the failed attempt, kept on the entry
     assert "Failed" in shown.stdout
     assert "card declined" in shown.stdout
+    other = undolog(cluster, "show", "order-7", "-n", other_namespace, archive=postgres.dsn)
+    assert "HTTP 500" in other.stdout, other.stdout
 
     alice = f"alice-{uuid.uuid4().hex[:6]}"
     may_list_sagas_in(cluster, namespace, alice)
