@@ -69,11 +69,12 @@ async def measure(bench: Bench, sagas: int, down: float, limit: int) -> dict[str
         participant.handle("/undo", at_most)
         participant.up()
         back = time.monotonic()
-        while True:
-            counted = await phases(kube, namespace)
-            if counted.get("Compensated", 0) + counted.get("Halted", 0) >= sagas:
-                break
-            await asyncio.sleep(1.0)
+        # Ten times the calls at the participant's limit: an operator that stops ends the run.
+        deadline = back + 10 * 3 * sagas / limit + 60
+        while (counted := await phases(kube, namespace)).get("Compensated", 0) + counted.get("Halted", 0) < sagas:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{deadline - back:.0f} s after the participant's return: {counted} of {sagas}")
+            await asyncio.sleep(1.0)  # a LIST of every saga: seldom, not to load the apiserver measured
         arrivals = [r.at for r in participant.received("/undo")]
         return {
             "sagas": sagas,

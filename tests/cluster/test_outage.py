@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.cluster.test_compensation import abort, entry_states, external_saga
+from tests.conftest import Cluster
 from tests.support.manifests import call, webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import AtMost, Participant, most_in_one_second
@@ -31,13 +33,23 @@ async def webhook_events(kube: Kube, namespace: str) -> list[str]:
 
 
 async def test_a_wave_waits_out_the_outage_and_then_goes_at_the_participants_pace(
-    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+    cluster: Cluster, kube: Kube, namespace: str, participant: Participant, tmp_path: Path
 ) -> None:
     sagas, limit, outage = 40, 15, 6.0
     hook = webhook("refund", url=participant.url("/refund"))
     # At most 13 leave in any second; arrival jitter on a loaded box can bunch them by a call or two.
-    hook["spec"]["limits"] = {"callsPerSecond": limit - 3, "burst": 1}
+    # Fewer slots than sagas and places in flight than slots: every kind of wait meets the others.
+    hook["spec"]["limits"] = {"callsPerSecond": limit - 3, "burst": 1, "inFlight": 2}
     await kube.create("webhooks", namespace, hook)
+    operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path, ("--verbose", "--max-concurrent-sagas=4"))
+    operator.start()
+    try:
+        await wave(kube, namespace, participant, sagas, limit, outage)
+    finally:
+        operator.stop()
+
+
+async def wave(kube: Kube, namespace: str, participant: Participant, sagas: int, limit: int, outage: float) -> None:
     names = [f"w{i:02d}" for i in range(sagas)]
     await asyncio.gather(*(external_saga(kube, namespace, n, [call("refund", n=k) for k in range(3)]) for n in names))
     participant.down()

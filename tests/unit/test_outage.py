@@ -189,10 +189,10 @@ async def test_calls_leave_at_the_participants_pace_and_never_more_in_flight_tha
     assert transport.most_in_flight <= 2
 
 
-async def test_a_call_waiting_for_a_place_in_flight_waits_in_its_saga_s_slot() -> None:
+async def test_a_call_waiting_for_a_place_in_flight_and_its_token_waits_in_its_saga_s_slot() -> None:
     """Given up, each freed slot let one more saga in to wait too: 1,000 sagas on one
-    participant held 181.5 MiB instead of 112.0 (bench.scale). A probe or a token is waited
-    for away from the slot (bounded: test_slots_and_queue), a place in flight not."""
+    participant held 181.5 MiB instead of 112.0 (bench.scale). A probe is waited for away
+    from the slot (bounded: test_slots_and_queue); a place in flight and then a token in it."""
     stepped_away: list[str] = []
 
     async def away(waiting: Awaitable[T]) -> T:
@@ -203,7 +203,7 @@ async def test_a_call_waiting_for_a_place_in_flight_waits_in_its_saga_s_slot() -
         async with pacing.turn(called, None):
             pass
 
-    pacing, called = Pacing(away), target(in_flight=1)
+    pacing, called = Pacing(away), target(in_flight=1, calls_per_second=5, burst=1)
     async with pacing.turn(called, None):
         waiting = asyncio.create_task(second_call(pacing, called))
         await asyncio.sleep(0.05)

@@ -1,7 +1,8 @@
 """Each participant's turn for a call: its circuit breaker, its calls per second and its calls in
 flight (a Webhook's spec.limits), held across every saga of this operator (the decisions are in
-decisions.outage). A call waits here through `away`, which gives its saga's slot up meanwhile:
-sagas waiting for a participant hold no slot and write nothing.
+decisions.outage). A call waits for an open breaker through `away`, which gives its saga's slot
+up meanwhile (a wait as long as an outage); for a place in flight and then a token in the slot
+(as short as a few calls), and writes nothing while it waits.
 
 With several replicas each holds its own breakers, and takes the share of a Webhook's limits
 that the shards it holds are of all shards (`share`).
@@ -161,7 +162,9 @@ class Pacing:
             pace.bucket = pace.bucket.resized(rate, limits.burst)
         pace.bucket, wait = pace.bucket.take(now)
         while wait > 0:
-            await self.away(asyncio.sleep(wait))
+            # In the saga's slot: this call holds a place in flight, and a slot it had to take
+            # back may be held by a saga waiting for that place (bench.wave stopped so).
+            await asyncio.sleep(wait)
             pace.bucket, wait = pace.bucket.take(self.clock())
 
     async def _in_flight_turn(self, pace: ParticipantPace, limits: Limits | None) -> None:

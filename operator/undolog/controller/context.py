@@ -51,10 +51,10 @@ class SagaSlots:
     def __init__(self, total: int, away: int | None = None) -> None:
         self.free = total  # while some are free nobody waits
         self._waiting: Turns[asyncio.Future[None]] = Turns()
-        # Sagas that may wait without a slot at once (a retry's backoff, an open breaker, a
-        # participant's rate): as many as the slots unless said. Each is a live driver holding
-        # its saga and entries parsed, so memory stays bounded by twice the slots whatever the
-        # participants do; past it a saga waits in its slot.
+        # Sagas that may wait without a slot at once (a retry's backoff, an open breaker): as
+        # many as the slots unless said. Each is a live driver holding its saga and entries
+        # parsed, so memory stays bounded by twice the slots whatever the participants do; past
+        # it a saga waits in its slot.
         self.away_free = total if away is None else away
 
     def step_away(self) -> bool:
@@ -152,7 +152,7 @@ _current: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("undolog_
 
 
 async def without_slot(waiting: Awaitable[T]) -> T:
-    """The runner's waits (between attempts, for a participant's turn): the saga's slot is free
-    for others meanwhile."""
+    """The runner's waits (between attempts, for an open breaker's probe): the saga's slot is
+    free for others meanwhile."""
     slot = _current.get()
     return await (waiting if slot is None else slot.away(waiting))
