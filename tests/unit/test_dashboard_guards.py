@@ -68,10 +68,15 @@ async def test_a_form_from_another_origin_is_refused_and_every_answer_forbids_fr
         "/retry-halted", headers={"Host": host, "Origin": "http://elsewhere.example"}, data={"csrf": "x"}
     )
     assert posted.status == 403
-    answer = await client.get("/healthz", headers={"Host": host})
-    assert "frame-ancestors 'none'" in answer.headers["Content-Security-Policy"]
-    assert "script-src 'self'" in answer.headers["Content-Security-Policy"]
-    assert answer.headers["X-Frame-Options"] == "DENY"
+    rebound = await client.get("/sagas", headers={"Host": "evil.example"}, allow_redirects=False)
+    redirected = await client.get("/sagas", headers={"Host": host}, allow_redirects=False)
+    missing = await client.get("/no-such-page", headers={"Host": host}, allow_redirects=False)
+    served = await client.get("/healthz", headers={"Host": host})
+    # Refusals, redirects and errors too: each is a page a browser may render or frame.
+    for answer in (posted, rebound, redirected, missing, served):
+        assert "frame-ancestors 'none'" in answer.headers["Content-Security-Policy"], answer.status
+        assert "script-src 'self'" in answer.headers["Content-Security-Policy"]
+        assert answer.headers["X-Frame-Options"] == "DENY"
 
 
 @pytest.mark.parametrize(

@@ -64,8 +64,12 @@ def guarded(allowed: frozenset[str] | None) -> Middleware:
         origin = request.headers.get("Origin")
         if request.method == "POST" and origin and urlsplit(origin).netloc.lower() != host.lower():
             raise web.HTTPForbidden(text=f"a form from {origin} is not this dashboard's: refused")
-        response = await handler(request)
-        response.headers.update(SECURITY_HEADERS)
-        return response
+        return await handler(request)
 
     return guard
+
+
+async def send_security_headers(_: web.Request, response: web.StreamResponse) -> None:
+    """On every answer as it is sent (`on_response_prepare`): refusals, redirects and error
+    pages are pages a browser renders or frames too, and a middleware never sees those raised."""
+    response.headers.update(SECURITY_HEADERS)

@@ -32,7 +32,7 @@ from undolog.api import Saga, SagaPhase
 from undolog.archive import ArchiveStore, HistoryQuery
 from undolog.conventions import now
 from undolog.dashboard import pictures
-from undolog.dashboard.guards import allowed_hosts, guarded
+from undolog.dashboard.guards import allowed_hosts, guarded, send_security_headers
 from undolog.dashboard.overview import read_overview
 from undolog.dashboard.viewers import TOKEN_COOKIE, ProxyViewers, TokenViewers, Viewers
 from undolog.decisions import compensation_plan, resolutions
@@ -517,6 +517,7 @@ def application(
     prefix every page is served under (behind a proxy that passes the path on as it came); the
     health check stays at /healthz for probes."""
     app = web.Application(middlewares=[guarded(hosts)])
+    app.on_response_prepare.append(send_security_headers)
     app[VIEWERS] = viewers
     app[ARCHIVE] = archive
     app[TEMPLATES] = templates()
