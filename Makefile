@@ -11,7 +11,7 @@ LOCK := $(VENV)/bin/uv pip compile pyproject.toml --python-version 3.11 --python
 PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help venv tools tools-control-plane tools-helm dist browser faketime postgres crds lock lint test unit demo bench chaos traces cluster-up cluster-down cluster-reset clean \
+.PHONY: help venv venv-demo tools tools-control-plane tools-helm dist browser faketime postgres crds lock lint test unit demo bench chaos traces cluster-up cluster-down cluster-reset clean \
 	image image-deps mcp-agent node-deps node-up node-down e2e demo-helm alerts
 
 help:
@@ -38,6 +38,8 @@ help:
 
 venv: $(VENV)/.installed
 
+venv-demo: $(VENV)/.installed-demo
+
 # Exact, hash-checked versions from the lock; the project itself in development mode.
 $(VENV)/.installed: pyproject.toml requirements/dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -46,9 +48,18 @@ $(VENV)/.installed: pyproject.toml requirements/dev.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
+# The demo and the local control plane need the product and devtools' two libraries, not the
+# test and lint tools; a venv with the development lock has them all already.
+$(VENV)/.installed-demo: pyproject.toml requirements/demo.txt
+	if [ $(VENV)/.installed -nt pyproject.toml ] && [ $(VENV)/.installed -nt requirements/demo.txt ]; then touch $@; else \
+	  $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && \
+	  $(PY) -m pip install -q --require-hashes -r requirements/demo.txt && \
+	  $(PY) -m pip install -q --no-deps -e . && touch $@; fi
+
 lock: venv
 	$(LOCK) --extra operator --extra cli --extra dashboard --extra gateway -o requirements/operator.txt
 	$(LOCK) --extra dev -o requirements/dev.txt
+	$(LOCK) --extra demo -c requirements/dev.txt -o requirements/demo.txt
 	$(LOCK) --extra dev --extra bench -o requirements/bench.txt
 
 tools:
@@ -149,18 +160,18 @@ test: venv tools-control-plane tools-helm browser faketime postgres mcp-agent li
 unit: venv
 	$(VENV)/bin/pytest tests/unit -q
 
-cluster-up: venv tools-control-plane
+cluster-up: venv-demo tools-control-plane
 	$(PY) -m devtools.cluster up
 
-cluster-down: venv
+cluster-down: venv-demo
 	$(PY) -m devtools.cluster down
 
-cluster-reset: venv
+cluster-reset: venv-demo
 	$(PY) -m devtools.cluster reset
 
 clean: cluster-reset
 
-demo: venv tools-control-plane
+demo: venv-demo tools-control-plane
 	$(PY) -m examples.onboarding.demo
 
 # bench's Go clients (no dependencies), so the client is not the bottleneck: the raw API ceiling,
