@@ -11,7 +11,7 @@ LOCK := $(VENV)/bin/uv pip compile pyproject.toml --python-version 3.11 --python
 PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help venv venv-demo tools tools-control-plane tools-helm dist browser faketime postgres crds lock lint test unit demo bench chaos traces cluster-up cluster-down cluster-reset clean \
+.PHONY: help venv venv-demo screenshots tools tools-control-plane tools-helm dist browser faketime postgres crds lock lint test unit demo bench chaos traces cluster-up cluster-down cluster-reset clean \
 	image image-deps mcp-agent node-deps node-up node-down e2e demo-helm alerts
 
 help:
@@ -19,6 +19,7 @@ help:
 	@echo "make test          lint, type-check, check the layering, and run every test against a real apiserver"
 	@echo "make unit          the unit tests alone (no control plane, about a minute)"
 	@echo "make browser       install Debian's chromium for the dashboard tests"
+	@echo "make screenshots   the browser suite, its screenshots written over docs/ (make test keeps them in build/)"
 	@echo "make tools         build the control plane, a node (kubelet, containerd, ...), kubectl and helm into bin/"
 	@echo "                   (each target builds only the groups it needs: tools/build.sh control-plane|helm|node)"
 	@echo "make image         the operator image from the Dockerfile, without Docker: build/undolog-image.oci.tar"
@@ -155,6 +156,10 @@ lint: venv tools-helm
 
 test: venv tools-control-plane tools-helm browser faketime postgres mcp-agent lint
 	$(VENV)/bin/pytest -m "not fault" --durations=15
+
+# The browser suite, its screenshots written over docs/ (make test leaves them in build/screenshots/).
+screenshots: venv tools-control-plane browser postgres
+	UNDOLOG_SCREENSHOTS=$(CURDIR)/docs $(VENV)/bin/pytest tests/browser -q
 
 # The pure decisions and the operator layer through its seams: no control plane, no tools.
 unit: venv

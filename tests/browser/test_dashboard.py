@@ -1,11 +1,13 @@
 """The triage dashboard in a real browser (Debian's chromium, driven by Playwright), against the
 real apiserver and the real operator: a halted saga appears live, a retry from the page
 compensates it and records who asked, a viewer without `patch` sees the API's refusal, the
-filters live in the URL, a batch retry after a fix. Screenshots go to docs/."""
+filters live in the URL, a batch retry after a fix. Screenshots go to build/screenshots/, or to
+docs/ with `make screenshots`."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import threading
 import time
@@ -33,7 +35,9 @@ from tests.support.waiting import eventually, saga_phase
 from undolog.kube import Kube
 
 pytestmark = pytest.mark.cluster
-DOCS = REPO / "docs"
+# Where screenshots go: build/ by default, so a test run leaves the tree as it was; `make
+# screenshots` points this at docs/ when the pictures there should change.
+SCREENSHOTS = Path(os.environ.get("UNDOLOG_SCREENSHOTS", REPO / "build" / "screenshots"))
 
 
 async def test_a_halted_saga_appears_live_and_a_retry_from_the_page_compensates_it(
@@ -56,7 +60,7 @@ async def test_a_halted_saga_appears_live_and_a_retry_from_the_page_compensates_
     print(f"\nhalted saga shown {shown_after * 1000:.0f} ms after it halted")
     assert shown_after < 2.0
     await expect(halted_row).to_contain_text("CompensationFailed")
-    await page.screenshot(path=str(DOCS / "dashboard-list.png"), full_page=True)
+    await page.screenshot(path=str(SCREENSHOTS / "dashboard-list.png"), full_page=True)
 
     await page.get_by_role("link", name="stuck").click()
     stack = page.get_by_role("region", name="Undo stack (newest on top)")
@@ -65,7 +69,7 @@ async def test_a_halted_saga_appears_live_and_a_retry_from_the_page_compensates_
     order = page.get_by_role("region", name="Compensation order (what runs together)")
     await expect(order.get_by_role("listitem")).to_have_text(["#2 step2", "#1 step1"])
     await expect(page.get_by_role("link", name="revoke").first).to_be_visible()  # the Webhook, one click away
-    await page.screenshot(path=str(DOCS / "dashboard-saga.png"), full_page=True)
+    await page.screenshot(path=str(SCREENSHOTS / "dashboard-saga.png"), full_page=True)
 
     await page.get_by_label("Reason for the retry").fill("grant restored, INC-42")
     await page.get_by_role("button", name="Retry").click()
@@ -478,6 +482,6 @@ async def test_the_history_view_finds_a_saga_retention_deleted_and_shows_its_arc
         stack = page.get_by_role("region", name="Undo stack (newest on top)")
         await expect(stack).to_contain_text("HTTP 503")  # the retried attempt, kept on the entry
         await expect(page.get_by_role("button", name="Retry")).to_have_count(0)  # read-only
-        await page.screenshot(path=str(DOCS / "dashboard-history.png"), full_page=True)
+        await page.screenshot(path=str(SCREENSHOTS / "dashboard-history.png"), full_page=True)
     finally:
         served.stop()

@@ -1,7 +1,7 @@
 """The dashboard's pictures in a real browser (Debian's chromium), on a saga the real operator ran:
 its calls on a time axis (forward calls, a failed step, compensations that ran together, a
 retry, the halt), its dependency graph, and the overview of the installation. What the pictures
-show is read back from the page; screenshots go to docs/."""
+show is read back from the page; screenshots go where the dashboard's do."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from playwright.async_api import Page, expect
 
 from tests.browser.conftest import Dashboard
-from tests.browser.test_dashboard import DOCS
+from tests.browser.test_dashboard import SCREENSHOTS
 from tests.cluster.test_compensation import register
 from tests.support.manifests import call, saga
 from tests.support.operator_process import OperatorProcess
@@ -74,7 +74,7 @@ async def test_a_saga_s_calls_are_drawn_in_time_and_its_dependencies_as_a_graph(
     await expect(as_text.get_by_role("listitem")).to_have_text(
         ["#1 a depends on no step", "#2 b depends on #1 a", "#3 c depends on #1 a", "#4 d depends on #2 b, #3 c"]
     )
-    await page.screenshot(path=str(DOCS / "dashboard-timeline.png"), full_page=True)
+    await page.screenshot(path=str(SCREENSHOTS / "dashboard-timeline.png"), full_page=True)
 
 
 async def test_the_overview_shows_the_sagas_by_phase_what_halted_on_what_and_the_hours_compensations(
@@ -98,4 +98,4 @@ async def test_the_overview_shows_the_sagas_by_phase_what_halted_on_what_and_the
     await page.get_by_role("link", name="a-undo").click()  # the Webhook, one click away
     await expect(page.get_by_role("heading", name="a-undo")).to_be_visible()
     await page.goto(f"{dashboard.url}/overview?namespace={namespace}")
-    await page.screenshot(path=str(DOCS / "dashboard-overview.png"), full_page=True)
+    await page.screenshot(path=str(SCREENSHOTS / "dashboard-overview.png"), full_page=True)
