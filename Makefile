@@ -41,21 +41,19 @@ venv: $(VENV)/.installed
 
 venv-demo: $(VENV)/.installed-demo
 
-# Exact, hash-checked versions from the lock; the project itself in development mode.
+# The venv with one lock's exact, hash-checked versions; the project itself in development mode.
+install_lock = $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && \
+	$(PY) -m pip install -q --require-hashes -r $(1) && $(PY) -m pip install -q --no-deps -e .
+
 $(VENV)/.installed: pyproject.toml requirements/dev.txt
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --require-hashes -r requirements/dev.txt
-	$(PY) -m pip install -q --no-deps -e .
+	$(call install_lock,requirements/dev.txt)
 	touch $@
 
 # The demo and the local control plane need the product and devtools' two libraries, not the
 # test and lint tools; a venv with the development lock has them all already.
 $(VENV)/.installed-demo: pyproject.toml requirements/demo.txt
-	if [ $(VENV)/.installed -nt pyproject.toml ] && [ $(VENV)/.installed -nt requirements/demo.txt ]; then touch $@; else \
-	  $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && \
-	  $(PY) -m pip install -q --require-hashes -r requirements/demo.txt && \
-	  $(PY) -m pip install -q --no-deps -e . && touch $@; fi
+	if [ $(VENV)/.installed -nt pyproject.toml ] && [ $(VENV)/.installed -nt requirements/demo.txt ]; \
+	  then touch $@; else $(call install_lock,requirements/demo.txt) && touch $@; fi
 
 lock: venv
 	$(LOCK) --extra operator --extra cli --extra dashboard --extra gateway -o requirements/operator.txt
