@@ -4,9 +4,11 @@ server refuses to run as root: as root, the package's `postgres` user runs it)."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -102,7 +104,44 @@ class LocalPostgres:
         """Stop it at once (`-m immediate`: as a crash or a network cut would, its clients cut off)."""
         self._run(str(server_binaries() / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop", check=False)
 
+    def kill(self) -> None:
+        """SIGKILL the postmaster and every backend (a crash of the host, not a shutdown): no
+        client is told, connections simply break; `start()` brings it back on the same data."""
+        pid_file = self.data / "postmaster.pid"
+        if not pid_file.exists():
+            return
+        postmaster = int(pid_file.read_text().split()[0])
+        children = [
+            int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat") if _parent_of(stat) == postmaster
+        ]
+        for pid in (postmaster, *children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + START_TIMEOUT
+        while any(_alive(pid) for pid in (postmaster, *children)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"PostgreSQL's processes outlived SIGKILL for {START_TIMEOUT:.0f} s")
+            time.sleep(0.05)
+
     def down(self) -> None:
         self._run(str(server_binaries() / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop", check=False)
         if os.geteuid() == 0:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _parent_of(stat: Path) -> int | None:
+    """The parent PID in a /proc/<pid>/stat (None once the process is gone)."""
+    try:
+        text = stat.read_text()
+    except OSError:
+        return None
+    return int(text.rsplit(")", 1)[1].split()[1])
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, waiting for whoever adopted it to reap it, holds nothing)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text.rsplit(")", 1)[1].split()[0] != "Z"

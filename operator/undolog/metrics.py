@@ -67,6 +67,18 @@ archive_backlog = Gauge(
 archive_backlog_seconds = Gauge(
     "undolog_archive_backlog_seconds", "How long the oldest finished saga waiting to be archived has waited (0: none)."
 )
+archive_refused = Counter(
+    "undolog_archive_refused_sagas_total",
+    "Rows of finished sagas the archive refused to write: their entries were not all there (each logged by name).",
+)
+archive_incomplete = Gauge(
+    "undolog_archive_incomplete_sagas",
+    "Finished sagas kept in etcd, not archived: their entries cannot be proven complete (each logged by name).",
+)
+archive_partial_rows = Gauge(
+    "undolog_archive_partial_rows",
+    "Archived rows found missing entries whose saga is gone from etcd (each logged by name; undolog archive check).",
+)
 archive_events_dropped = Counter(
     "undolog_archive_events_dropped_total",
     "Events not kept for the archive: more than 100,000 waited while PostgreSQL could not be reached.",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -24,12 +25,33 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from undolog import errors
 from undolog.archive.record import ArchivedEvent, ArchivedSaga, HistoryQuery
+from undolog.decisions import archive
 
+RECONNECT_SECONDS = 1.0  # one attempt to connect gives up after this (then the next request tries anew)
 MIGRATION_LOCK = 0x756E646F6C6F67  # "undolog": one runner at a time across replicas
 SAGA_COLUMNS = (
     "uid, namespace, name, phase, reason, message, failure, org, functions, failed_step, created_at, started_at, "
     "finished_at, labels, revision, entries_revision"
 )
+
+
+# What a row's wholeness is judged on when it is not known whole: its saga's status and
+# its entries' stack positions (not the entries themselves, which may be megabytes).
+UNCHECKED_PARTS = (
+    "CASE WHEN whole IS NOT TRUE THEN saga->'status' END, "
+    "CASE WHEN whole IS NOT TRUE THEN (SELECT coalesce(jsonb_agg(jsonb_build_object('spec', "
+    "jsonb_build_object('stackPosition', e->'spec'->'stackPosition'))), '[]'::jsonb) "
+    "FROM jsonb_array_elements(entries) e) ELSE '[]'::jsonb END"
+)
+
+
+@dataclass(frozen=True)
+class RowToCheck:
+    uid: str
+    namespace: str
+    name: str
+    whole: bool | None  # as recorded: None until checked, False once found partial
+    missing: str | None  # why it is not whole; None: it is
 
 
 class ArchiveUnavailable(errors.UndoLogError):
@@ -57,7 +79,11 @@ def migrations() -> list[tuple[int, str, str]]:
 
 
 class ArchiveStore:
-    def __init__(self, dsn: str, *, max_connections: int = 4, timeout: float = 5.0) -> None:
+    def __init__(self, dsn: str, *, max_connections: int = 4, timeout: float = 2.0) -> None:
+        # The pool's own reconnection backs off without bound (1, 2, 4 ... s: after a minute's
+        # outage its next try came up to 30 s after PostgreSQL was back). So each attempt to
+        # connect gives up within a second, and the next request (the archive's retry clock,
+        # at most a second apart) starts another: the server is noticed within a second or two.
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             dsn,
             min_size=1,
@@ -65,7 +91,7 @@ class ArchiveStore:
             timeout=timeout,
             open=False,
             check=AsyncConnectionPool.check_connection,  # a connection PostgreSQL dropped is replaced
-            reconnect_timeout=float("inf"),  # keep trying for as long as PostgreSQL is away
+            reconnect_timeout=RECONNECT_SECONDS,
             name="undolog-archive",
         )
         self.timeout = timeout
@@ -109,23 +135,60 @@ class ArchiveStore:
             return current
 
     async def revisions(self, uids: Sequence[str]) -> dict[str, tuple[int, int]]:
-        """(revision, entries revision) archived, by saga UID, of those archived."""
+        """(revision, entries revision) archived, by saga UID, of those archived whole: a row
+        an earlier release wrote without some of its entries is not counted (it is written
+        again, whole, before its saga may go)."""
         if not uids:
             return {}
         async with self.connection() as connection:
             cursor = await connection.execute(
-                "SELECT uid::text, revision, entries_revision FROM undolog_sagas WHERE uid = ANY(%s::uuid[])",
+                f"SELECT uid::text, revision, entries_revision, whole, {UNCHECKED_PARTS} FROM undolog_sagas "
+                "WHERE uid = ANY(%s::uuid[])",
                 (list(uids),),
             )
-            return {uid: (revision, entries) for uid, revision, entries in await cursor.fetchall()}
+            found = await cursor.fetchall()
+        return {
+            uid: (revision, entries)
+            for uid, revision, entries, whole, status, positions in found
+            if whole or (whole is None and archive.missing_in({"status": status}, positions) is None)
+        }
 
-    async def write(self, sagas: Sequence[ArchivedSaga], events: Sequence[ArchivedEvent]) -> None:
-        """Sagas (each whole: its entries, conditions, attempts) and events, in one transaction."""
+    async def unchecked(self, after: str | None, limit: int = 500) -> list[RowToCheck]:
+        """Rows not known whole (an earlier release's, or found partial), by UID after `after`."""
+        async with self.connection() as connection:
+            cursor = await connection.execute(
+                f"SELECT uid::text, namespace, name, whole, {UNCHECKED_PARTS} FROM undolog_sagas "
+                "WHERE whole IS NOT TRUE AND uid > %s::uuid ORDER BY uid LIMIT %s",
+                (after or "00000000-0000-0000-0000-000000000000", limit),
+            )
+            return [
+                RowToCheck(uid, namespace, name, whole, archive.missing_in({"status": status}, positions))
+                for uid, namespace, name, whole, status, positions in await cursor.fetchall()
+            ]
+
+    async def mark(self, uids: Sequence[str], whole: bool) -> None:
+        """Record what a check found of rows an earlier release wrote."""
+        if not uids:
+            return
+        async with self.connection() as connection:
+            await connection.execute(
+                "UPDATE undolog_sagas SET whole = %s WHERE uid = ANY(%s::uuid[])", (whole, list(uids))
+            )
+
+    async def write(
+        self, sagas: Sequence[ArchivedSaga], events: Sequence[ArchivedEvent]
+    ) -> list[tuple[ArchivedSaga, str]]:
+        """Sagas (each whole: its entries, conditions, attempts) and events, in one transaction.
+        A saga whose entries are not all there (decisions/archive.py) is refused, whatever
+        path brought it: returned with why, and not written."""
+        refused = [(s, why) for s in sagas if (why := archive.missing_in(s.saga, s.entries)) is not None]
+        whole = [s for s in sagas if all(s is not r for r, _ in refused)]
         async with self.connection() as connection, connection.cursor() as cursor:
             if events:
                 await cursor.executemany(INSERT_EVENT, [_event_row(e) for e in events])
-            if sagas:
-                await cursor.executemany(UPSERT_SAGA, [_saga_row(s) for s in sagas])
+            if whole:
+                await cursor.executemany(UPSERT_SAGA, [_saga_row(s) for s in whole])
+        return refused
 
     async def add_events(self, events: Sequence[ArchivedEvent]) -> None:
         await self.write([], events)
@@ -193,11 +256,13 @@ INSERT_EVENT = (
     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
 )
 _UPDATED = ", ".join(f"{column} = EXCLUDED.{column}" for column in (*SAGA_COLUMNS.split(", ")[1:], "saga", "entries"))
+# A newer revision replaces a row, and so does any whole one a row not known whole.
 UPSERT_SAGA = (
-    f"INSERT INTO undolog_sagas ({SAGA_COLUMNS}, saga, entries) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s::jsonb, %s::jsonb) "
-    f"ON CONFLICT (uid) DO UPDATE SET {_UPDATED}, archived_at = now() "
-    "WHERE (undolog_sagas.revision, undolog_sagas.entries_revision) < (EXCLUDED.revision, EXCLUDED.entries_revision)"
+    f"INSERT INTO undolog_sagas ({SAGA_COLUMNS}, saga, entries, whole) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s::jsonb, %s::jsonb, true) "
+    f"ON CONFLICT (uid) DO UPDATE SET {_UPDATED}, whole = true, archived_at = now() "
+    "WHERE (undolog_sagas.revision, undolog_sagas.entries_revision) < (EXCLUDED.revision, EXCLUDED.entries_revision) "
+    "OR undolog_sagas.whole IS NOT TRUE"
 )
 
 

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from undolog.cli import triage
+from undolog.cli.archive import archive
 from undolog.cli.connection import NamespacedCommand, UserCommand
 from undolog.cli.dashboard import dashboard
 from undolog.cli.history import history
@@ -53,6 +54,7 @@ for command in (triage.show, triage.plan, triage.retry, triage.skip, triage.abor
     app.command(cls=NamespacedCommand, epilog=triage.EXIT_CODES)(command)
 app.command(cls=UserCommand, epilog=triage.EXIT_CODES)(verify)
 app.command("version")(version_command)
+app.add_typer(archive)
 
 
 def main() -> None:

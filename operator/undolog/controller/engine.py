@@ -26,6 +26,7 @@ from undolog.controller.entry_watch import EntryEvent, EntryWatch
 from undolog.controller.forward import Forwarder
 from undolog.controller.gauges import SagaGauges
 from undolog.controller.retention import Retention
+from undolog.controller.seen_sagas import SeenSagas
 from undolog.controller.shard_labels import ShardLabels, filed_in
 from undolog.controller.storage_migration import StorageMigration
 from undolog.controller.timeline import Timeline
@@ -38,15 +39,6 @@ from undolog.kube.watch import OrderedWatch, Progress, as_body
 from undolog.ledger import Ledger, Unreadable, UnreadableSaga, parse_saga
 
 log = logging.getLogger("undolog.engine")
-
-
-@dataclass(slots=True)
-class Seen:
-    """What the engine remembers of a saga between events (small: kept for every saga)."""
-
-    phase: SagaPhase | None
-    top_position: int | None
-    halted_on: str | None = None
 
 
 @dataclass
@@ -62,8 +54,8 @@ class Engine:
     slots: SagaSlots = field(default_factory=lambda: SagaSlots(200))  # shared by the shards
     labels: ShardLabels | None = None  # puts a wrong bucket label right (several shards)
     drivers: dict[SagaKey, SagaDriver] = field(default_factory=dict)
-    sagas: dict[SagaKey, Seen] = field(default_factory=dict)
     gauges: SagaGauges = field(default_factory=SagaGauges)
+    sagas: SeenSagas = field(init=False)
     leading: bool = False  # True once `lead` has indexed the entries (and holds the Lease)
     taking_charge: bool = False  # while `lead` hands over what it listed
     watches: list[asyncio.Task[None]] = field(default_factory=list)
@@ -77,6 +69,7 @@ class Engine:
     context: DriverContext = field(init=False)
 
     def __post_init__(self) -> None:
+        self.sagas = SeenSagas(self.gauges)
         self.queued = DriverQueue(self.slots, self._run, lambda driver: self.drivers.get(driver.key) is driver)
         self.context = DriverContext(
             ledger=self.ledger,
@@ -217,6 +210,8 @@ class Engine:
 
     def saga_seen(self, saga: Saga) -> None:
         key = saga.key
+        if self.sagas.late(saga):  # as news, it started a driver holding no entries for a saga let go
+            return
         self.phase_seen(saga)
         self.sagas[key].top_position = saga.status.top_position
         if self.retention is not None:
@@ -278,20 +273,12 @@ class Engine:
 
     def phase_seen(self, saga: Saga) -> None:
         """The saga as last written or seen: its phase (and what it is halted on) in the gauges."""
-        key, phase = saga.key, saga.status.phase
-        halted_on = (
-            resolutions.halted_on(saga, list(self.index.of(key).values())) if phase == SagaPhase.HALTED else None
-        )
-        seen = self.sagas.setdefault(key, Seen(None, None))
-        if (seen.phase, seen.halted_on) != (phase, halted_on):
-            if self.leading:
-                self.gauges.moved(key[0], (seen.phase, seen.halted_on), (phase, halted_on))
-            seen.phase, seen.halted_on = phase, halted_on
+        halted = saga.status.phase == SagaPhase.HALTED
+        halted_on = resolutions.halted_on(saga, list(self.index.of(saga.key).values())) if halted else None
+        self.sagas.moved(saga, halted_on, self.leading)
 
     def _forget(self, key: SagaKey) -> None:
-        seen = self.sagas.pop(key, None)
-        if seen is not None and self.leading:
-            self.gauges.moved(key[0], (seen.phase, seen.halted_on), (None, None))
+        self.sagas.drop(key, self.leading)
 
     # -- drivers ----------------------------------------------------------------------------------
 
@@ -322,6 +309,8 @@ class Engine:
         finally:
             if self.drivers.get(key) is driver:
                 del self.drivers[key]
+                if key in self.sagas:
+                    self.sagas[key].saw(driver.copy.revision)
                 came_back = driver.latest
                 if driver.quit_gone and not driver.gone and came_back is not None:  # seen again as it quit
                     self.saga_seen(came_back)

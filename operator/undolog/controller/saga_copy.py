@@ -30,6 +30,13 @@ class SagaCopy:
             self._parsed, self._shrunk = None, (saga.metadata.revision, saga.model_dump_json(by_alias=True))
 
     @property
+    def revision(self) -> int | None:
+        """The held copy's revision (None: none held, or not a number)."""
+        if self._shrunk is not None:
+            return self._shrunk[0]
+        return None if self._parsed is None else self._parsed.metadata.revision
+
+    @property
     def seen(self) -> bool:
         return self._parsed is not None or self._shrunk is not None
 
