@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 from devtools.control_plane import LocalControlPlane
+from devtools.crds import CRDS
 from prometheus_client.parser import text_string_to_metric_families
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Received
@@ -180,7 +181,7 @@ def install_crds(kubeconfig: Path) -> None:
     kubectl = [str(BIN / "kubectl"), f"--kubeconfig={kubeconfig}"]
     crds = str(ROOT / "crds")
     subprocess.run([*kubectl, "apply", "--server-side", "-f", crds], check=True, capture_output=True)
-    subprocess.run([*kubectl, "wait", "--for=condition=Established", "-f", crds], check=True, capture_output=True)
+    subprocess.run([*kubectl, "wait", "--for=condition=Established", *CRDS], check=True, capture_output=True)
 
 
 @asynccontextmanager

@@ -34,6 +34,7 @@ from undolog.api import (
     WebhookStatus,
 )
 from undolog.api.saga import ROOT_RULES as SAGA_ROOT_RULES
+from undolog.api.undo_entry import OWNER_MESSAGE, OWNER_POLICY, OWNER_POLICY_OPT_OUT, OWNER_RULE
 from undolog.api.undo_entry import ROOT_RULES as ENTRY_ROOT_RULES
 
 JsonSchema = dict[str, Any]
@@ -238,6 +239,64 @@ def definitions() -> dict[str, JsonSchema]:
 
 HEADER = "# Generated from operator/undolog/api by `make crds`; do not edit.\n"
 CHART_TEMPLATE = Path("charts/undolog/templates/crds.yaml")
+POLICY_FILE = "undoentry-owner-policy.yaml"
+# What `kubectl wait --for=condition=Established` waits on once crds/ is applied (the policy has no such condition).
+CRDS = tuple(f"crd/{plural}.{GROUP}" for plural in ("sagas", "undoentries", "webhooks"))
+POLICY_TEMPLATE = Path("charts/undolog/templates/admission-policy.yaml")
+
+
+def owner_policy() -> list[JsonSchema]:
+    """The ValidatingAdmissionPolicy that refuses an UndoEntry its saga does not own, and its
+    binding (every namespace but those labelled `undolog.io/entry-owner-policy: off`)."""
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": OWNER_POLICY},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": [GROUP],
+                        "apiVersions": ["*"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["undoentries"],
+                    }
+                ]
+            },
+            "validations": [{"expression": OWNER_RULE, "messageExpression": OWNER_MESSAGE, "reason": "Invalid"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": OWNER_POLICY},
+        "spec": {
+            "policyName": OWNER_POLICY,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {
+                    "matchExpressions": [{"key": OWNER_POLICY_OPT_OUT, "operator": "NotIn", "values": ["off"]}]
+                }
+            },
+        },
+    }
+    return [policy, binding]
+
+
+def render_policy() -> str:
+    return HEADER + "---\n".join(yaml.safe_dump(d, sort_keys=False, width=120) for d in owner_policy())
+
+
+def render_policy_template() -> str:
+    """The policy as a Helm template (admissionPolicy.enabled)."""
+    documents = []
+    for definition in owner_policy():
+        text = yaml.safe_dump(definition, sort_keys=False, width=120)
+        metadata = f"metadata:\n  name: {OWNER_POLICY}\n"
+        labelled = metadata + '  labels: {{- include "undolog.labels" . | nindent 4 }}\n'
+        documents.append(text.replace(metadata, labelled, 1))
+    return "{{- if .Values.admissionPolicy.enabled }}\n" + HEADER + "---\n".join(documents) + "{{- end }}\n"
 
 
 def render(definition: JsonSchema) -> str:
@@ -271,7 +330,9 @@ def write(directory: Path, chart_template: Path = CHART_TEMPLATE) -> list[Path]:
         path.write_text(render(definition))
         written.append(path)
     chart_template.write_text(render_chart_template())
-    return [*written, chart_template]
+    (directory / POLICY_FILE).write_text(render_policy())
+    POLICY_TEMPLATE.write_text(render_policy_template())
+    return [*written, directory / POLICY_FILE, chart_template, POLICY_TEMPLATE]
 
 
 if __name__ == "__main__":

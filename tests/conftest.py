@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from devtools.control_plane import LocalControlPlane
+from devtools.crds import CRDS
 from devtools.postgres import LocalPostgres
 
 from tests.support.operator_process import OperatorProcess
@@ -74,7 +75,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def install_crds(target: Cluster) -> None:
     target.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    target.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "crds"))
+    target.kubectl("wait", "--for=condition=Established", "--timeout=60s", *CRDS)
 
 
 @pytest_asyncio.fixture(scope="session")

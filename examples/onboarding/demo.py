@@ -25,6 +25,7 @@ from typing import Any
 
 from devtools.control_plane import LocalControlPlane
 from devtools.control_plane.local import free_ports
+from devtools.crds import CRDS
 
 from examples.onboarding.agent import onboard
 from undolog.kube import Kube
@@ -188,7 +189,7 @@ def main() -> None:
         print(f"local control plane {verb} at {endpoints.server}")
         os.environ["KUBECONFIG"] = str(endpoints.kubeconfig)
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(ROOT / "crds"))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", *CRDS)
     namespace = f"undolog-demo-{secrets.token_hex(2)}"
     kubectl("create", "namespace", namespace)
     print(f"CRDs installed; namespace {namespace}")

@@ -18,11 +18,14 @@ import yaml
 from devtools.control_plane.local import free_port
 
 from tests.cluster.test_cli import halted_saga
+from tests.cluster.test_compensation import abort, register
 from tests.cluster.test_packaging import rendered
-from tests.conftest import BIN
+from tests.conftest import BIN, Cluster
+from tests.support.manifests import call, saga, undo_entry
 from tests.support.operator_process import OperatorProcess
+from tests.support.owner_policy import owner_policy_off
 from tests.support.participants import Participant
-from tests.support.waiting import eventually, serving
+from tests.support.waiting import eventually, saga_phase, serving
 from undolog.kube import Kube
 
 pytestmark = pytest.mark.cluster
@@ -145,3 +148,31 @@ async def test_a_halted_saga_s_alert_names_its_namespace_through_the_service_mon
     assert f"1 saga(s) halted in {namespace}, waiting on revoke" in summaries
     assert all(a["annotations"]["runbook_url"].endswith("/docs/runbook.md#undologsagahalted") for a in halted)
     assert f"1 saga(s) halted in {OPERATOR_NAMESPACE}, waiting on revoke" in summaries  # the renamed scrape's
+
+
+async def test_a_saga_halted_on_an_entry_it_does_not_own_fires_undo_log_saga_halted(
+    cluster: Cluster, kube: Kube, namespace: str, participant: Participant, prometheus: str
+) -> None:
+    """An abort that could not undo an entry its saga does not own is a halt a person is paged
+    for, never a green Compensated."""
+    await owner_policy_off(cluster, kube, namespace)
+    await register(kube, namespace, participant, "undo")
+    created = await kube.create("sagas", namespace, saga("agent"))
+    await kube.create("undoentries", namespace, undo_entry("agent", 1, compensation=call("undo")))
+    await abort(kube, namespace, "agent")
+    halted = await saga_phase(kube, namespace, "agent", "Halted")
+    assert (halted["status"]["reason"], created["metadata"]["uid"] in halted["status"]["message"]) == (
+        "UnownedEntries",
+        True,
+    )
+    firing = await eventually(
+        lambda: alerts(prometheus),
+        lambda found: any(
+            a["labels"]["alertname"] == "UndoLogSagaHalted" and a["labels"]["namespace"] == namespace for a in found
+        ),
+        30,
+        "UndoLogSagaHalted firing for the saga's namespace",
+    )
+    summaries = {a["annotations"]["summary"] for a in firing if a["labels"]["alertname"] == "UndoLogSagaHalted"}
+    print(f"\nfiring: {summaries}")
+    assert any(s.startswith(f"1 saga(s) halted in {namespace}") for s in summaries)

@@ -210,6 +210,7 @@ def partial_rows(postgres: LocalPostgres, uids: dict[str, str], entries: int) ->
     return [f"{name}: {held.get(name, 'no row')}" for name in uids if held.get(name) != entries]
 
 
+@pytest.mark.fault  # PostgreSQL away 40 s: in make chaos and CI, not in make test
 async def test_sagas_finishing_while_postgres_is_killed_are_archived_whole_with_every_entry(
     cluster: Cluster, kube: Kube, namespace: str, participant: Participant, tmp_path: Path, postgres: LocalPostgres
 ) -> None:

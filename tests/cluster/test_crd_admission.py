@@ -11,10 +11,20 @@ import pytest
 
 from tests.conftest import Cluster
 from tests.support.manifests import API, call, saga, step, undo_entry, webhook
+from tests.support.owner_policy import owner_policy_off
 from undolog.errors import KubeError
 from undolog.kube import Kube, Plural
 
 pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+async def namespace(namespace: str, cluster: Cluster, kube: Kube) -> str:
+    """These entries are written without an owner: the CRD's own rules are under test here, not
+    the admission policy (tests/cluster/test_entry_owner_policy.py)."""
+    await owner_policy_off(cluster, kube, namespace)
+    return namespace
+
 
 ORDERED = [step("reserve_stock"), step("authorize"), step("capture", "Pivot"), step("confirm", "Retriable")]
 

@@ -20,6 +20,7 @@ from tests.cluster.test_compensation import abort, external_saga, register
 from tests.conftest import Cluster, OwnCluster, own_control_plane
 from tests.support.manifests import call, saga, step, undo_entry, webhook
 from tests.support.operator_process import OperatorProcess
+from tests.support.owner_policy import owner_policy_off
 from tests.support.participants import Participant, Received, Reply
 from tests.support.waiting import eventually, saga_phase
 from undolog.errors import KubeError
@@ -180,8 +181,9 @@ async def test_a_saga_name_too_long_for_its_entries_is_refused_and_200_runs(
 
 
 async def test_an_entry_naming_no_saga_is_reported_on_the_entry(
-    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+    cluster: Cluster, kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
 ) -> None:
+    await owner_policy_off(cluster, kube, namespace)  # as a cluster without the policy holds it
     await kube.create("undoentries", namespace, undo_entry("nobody", 1, compensation=call("undo")))
     entry = await eventually(
         lambda: kube.get("undoentries", namespace, "nobody-1"),
@@ -197,11 +199,13 @@ async def test_an_entry_naming_no_saga_is_reported_on_the_entry(
 
 
 async def test_entries_a_saga_does_not_own_are_never_its_steps_and_each_says_why(
-    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+    cluster: Cluster, kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
 ) -> None:
     """Two entries that name saga "real" without being its own: one owned by another saga, one
     written before "real" existed (SagaNotFound, correctly). Owned by uid alone, "real" calls only
-    its own steps, and each of the others says why, on itself, in an Event, and on "real"."""
+    its own steps, and each of the others says why, on itself, in an Event, and on "real", which
+    halts (UnownedEntries) rather than read Compensated with their effects left."""
+    await owner_policy_off(cluster, kube, namespace)  # as a cluster without the policy holds them
     await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
     early = undo_entry("real", 1, compensation=call("undo", who="early"))
     await kube.create("undoentries", namespace, early)
@@ -218,10 +222,10 @@ async def test_entries_a_saga_does_not_own_are_never_its_steps_and_each_says_why
     foreign["metadata"]["ownerReferences"][0]["name"] = "other"  # its owner as the garbage collector finds it
     await kube.create("undoentries", namespace, foreign)
     await abort(kube, namespace, "real")
-    done = await saga_phase(kube, namespace, "real", "Compensated")
+    done = await saga_phase(kube, namespace, "real", "Halted")
 
     assert [r.body["who"] for r in participant.received("/undo")] == ["mine"]
-    assert done["status"]["stackDepth"] == 1
+    assert (done["status"]["stackDepth"], done["status"]["reason"]) == (1, "UnownedEntries")
     await eventually(  # real-3 came just before the abort: named once the operator saw it
         lambda: kube.get("sagas", namespace, "real"),
         lambda body: body["status"].get("unownedEntries") == ["real-1", "real-3"],

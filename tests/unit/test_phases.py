@@ -363,3 +363,19 @@ def test_the_lifo_plan_without_sorting_is_the_dependency_plan_without_dependenci
     done = compensation_plan.SETTLED if failed_blocks else compensation_plan.SETTLED | {EntryState.FAILED}
     lifo = compensation_plan.lifo_ready(Stack(entries), failed_blocks=failed_blocks)
     assert lifo == compensation_plan.dependency_ready(entries, done)
+
+
+def test_entries_the_saga_does_not_own_halt_it_instead_of_compensated() -> None:
+    """Entries naming the saga that it does not own were never compensated: their effects may
+    remain, so the saga halts for a person (UnownedEntries); it reads Compensated once none is left."""
+    saga = make_saga("Compensating")
+    saga.status.unowned_entries = ["s-2"]
+    move = phases.decide(saga, [make_entry(1, "Compensated")], NOW, FRESH)
+    assert isinstance(move, moves.Transition)
+    assert (move.phase, move.reason) == (SagaPhase.HALTED, SagaReason.UNOWNED_ENTRIES)
+    assert move.message.startswith("s-2 names this saga in spec.saga but it does not own it (no ownerReference to uid")
+    assert move.message.endswith(f"`kubectl annotate saga s {RETRY_ANNOTATION}=<what you did>`")
+    saga.status.unowned_entries = []
+    move = phases.decide(saga, [make_entry(1, "Compensated")], NOW, FRESH)
+    assert isinstance(move, moves.Transition)
+    assert move.phase == SagaPhase.COMPENSATED

@@ -81,6 +81,7 @@ class SagaReason(StrEnum):
     FUNCTION_NOT_FOUND = "FunctionNotFound"
     PARTICIPANT_UNAVAILABLE = "ParticipantUnavailable"
     ENTRY_LOST = "EntryLost"
+    UNOWNED_ENTRIES = "UnownedEntries"
     ENTRY_SKIPPED = "EntrySkipped"
     RETRY_REQUESTED = "RetryRequested"
     LEDGER_WRITE_REFUSED = "LedgerWriteRefused"

@@ -121,6 +121,28 @@ ROOT_RULES: list[JsonValue] = [
 ]
 
 
+# The admission policy (crds/undoentry-owner-policy.yaml, the chart's too): an UndoEntry is taken
+# only with an ownerReference to the Saga its spec.saga names, as conventions.owned_by reads it.
+# A CRD's own rules cannot see metadata.ownerReferences, a ValidatingAdmissionPolicy can (the UID
+# is the SDK's to get right: nothing at admission knows the saga's). An update may not take it off.
+OWNER_POLICY = "undolog-undoentry-owner"
+OWNER_POLICY_OPT_OUT = "undolog.io/entry-owner-policy"  # a namespace labelled `off` is not checked
+_OWNED = (
+    "{o}.metadata.?ownerReferences.orValue([]).exists(r, r.apiVersion.startsWith('undolog.io/') && "
+    "r.kind == 'Saga' && r.name == {o}.spec.saga && r.uid != '')"
+)
+OWNER_RULE = (
+    f"request.operation == 'CREATE' ? {_OWNED.format(o='object')} : "
+    f"(!({_OWNED.format(o='oldObject')}) || {_OWNED.format(o='object')})"
+)
+OWNER_MESSAGE = (
+    "'UndoEntry ' + object.metadata.name + ' names Saga ' + object.spec.saga + ' in spec.saga but is not owned "
+    "by it, and an entry its saga does not own is never compensated: add metadata.ownerReferences [{apiVersion: "
+    "undolog.io/v1beta1, kind: Saga, name: ' + object.spec.saga + ', uid: <the metadata.uid of that saga>}], "
+    "as the SDK does (create the saga first)'"
+)
+
+
 class UndoEntrySpec(Model):
     """The effect and how to undo it. Immutable once created."""
 

@@ -326,6 +326,8 @@ def compensating_move(
         return ProveEntries()
     if finished is not None:
         return finished
+    if saga.status.unowned_entries:  # their effects were not undone: never filed under success
+        return Transition(SagaPhase.HALTED, SagaReason.UNOWNED_ENTRIES, unowned_message(saga))
     return Transition(
         SagaPhase.COMPENSATED,
         SagaReason.COMPENSATED,
@@ -454,6 +456,26 @@ CONDITIONS: dict[SagaPhase, tuple[ConditionStatus, ...]] = {
 
 
 MAX_LOST_NAMED = 10  # in the halt message; status.lostEntries lists them all (up to its bound)
+
+
+def unowned_message(saga: Saga) -> str:
+    """Why a saga whose entries are otherwise all settled halts, and the way out."""
+    unowned = saga.status.unowned_entries
+    named = ", ".join(unowned[:MAX_LOST_NAMED]) + (
+        f", and {len(unowned) - MAX_LOST_NAMED} more in status.unownedEntries" if len(unowned) > MAX_LOST_NAMED else ""
+    )
+    one = len(unowned) == 1
+    names, them, were, effects = (
+        ("names", "it", "was", "its effect") if one else ("name", "them", "were", "their effects")
+    )
+    meta = saga.metadata
+    return (
+        f"{named} {names} this saga in spec.saga but it does not own {them} (no ownerReference to uid {meta.uid}): "
+        f"{'it' if one else 'they'} {were} not compensated and {effects} may remain. For each: if it is this saga's "
+        f"step, add that ownerReference (apiVersion undolog.io/v1beta1, kind Saga, name {meta.name}, uid {meta.uid}) "
+        "and it is compensated; else undo its effect by hand and delete it. Then "
+        f"`kubectl annotate saga {meta.name} {RETRY_ANNOTATION}=<what you did>`"
+    )
 
 
 def lost_message(saga: Saga, lost: Sequence[LostEntry]) -> str:
