@@ -21,6 +21,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from devtools.control_plane import LocalControlPlane
+from devtools.crds import CRDS
 
 from tests.conftest import BIN, REPO, Cluster
 from tests.support.manifests import call, timestamp
@@ -125,7 +126,7 @@ class Upgrade:
 
     def install_crds(self, folder: Path) -> None:
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(folder))
-        self.cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(folder))
+        self.cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *CRDS)
 
 
 @pytest_asyncio.fixture
