@@ -179,3 +179,26 @@ def order_violations(ref: str, stack: Sequence[Body], undo_by_key: dict[str, lis
         if early:
             violations.append(f"{ref}: {name} was compensated before {max(early)[1]} had succeeded (order broken)")
     return violations
+
+
+def archive_violations(rows: Sequence[Body], observed: dict[str, set[str]], remaining: set[str]) -> list[str]:
+    """The archive's promise, over its rows and what the run saw in etcd: every row holds
+    exactly the entries its saga had (names seen in etcd for its uid, from listings taken while
+    the run went on), and every saga gone from etcd has a row. `rows`: {uid, name, entries};
+    `observed`: entry names by saga uid; `remaining`: uids still in etcd. Written apart from the
+    operator's rule (which counts stackDepth), over the raw objects."""
+    violations = []
+    archived = {row["uid"]: row for row in rows}
+    for uid, names in observed.items():
+        row = archived.get(uid)
+        if row is None:
+            if uid not in remaining:
+                violations.append(f"saga uid {uid} was deleted from etcd with no archive row")
+            continue
+        held = {e["metadata"]["name"] for e in row["entries"]}
+        if held != names:
+            violations.append(
+                f"{row['name']} (uid {uid}): its row holds {sorted(held)}, its saga had {sorted(names)}"
+                + ("; deleted from etcd" if uid not in remaining else "")
+            )
+    return violations

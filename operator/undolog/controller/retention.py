@@ -150,7 +150,7 @@ class Retention:
     def _done(self, room: asyncio.Semaphore, key: SagaKey, _: asyncio.Task[None]) -> None:
         self.deleting.discard(key)
         room.release()
-        if key in self.deferred:  # to be looked at again: the loop's sleep must end by then
+        if key in self.deferred or key in self.finished:  # to be looked at again (a newer copy, a recheck)
             self.wake.set()
 
     async def delete(self, due: Due) -> None:
@@ -172,6 +172,8 @@ class Retention:
             pass
         except errors.Conflict:  # it changed since (its watch event brings the new copy), or is another saga now
             log.info("saga %s/%s changed since it was due; not deleted", record.namespace, record.name)
+            if self.finished.get(record.key) != record:
+                return  # that event came while the delete was on its way: the newer copy is due in turn
         except errors.KubeError as error:
             log.warning("could not delete finished saga %s/%s: %s", record.namespace, record.name, error.message)
             self.deferred[record.key] = now() + FAILED_DELETE_PAUSE
