@@ -3,7 +3,9 @@ while the operator is down, then an operator archiving to a real PostgreSQL serv
 like etcd) resumes them: how fast they are compensated, and how fast they are archived (counted
 from the operator's start, as compensation is). Then the archive emptied and the operator started
 again: the backlog of N finished sagas archived from the API alone (each saga and its entries
-read), what an archive enabled on a full cluster, or back after an outage, drains at.
+read), what an archive enabled on a full cluster, or back after an outage, drains at. Last, N
+more sagas compensated while PostgreSQL is killed (SIGKILL): the seconds from its return to
+every one archived (the drain after an outage).
 
     python -m bench.archive --sagas 1000
 """
@@ -102,13 +104,41 @@ async def measure(bench: Bench, postgres: LocalPostgres, n: int) -> dict[str, An
             operator.stop()
     finally:
         participant.close()
+    drain = await drain_after_outage(bench, postgres, n)
     return {
         "sagas": n,
+        "archive_drain_after_outage_seconds": round(drain, 2),
         "compensated_sagas_per_s": round(n / compensation_seconds, 1),
         "archive_sagas_per_s": round(n / archive_seconds, 1),
         "archive_backlog_sagas_per_s": round(n / backlog_seconds, 1),
         "first_run_seconds": round(started, 1),
     }
+
+
+async def drain_after_outage(bench: Bench, postgres: LocalPostgres, n: int) -> float:
+    """N sagas compensated while PostgreSQL is killed; seconds from its return to all archived."""
+    namespace = await bench.namespace("archive-outage")
+    participant = RemoteParticipant()
+    try:
+        await bench.kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
+        with Progress() as progress:
+            await populate(bench, namespace, n, progress)
+        before = await asyncio.to_thread(archived, postgres)
+        postgres.kill()
+        operator = archiving(bench, namespace, postgres)
+        try:
+
+            async def compensated() -> int:
+                items = await bench.kube.list("sagas", namespace)
+                return sum(1 for s in items if s.get("status", {}).get("phase") == "Compensated")
+
+            await until(compensated, n, 1800)
+            postgres.start()
+            return await until(lambda: asyncio.to_thread(archived, postgres), before + n, 1800)
+        finally:
+            operator.stop()
+    finally:
+        participant.close()
 
 
 async def main(n: int) -> None:
@@ -120,8 +150,22 @@ async def main(n: int) -> None:
         finally:
             postgres.down()
     print_table(
-        ["sagas (3 entries)", "compensated / s", "archived / s (same run)", "backlog archived / s (from the API)"],
-        [[n, result["compensated_sagas_per_s"], result["archive_sagas_per_s"], result["archive_backlog_sagas_per_s"]]],
+        [
+            "sagas (3 entries)",
+            "compensated / s",
+            "archived / s (same run)",
+            "backlog archived / s (from the API)",
+            "drained after an outage (s)",
+        ],
+        [
+            [
+                n,
+                result["compensated_sagas_per_s"],
+                result["archive_sagas_per_s"],
+                result["archive_backlog_sagas_per_s"],
+                result["archive_drain_after_outage_seconds"],
+            ]
+        ],
     )
     save("archive", result)
 

@@ -37,6 +37,7 @@ KEYS = (
     "json_bytes_per_finished_saga",
     "compensated_sagas_per_s",
     "archive_sagas_per_s",
+    "archive_drain_after_outage_seconds",
     "deep_saga_entries_per_s_2000",
     "deep_saga_entries_per_s_10000",
     "deep_saga_time_ratio_10000_to_2000",
@@ -141,6 +142,8 @@ def summarize() -> dict[str, Any]:
         # The same run: sagas compensated a second, and archived a second counted from the same start.
         figures["compensated_sagas_per_s"] = archive["results"]["compensated_sagas_per_s"]
         figures["archive_sagas_per_s"] = archive["results"]["archive_sagas_per_s"]
+        if "archive_drain_after_outage_seconds" in archive["results"]:
+            figures["archive_drain_after_outage_seconds"] = archive["results"]["archive_drain_after_outage_seconds"]
 
     if deep := sources["deep"]:
         for depth in (2000, 10000):
