@@ -7,7 +7,8 @@ nothing else looks at HTTP status codes of the API. Reasons are enums, never par
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
+
+from undolog.api.undo_entry import CALL_REFUSALS, EntryReason
 
 
 class UndoLogError(Exception):
@@ -92,28 +93,11 @@ class KubeconfigInvalid(KubeError):
 # -- participant calls ---------------------------------------------------------------------------
 
 
-class CallRefusal(StrEnum):
-    """Why a call cannot be made at all; nothing is sent."""
-
-    FUNCTION_NOT_FOUND = "FunctionNotFound"
-    HEADERS_SECRET_NOT_FOUND = "HeadersSecretNotFound"
-    HEADERS_SECRET_NOT_OPTED_IN = "HeadersSecretNotOptedIn"
-    HEADERS_SECRET_INVALID = "HeadersSecretInvalid"
-    SIGNING_SECRET_NOT_FOUND = "SigningSecretNotFound"
-    SIGNING_SECRET_NOT_OPTED_IN = "SigningSecretNotOptedIn"
-    SIGNING_SECRET_INVALID = "SigningSecretInvalid"
-    CLIENT_CERTIFICATE_NOT_FOUND = "ClientCertificateNotFound"
-    CLIENT_CERTIFICATE_NOT_OPTED_IN = "ClientCertificateNotOptedIn"
-    CLIENT_CERTIFICATE_INVALID = "ClientCertificateInvalid"
-    UNRESOLVED_REFERENCE = "UnresolvedReference"
-    ARGUMENTS_TOO_LARGE = "ArgumentsTooLarge"
-    TARGET_REFUSED = "TargetRefused"
-
-
 class CallNotPossible(UndoLogError):
     """The call cannot be made at all (decided before any byte left); `reason` is recorded."""
 
-    def __init__(self, reason: CallRefusal, message: str) -> None:
+    def __init__(self, reason: EntryReason, message: str) -> None:
+        assert reason in CALL_REFUSALS, f"{reason} is not a reason a call is refused for"
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message
@@ -123,14 +107,14 @@ class UnresolvedReference(CallNotPossible, ValueError):
     """A `${steps...}` reference that cannot be resolved; the message names it."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(CallRefusal.UNRESOLVED_REFERENCE, message)
+        super().__init__(EntryReason.UNRESOLVED_REFERENCE, message)
 
 
 class ArgumentsTooLarge(CallNotPossible):
     """A Call's args, their references resolved, are larger than a participant is sent."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(CallRefusal.ARGUMENTS_TOO_LARGE, message)
+        super().__init__(EntryReason.ARGUMENTS_TOO_LARGE, message)
 
 
 # -- the operator --------------------------------------------------------------------------------

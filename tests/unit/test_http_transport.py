@@ -21,11 +21,12 @@ from typing import Any
 import pytest
 
 from tests.support.participants import Participant, Reply, https_participant
+from undolog.api import EntryReason
 from undolog.calls.http import CALLS_PER_PARTICIPANT, MAX_CONTEXTS, HttpTransport, certificate_rejected
 from undolog.calls.transport import PreparedCall, Target
 from undolog.conventions import MAX_ANSWER_BYTES
 from undolog.decisions.egress import EgressPolicy
-from undolog.errors import CallRefusal, NotLeading
+from undolog.errors import NotLeading
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ async def test_a_refused_address_receives_nothing(participant: Participant) -> N
         outcome = await strict.send(call(participant, "/undo"))
     finally:
         await strict.close()
-    assert outcome.refusal == CallRefusal.TARGET_REFUSED
+    assert outcome.refusal == EntryReason.TARGET_REFUSED
     assert "(denied: 127.0.0.0/8)" in (outcome.error or "")
     assert participant.received() == []
 
@@ -165,7 +166,7 @@ async def test_a_request_that_cannot_be_formed_is_refused_and_nothing_is_sent(
     two_lines = PreparedCall(Target(participant.url("/undo"), 2), {"n": 1}, {"Undolog-Forward-Key": "a\nX-Injected: 1"})
     for refused, why in ((long_label, "too long"), (two_lines, "Forbidden control character")):
         outcome = await transport.send(refused)
-        assert outcome.refusal == CallRefusal.TARGET_REFUSED
+        assert outcome.refusal == EntryReason.TARGET_REFUSED
         assert outcome.error is not None
         assert outcome.error.startswith(f"{refused.target.url!r} cannot be called: ")
         assert why in outcome.error
@@ -404,7 +405,7 @@ async def test_a_name_is_refused_on_the_address_it_resolves_to(participant: Part
         outcome = await strict.send(named)
     finally:
         await strict.close()
-    assert outcome.refusal == CallRefusal.TARGET_REFUSED
+    assert outcome.refusal == EntryReason.TARGET_REFUSED
     assert (outcome.error or "").startswith("localhost: ")
     assert "(denied: 127.0.0.0/8)" in (outcome.error or "")
     assert participant.received() == []
@@ -419,7 +420,7 @@ async def test_a_ca_bundle_that_is_not_a_certificate_refuses_the_call_and_sends_
     target = Target(participant.url("/undo").replace("http:", "https:"), 2.0, ca_bundle=garbage)
     outcome = await transport.send(PreparedCall(target, {}, {}))
     # Refused, not a TLS failure: that would be an outage, waited out for an hour, for a Webhook to fix.
-    assert outcome.refusal == CallRefusal.TARGET_REFUSED
+    assert outcome.refusal == EntryReason.TARGET_REFUSED
     assert (outcome.error or "").startswith("caBundle is not usable PEM: ")
     assert participant.received() == []
 
@@ -439,7 +440,7 @@ async def test_an_upper_case_https_scheme_is_verified_with_the_webhooks_ca_bundl
 
 async def test_a_target_that_is_no_url_is_refused_and_nothing_is_sent(transport: HttpTransport) -> None:
     outcome = await transport.send(PreparedCall(Target("http://[::1", 2.0), {}, {}))
-    assert outcome.refusal == CallRefusal.TARGET_REFUSED
+    assert outcome.refusal == EntryReason.TARGET_REFUSED
     assert "is not a URL the operator calls" in (outcome.error or "")
 
 
@@ -502,17 +503,17 @@ def test_a_certificate_problem_openssl_names_alone_keeps_its_words() -> None:
 @pytest.mark.parametrize(
     ("bundle", "client", "refusal", "said"),
     [
-        ("bm90IHBlbQ==", None, CallRefusal.TARGET_REFUSED, "caBundle is not usable PEM"),
+        ("bm90IHBlbQ==", None, EntryReason.TARGET_REFUSED, "caBundle is not usable PEM"),
         (
             None,
             (b"not pem", b"not pem"),
-            CallRefusal.CLIENT_CERTIFICATE_INVALID,
+            EntryReason.CLIENT_CERTIFICATE_INVALID,
             "spec.clientCertificate is not usable",
         ),
     ],
 )
 async def test_tls_material_that_is_no_pem_refuses_the_call_before_anything_is_sent(
-    transport: HttpTransport, bundle: str | None, client: tuple[bytes, bytes] | None, refusal: CallRefusal, said: str
+    transport: HttpTransport, bundle: str | None, client: tuple[bytes, bytes] | None, refusal: EntryReason, said: str
 ) -> None:
     target = Target(url="https://127.0.0.1:9/undo", timeout_seconds=1, ca_bundle=bundle, client_certificate=client)
     outcome = await transport.send(PreparedCall(target, {}, {}))

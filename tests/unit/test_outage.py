@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 
 from tests.support.fakes import FakeTransport
 from tests.support.waiting import eventually
-from undolog.api import Backoff, Limits
+from undolog.api import Backoff, EntryReason, Limits
+from undolog.calls.http import ParticipantSlots
 from undolog.calls.pace import Pacing
 from undolog.calls.runner import AttemptRecord, Runner, Unfenced
 from undolog.calls.transport import PreparedCall, Target
 from undolog.decisions import outage
 from undolog.decisions.outage import OPEN_AFTER, Breaker, Bucket, unanswered
 from undolog.decisions.retry import CallOutcome, Verdict
-from undolog.errors import CallRefusal
 
 T = TypeVar("T")
 
@@ -41,7 +41,7 @@ REFUSED = CallOutcome(error="ClientConnectorError: connection refused")
         (CallOutcome(status_code=429), False),
         (CallOutcome(status_code=404), False),
         (CallOutcome(status_code=200), False),
-        (CallOutcome(error="refused by policy", refusal=CallRefusal.TARGET_REFUSED), False),
+        (CallOutcome(error="refused by policy", refusal=EntryReason.TARGET_REFUSED), False),
     ],
 )
 def test_what_counts_as_the_participant_not_answering(outcome: CallOutcome, did_not_answer: bool) -> None:
@@ -219,7 +219,15 @@ def test_each_replica_takes_the_share_of_the_limits_its_shards_are(
     held: int, shards: int, rate: float, in_flight: int
 ) -> None:
     assert outage.share_of(50, held, shards) == rate
-    assert outage.in_flight_share(10, held, shards) == in_flight
+    assert outage.in_flight_share(Limits(in_flight=10), held, shards) == in_flight
+
+
+def test_the_defaults_of_the_budget_and_the_calls_in_flight_have_one_source() -> None:
+    assert outage.in_flight_share(None, 1, 1) == outage.DEFAULT_IN_FLIGHT == ParticipantSlots().limit
+    assert outage.outage_budget(None) == outage.DEFAULT_OUTAGE_BUDGET_SECONDS == Target("u", 1).outage_budget_seconds
+    assert outage.outage_budget(30) == 30.0
+    assert outage.give_up_at(None, 100.0, 30.0) == 130.0
+    assert outage.give_up_at(90.0, 100.0, 30.0) == 120.0
 
 
 async def test_a_forward_call_is_not_held_by_an_outage_and_spends_its_retries() -> None:

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from undolog.api import EntryReason
 from undolog.calls.protocol import TRANSPORT_HEADERS, secret_headers
-from undolog.errors import CallNotPossible, CallRefusal
+from undolog.errors import CallNotPossible
 
 
 def test_values_are_sent_without_surrounding_whitespace() -> None:
@@ -33,7 +34,7 @@ def test_a_value_that_cannot_be_sent_as_one_header_is_refused_by_secret_and_key(
 ) -> None:
     with pytest.raises(CallNotPossible) as refused:
         secret_headers("ns/auth", data)
-    assert refused.value.reason == CallRefusal.HEADERS_SECRET_INVALID
+    assert refused.value.reason == EntryReason.HEADERS_SECRET_INVALID
     assert refused.value.message.startswith(f"Secret ns/auth (spec.headersFrom) {why}")
 
 

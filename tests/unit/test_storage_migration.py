@@ -9,8 +9,8 @@ import pytest
 from tests.support.fakes import FakeKube, FixedFence
 from tests.support.objects import entry_body
 from tests.unit.test_leadership import FakeLeases
+from undolog.calls.pace import Rate
 from undolog.controller.leadership import LeaseSettings
-from undolog.controller.retention import Pace
 from undolog.controller.storage_migration import StorageMigration
 from undolog.conventions import STORED_AS_ANNOTATION
 from undolog.decisions.sharding import Shard
@@ -41,7 +41,7 @@ async def test_objects_are_written_again_only_where_an_earlier_release_led(
     kube.put("undoentries", entry_body("s", 1))
     leases = FakeLeases({"undolog-operator": lease(holder, transitions)})
     settings = LeaseSettings("ns")
-    migration = StorageMigration(kube, Ledger(kube), leases, settings, FixedFence(), Pace(1000), ME)
+    migration = StorageMigration(kube, Ledger(kube), leases, settings, FixedFence(), Rate(1000), ME)
     kube.requests.clear()
     await migration.run(["ns"], Shard(0, 1))
     assert [r for r in kube.requests if r[0] == "patch"] == written

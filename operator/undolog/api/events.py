@@ -22,20 +22,8 @@ class EventReason(StrEnum):
     # On a Webhook: its participant stopped answering, or answers again.
     PARTICIPANT_UNAVAILABLE = "ParticipantUnavailable"
     PARTICIPANT_AVAILABLE = "ParticipantAvailable"
-    # A call that could not be made at all (nothing sent): the refusal's own reason.
-    FUNCTION_NOT_FOUND = "FunctionNotFound"
-    HEADERS_SECRET_NOT_FOUND = "HeadersSecretNotFound"
-    HEADERS_SECRET_NOT_OPTED_IN = "HeadersSecretNotOptedIn"
-    HEADERS_SECRET_INVALID = "HeadersSecretInvalid"
-    SIGNING_SECRET_NOT_FOUND = "SigningSecretNotFound"
-    SIGNING_SECRET_NOT_OPTED_IN = "SigningSecretNotOptedIn"
-    SIGNING_SECRET_INVALID = "SigningSecretInvalid"
-    CLIENT_CERTIFICATE_NOT_FOUND = "ClientCertificateNotFound"
-    CLIENT_CERTIFICATE_NOT_OPTED_IN = "ClientCertificateNotOptedIn"
-    CLIENT_CERTIFICATE_INVALID = "ClientCertificateInvalid"
-    UNRESOLVED_REFERENCE = "UnresolvedReference"
-    ARGUMENTS_TOO_LARGE = "ArgumentsTooLarge"
-    TARGET_REFUSED = "TargetRefused"
+    # A call that could not be made at all (nothing sent): its Event's reason is the entry's own,
+    # one of undo_entry.CALL_REFUSALS (timeline.Reason).
     # Entries.
     ENTRY_SKIPPED = "EntrySkipped"
     SKIPPED = "Skipped"  # by a person, on the entry

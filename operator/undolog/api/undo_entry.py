@@ -85,6 +85,27 @@ class EntryReason(StrEnum):
     NOT_OWNED_BY_SAGA = "NotOwnedBySaga"
 
 
+# The reasons a call is refused for before any byte leaves (errors.CallNotPossible): the entry's
+# status.reason and the Warning Event's reason are these very values, from this one enum.
+CALL_REFUSALS: frozenset[EntryReason] = frozenset(
+    {
+        EntryReason.FUNCTION_NOT_FOUND,
+        EntryReason.HEADERS_SECRET_NOT_FOUND,
+        EntryReason.HEADERS_SECRET_NOT_OPTED_IN,
+        EntryReason.HEADERS_SECRET_INVALID,
+        EntryReason.SIGNING_SECRET_NOT_FOUND,
+        EntryReason.SIGNING_SECRET_NOT_OPTED_IN,
+        EntryReason.SIGNING_SECRET_INVALID,
+        EntryReason.CLIENT_CERTIFICATE_NOT_FOUND,
+        EntryReason.CLIENT_CERTIFICATE_NOT_OPTED_IN,
+        EntryReason.CLIENT_CERTIFICATE_INVALID,
+        EntryReason.UNRESOLVED_REFERENCE,
+        EntryReason.ARGUMENTS_TOO_LARGE,
+        EntryReason.TARGET_REFUSED,
+    }
+)
+
+
 class OutputOmission(StrEnum):
     """Why a 2xx answer's body is not the entry's output."""
 

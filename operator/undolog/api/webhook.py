@@ -166,13 +166,14 @@ class WebhookSpec(Model):
             "takes the share of the shards it holds. A call waiting for its turn holds no saga slot."
         ),
     )
-    outage_budget_seconds: int = Field(
-        default=3600,
+    outage_budget_seconds: int | None = Field(
+        default=None,
         ge=1,
         le=7 * 24 * 3600,
         description=(
             "How long a call waits for a participant that does not answer (refused or reset connections, DNS, TLS, "
-            "timeouts, 502, 503, 504) before its saga halts with ParticipantUnavailable; no retry is spent meanwhile."
+            "timeouts, 502, 503, 504) before its saga halts with ParticipantUnavailable; no retry is spent meanwhile. "
+            "3600 if unset."
         ),
     )
     client_certificate: ClientCertificate | None = Field(

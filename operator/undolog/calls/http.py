@@ -34,15 +34,16 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, AbstractStreamWriter, ResolveResult
 from yarl import URL
 
-from undolog.api import OmittedOutput, OutputOmission
+from undolog.api import EntryReason, OmittedOutput, OutputOmission
 from undolog.api.common import INT64_MAX, INT64_MIN
 from undolog.api.undo_entry import MAX_OMISSION_MESSAGE
 from undolog.calls.signing import webhook_headers
 from undolog.calls.transport import PreparedCall, Target
 from undolog.conventions import MAX_ANSWER_BYTES, MAX_ERROR_TEXT, clip, now, shown_url
 from undolog.decisions.egress import EgressPolicy
+from undolog.decisions.outage import DEFAULT_IN_FLIGHT
 from undolog.decisions.retry import CallOutcome
-from undolog.errors import CallRefusal, NotLeading
+from undolog.errors import NotLeading
 from undolog.tls import load_certificate_chain
 
 ERROR_BYTES = 4 * MAX_ERROR_TEXT  # of an error answer, enough for its first MAX_ERROR_TEXT characters
@@ -51,7 +52,7 @@ MAX_CONTEXTS = 32  # TLS contexts kept, one per CA bundle (each holds its roots)
 # Calls in flight to one participant (scheme, host and port); more wait for a slot before their
 # attempt's clock starts. A slow or hostile participant then holds only its own calls and
 # connections, never all of them.
-CALLS_PER_PARTICIPANT = 32
+CALLS_PER_PARTICIPANT = DEFAULT_IN_FLIGHT
 CALLS_IN_FLIGHT = 200  # to all participants at once (each a connection)
 DNS_THREADS = 64  # lookups at once, each of another name (more than asyncio's default executor has)
 
@@ -293,9 +294,9 @@ class HttpTransport:
             return self._context(target.ca_bundle, target.client_certificate)
         except (ssl.SSLError, ValueError) as error:
             if target.client_certificate:
-                what, refusal = "caBundle or spec.clientCertificate", CallRefusal.CLIENT_CERTIFICATE_INVALID
+                what, refusal = "caBundle or spec.clientCertificate", EntryReason.CLIENT_CERTIFICATE_INVALID
             else:
-                what, refusal = "caBundle", CallRefusal.TARGET_REFUSED
+                what, refusal = "caBundle", EntryReason.TARGET_REFUSED
             return CallOutcome(error=f"{what} is not usable PEM: {error}"[:MAX_ERROR_TEXT], refusal=refusal)
 
     async def close(self) -> None:
@@ -310,12 +311,12 @@ class HttpTransport:
         except ValueError as error:
             return CallOutcome(
                 error=f"{shown_url(target.url)!r} is not a URL the operator calls: {error}"[:MAX_ERROR_TEXT],
-                refusal=CallRefusal.TARGET_REFUSED,
+                refusal=EntryReason.TARGET_REFUSED,
             )
         written = _written_address(url)
         refused = None if written is None else self.policy.refusal(written, url.port or 0)
         if refused is not None:
-            return CallOutcome(error=refused[:MAX_ERROR_TEXT], refusal=CallRefusal.TARGET_REFUSED)
+            return CallOutcome(error=refused[:MAX_ERROR_TEXT], refusal=EntryReason.TARGET_REFUSED)
         return self._tls(target) if url.scheme == "https" else True
 
     def failure(self, error: BaseException, target: Target) -> CallOutcome:
@@ -329,11 +330,11 @@ class HttpTransport:
         if isinstance(error, (aiohttp.ClientSSLError, ssl.SSLError)):  # a handshake
             return CallOutcome(error=f"TLS: {error}"[:MAX_ERROR_TEXT])
         if isinstance(error, aiohttp.ClientConnectorError) and isinstance(error.os_error, EgressRefused):
-            return CallOutcome(error=str(error.os_error)[:MAX_ERROR_TEXT], refusal=CallRefusal.TARGET_REFUSED)
+            return CallOutcome(error=str(error.os_error)[:MAX_ERROR_TEXT], refusal=EntryReason.TARGET_REFUSED)
         if isinstance(error, aiohttp.InvalidURL):
             return CallOutcome(
                 error=f"{shown_url(str(error.url))} is not a URL the operator calls"[:MAX_ERROR_TEXT],
-                refusal=CallRefusal.TARGET_REFUSED,
+                refusal=EntryReason.TARGET_REFUSED,
             )
         return CallOutcome(error=f"{type(error).__name__}: {error}"[:MAX_ERROR_TEXT])
 
@@ -381,7 +382,7 @@ class HttpTransport:
                 error=f"{shown_url(call.target.url)!r} cannot be called: {type(error).__name__}: {error}"[
                     :MAX_ERROR_TEXT
                 ],
-                refusal=CallRefusal.TARGET_REFUSED,
+                refusal=EntryReason.TARGET_REFUSED,
             )
         async with response:
             status = response.status

@@ -19,11 +19,10 @@ from typing import Protocol, TypeVar
 
 from undolog.api import Limits
 from undolog.calls.transport import Target
-from undolog.decisions.outage import Breaker, Bucket, in_flight_share, share_of, unanswered
+from undolog.decisions.outage import Breaker, Bucket, give_up_at, in_flight_share, share_of, unanswered
 from undolog.decisions.retry import CallOutcome
 
 T = TypeVar("T")
-DEFAULT_IN_FLIGHT = 32  # the transport's own bound per participant
 
 
 class Away(Protocol):
@@ -47,10 +46,30 @@ class OutageBudgetSpent(Exception):
 OnChange = Callable[[str, Breaker, str | None], None]  # a breaker opened or closed; the last error
 
 
+class Rate:
+    """So many turns a second with a burst (decisions.outage.Bucket on a clock), each waited for:
+    a participant's calls (spec.limits) and the operator's housekeeping writes (retention's
+    deletions, the storage migration's rewrites) alike."""
+
+    def __init__(self, per_second: float, burst: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.bucket = Bucket.full(per_second, burst, clock())
+
+    def resize(self, per_second: float, burst: int) -> None:
+        if (self.bucket.rate, self.bucket.burst) != (per_second, burst):
+            self.bucket = self.bucket.resized(per_second, burst)
+
+    async def turn(self) -> None:
+        self.bucket, wait = self.bucket.take(self.clock())
+        while wait > 0:
+            await asyncio.sleep(wait)
+            self.bucket, wait = self.bucket.take(self.clock())
+
+
 @dataclass
 class ParticipantPace:
     breaker: Breaker = field(default_factory=Breaker)
-    bucket: Bucket | None = None
+    rate: Rate | None = None
     in_flight: int = 0
     users: int = 0
     last_error: str | None = None  # of the last unanswered call, said when a call's budget runs out
@@ -59,7 +78,7 @@ class ParticipantPace:
 
     def idle(self, now: float) -> bool:
         """Nothing to remember: no failures counted, and a bucket (if any) full again."""
-        full = self.bucket is None or self.bucket.tokens_at(now) >= self.bucket.burst
+        full = self.rate is None or self.rate.bucket.tokens_at(now) >= self.rate.bucket.burst
         return self.breaker == Breaker() and full
 
     def notify(self) -> None:
@@ -71,10 +90,19 @@ class ParticipantPace:
 class Turn:
     """A call's turn: told the outcome, which moves the breaker."""
 
-    def __init__(self, pacing: Pacing, participant: str, pace: ParticipantPace, probe: bool, last: bool) -> None:
+    def __init__(
+        self, pacing: Pacing, participant: str, pace: ParticipantPace, probe: bool, last: bool, give_up_at: float
+    ) -> None:
         self.pacing, self.participant, self.pace, self.probe = pacing, participant, pace, probe
         self.last = last  # the call's budget ran out while it waited: this probe is its last try
+        self.give_up_at = give_up_at
         self.reported = False
+
+    @property
+    def budget_spent(self) -> bool:
+        """Whether a call that was not answered this turn may not try again: its outage budget
+        is spent (the one place the budget is judged: waiting on the breaker, and after)."""
+        return self.last or self.pacing.clock() >= self.give_up_at
 
     def report(self, outcome: CallOutcome) -> None:
         self.reported = True
@@ -117,9 +145,9 @@ class Pacing:
         pace.users += 1
         turn: Turn | None = None
         try:
-            give_up_at = (down_since if down_since is not None else self.clock()) + target.outage_budget_seconds
-            probe, last = await self._breaker_turn(pace, give_up_at) if patient else (False, False)
-            turn = Turn(self, target.participant, pace, probe, last)
+            giving_up = give_up_at(down_since, self.clock(), target.outage_budget_seconds)
+            probe, last = await self._breaker_turn(pace, giving_up) if patient else (False, False)
+            turn = Turn(self, target.participant, pace, probe, last, giving_up)
             await self._in_flight_turn(pace, target.limits)
             try:
                 await self._rate_turn(pace, target.limits)  # last: the token is taken as the call leaves
@@ -155,24 +183,19 @@ class Pacing:
         if limits is None or limits.calls_per_second is None:
             return
         held, shards = self.share()
-        rate, now = share_of(limits.calls_per_second, held, shards), self.clock()
-        if pace.bucket is None:
-            pace.bucket = Bucket.full(rate, limits.burst, now)
-        elif (pace.bucket.rate, pace.bucket.burst) != (rate, limits.burst):
-            pace.bucket = pace.bucket.resized(rate, limits.burst)
-        pace.bucket, wait = pace.bucket.take(now)
-        while wait > 0:
-            # In the saga's slot: this call holds a place in flight, and a slot it had to take
-            # back may be held by a saga waiting for that place (bench.wave stopped so).
-            await asyncio.sleep(wait)
-            pace.bucket, wait = pace.bucket.take(self.clock())
+        rate = share_of(limits.calls_per_second, held, shards)
+        if pace.rate is None:
+            pace.rate = Rate(rate, limits.burst, self.clock)
+        pace.rate.resize(rate, limits.burst)
+        # In the saga's slot: this call holds a place in flight, and a slot it had to take
+        # back may be held by a saga waiting for that place (bench.wave stopped so).
+        await pace.rate.turn()
 
     async def _in_flight_turn(self, pace: ParticipantPace, limits: Limits | None) -> None:
         """A place among the calls in flight, waited for in the saga's slot: as short as a call,
         and given back, each freed slot let one more saga in to wait too (bench.scale: 1,000
         sagas on one participant held 181.5 MiB instead of 112.0)."""
-        held, shards = self.share()
-        limit = in_flight_share((limits and limits.in_flight) or DEFAULT_IN_FLIGHT, held, shards)
+        limit = in_flight_share(limits, *self.share())
         while pace.in_flight >= limit:
             await self._until_changed(pace, None, away=False)
         pace.in_flight += 1

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from undolog.errors import CallNotPossible, CallRefusal
+from undolog.api import EntryReason
+from undolog.errors import CallNotPossible
 from undolog.version import __version__
 
 USER_AGENT = f"undolog/{__version__}"
@@ -68,6 +69,6 @@ def secret_headers(secret: str, data: dict[str, bytes]) -> dict[str, str]:
                 sendable[key] = value
                 continue
         raise CallNotPossible(
-            CallRefusal.HEADERS_SECRET_INVALID, f"Secret {secret} (spec.headersFrom) key {key!r} {problem}"
+            EntryReason.HEADERS_SECRET_INVALID, f"Secret {secret} (spec.headersFrom) key {key!r} {problem}"
         )
     return sendable

@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from undolog import errors
-from undolog.api import Call, Webhook, WebhookVersion
+from undolog.api import Call, EntryReason, Webhook, WebhookVersion
 from undolog.calls import signing
 from undolog.calls.protocol import secret_headers
 from undolog.calls.transport import Target
 from undolog.calls.webhook_cache import WebhookCache
 from undolog.conventions import HEADERS_SECRET_LABEL
-from undolog.errors import CallNotPossible, CallRefusal
+from undolog.decisions.outage import outage_budget
+from undolog.errors import CallNotPossible
 from undolog.ledger import Ledger
 
 
@@ -27,7 +28,7 @@ def choose_version(webhook: Webhook, call: Call) -> WebhookVersion:
     if version is None:
         known = ", ".join(v.name for v in webhook.spec.versions)
         raise CallNotPossible(
-            CallRefusal.FUNCTION_NOT_FOUND,
+            EntryReason.FUNCTION_NOT_FOUND,
             f"Webhook {webhook.reference} has no version {call.version!r} (it has {known}); "
             "fix the Call's version or add it to the Webhook's spec.versions",
         )
@@ -42,7 +43,7 @@ def version_url(webhook: Webhook, version: WebhookVersion, *, cross_namespace: b
     namespace = service.namespace or webhook.metadata.namespace
     if namespace != webhook.metadata.namespace and not cross_namespace:
         raise CallNotPossible(
-            CallRefusal.TARGET_REFUSED,
+            EntryReason.TARGET_REFUSED,
             f"Webhook {webhook.reference} version {version.name} names Service {namespace}/{service.name}, "
             f"outside the Webhook's namespace; the operator calls Services of another namespace only with "
             "--allow-cross-namespace-services",
@@ -66,7 +67,7 @@ class Registry:
                 webhook = await self.ledger.webhook(namespace, call.function)
             except errors.NotFound:
                 raise CallNotPossible(
-                    CallRefusal.FUNCTION_NOT_FOUND,
+                    EntryReason.FUNCTION_NOT_FOUND,
                     f"no Webhook {call.function!r} in namespace {namespace}; register the function as a Webhook there",
                 ) from None
         return await self._target(webhook, call, with_headers=with_headers)
@@ -91,7 +92,7 @@ class Registry:
             ca_bundle=version.ca_bundle,
             participant=webhook.reference,
             limits=webhook.spec.limits,
-            outage_budget_seconds=float(webhook.spec.outage_budget_seconds),
+            outage_budget_seconds=outage_budget(webhook.spec.outage_budget_seconds),
             headers=await self._headers(webhook) if with_headers else {},
             signing_keys=await self._signing_keys(webhook) if with_headers else (),
             client_certificate=await self._client_certificate(webhook) if with_headers else None,
@@ -106,7 +107,7 @@ class Registry:
         missing = [key for key in ("tls.crt", "tls.key") if not data.get(key)]
         if missing:
             raise CallNotPossible(
-                CallRefusal.CLIENT_CERTIFICATE_INVALID,
+                EntryReason.CLIENT_CERTIFICATE_INVALID,
                 f"Secret {webhook.metadata.namespace}/{secret} (spec.clientCertificate) has no {' or '.join(missing)}: "
                 "it needs tls.crt and tls.key (kubectl create secret tls)",
             )
@@ -130,13 +131,13 @@ class Registry:
             problem = signing.key_problem(value)
             if problem:
                 raise CallNotPossible(
-                    CallRefusal.SIGNING_SECRET_INVALID,
+                    EntryReason.SIGNING_SECRET_INVALID,
                     f"Secret {webhook.metadata.namespace}/{secret} (spec.signing) key {name!r} {problem}",
                 )
             keys.append(value)
         if not keys:
             raise CallNotPossible(
-                CallRefusal.SIGNING_SECRET_INVALID,
+                EntryReason.SIGNING_SECRET_INVALID,
                 f"Secret {webhook.metadata.namespace}/{secret} (spec.signing) holds no key: add one (whsec_...)",
             )
         return tuple(keys)
@@ -166,25 +167,25 @@ class SecretUse:
 
     field: str
     purpose: str
-    not_found: CallRefusal
-    not_opted_in: CallRefusal
+    not_found: EntryReason
+    not_opted_in: EntryReason
 
 
 HEADERS = SecretUse(
     "spec.headersFrom.secretRef",
     "send it as headers",
-    CallRefusal.HEADERS_SECRET_NOT_FOUND,
-    CallRefusal.HEADERS_SECRET_NOT_OPTED_IN,
+    EntryReason.HEADERS_SECRET_NOT_FOUND,
+    EntryReason.HEADERS_SECRET_NOT_OPTED_IN,
 )
 CLIENT_CERTIFICATE = SecretUse(
     "spec.clientCertificate.secretRef",
     "present it as its client certificate",
-    CallRefusal.CLIENT_CERTIFICATE_NOT_FOUND,
-    CallRefusal.CLIENT_CERTIFICATE_NOT_OPTED_IN,
+    EntryReason.CLIENT_CERTIFICATE_NOT_FOUND,
+    EntryReason.CLIENT_CERTIFICATE_NOT_OPTED_IN,
 )
 SIGNING = SecretUse(
     "spec.signing.secretRef",
     "sign calls with its keys",
-    CallRefusal.SIGNING_SECRET_NOT_FOUND,
-    CallRefusal.SIGNING_SECRET_NOT_OPTED_IN,
+    EntryReason.SIGNING_SECRET_NOT_FOUND,
+    EntryReason.SIGNING_SECRET_NOT_OPTED_IN,
 )

@@ -178,13 +178,13 @@ class Runner:
             self.fence.check()
             try:
                 sending = Sending(target, body, headers(number), leaving, patient, trace)
-                record, last_try = await self._attempt(sending, number, down.since)
+                record, budget_spent = await self._attempt(sending, number, down.since)
             except OutageBudgetSpent as spent_budget:  # waiting on the open breaker
                 return await down.given_up(attempts, number, target, spent_budget, on_attempt)
             attempts.append(record)
             if patient and unanswered(record.outcome):
                 down.saw(record, self.pacing.clock() - record.duration_milliseconds / 1000)
-                if last_try or self.pacing.clock() - (down.since or 0.0) >= target.outage_budget_seconds:
+                if budget_spent:
                     await on_attempt(record, None)
                     return await down.given_up(attempts, number + 1, target, OutageBudgetSpent(None, None), on_attempt)
                 # Backoff as usual, never counted: `max_retries=streak` lets every unanswered attempt retry.
@@ -210,7 +210,8 @@ class Runner:
 
     async def _attempt(self, call: Sending, number: int, down_since: float | None) -> tuple[AttemptRecord, bool]:
         """One attempt, once the participant's turn came (the fence asked again after waiting),
-        in a span of its own whose context the participant is sent (`traceparent`)."""
+        in a span of its own whose context the participant is sent (`traceparent`); and whether
+        the call's outage budget is spent (judged by the pacing)."""
         sent, trace = call.headers, call.trace
         async with self.pacing.turn(call.target, down_since, patient=call.patient) as turn:
             self.fence.check()
@@ -232,7 +233,7 @@ class Runner:
                 if outcome.status_code is not None:
                     note("http.response.status_code", outcome.status_code)
             turn.report(outcome)
-        return record, turn.last
+        return record, turn.budget_spent
 
 
 @dataclass(frozen=True)

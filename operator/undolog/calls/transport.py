@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from undolog.api import Limits
+from undolog.decisions.outage import DEFAULT_OUTAGE_BUDGET_SECONDS
 from undolog.decisions.retry import CallOutcome
 
 
@@ -25,7 +26,7 @@ class Target:
     ca_bundle: str | None = None
     participant: str = ""  # whose pace and outages these calls share: the Webhook, <namespace>/<name>
     limits: Limits | None = None
-    outage_budget_seconds: float = 3600.0
+    outage_budget_seconds: float = DEFAULT_OUTAGE_BUDGET_SECONDS
     # Secret header values: never logged, never copied to status or events.
     headers: dict[str, str] = field(default_factory=dict, repr=False)
     signing_keys: tuple[str, ...] = field(default=(), repr=False)  # Standard Webhooks secrets, in order

@@ -54,7 +54,7 @@ class Compensator:
             label=label,
             impossible=lambda refused: {
                 "state": EntryState.FAILED,
-                "reason": EntryReason(refused.reason),
+                "reason": refused.reason,
                 "last_error": clip(str(refused)),
             },
             spec=lambda args, target: self._spec(saga, entry, call, label, args, target),

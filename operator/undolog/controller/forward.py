@@ -26,7 +26,6 @@ from undolog.api import (
     EffectDeliveryState,
     EffectState,
     EffectStatus,
-    EntryReason,
     EventReason,
     Saga,
     Step,
@@ -104,7 +103,7 @@ class Forwarder:
                 "effect": EffectState.NOT_SENT if first_send else EffectState.FAILED,
                 "executed_at": now(),
                 "last_error": clip(str(refused)),
-                "reason": EntryReason(refused.reason),
+                "reason": refused.reason,
             },
             spec=lambda args, target: self._spec(saga, entry, step, label, args, target),
             ended=lambda result, spec: (

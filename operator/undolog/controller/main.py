@@ -26,7 +26,7 @@ from undolog import metrics, tracing
 from undolog.api.events import SUCCESSES
 from undolog.archive import ArchiveStore
 from undolog.calls.http import HttpTransport
-from undolog.calls.pace import Pacing
+from undolog.calls.pace import Pacing, Rate
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner, TaskFence
 from undolog.calls.transport import HTTP, MCP, Transport, Transports
@@ -41,7 +41,7 @@ from undolog.controller.leadership import Leadership, LeaseSettings, identity
 from undolog.controller.participants import BreakerReport
 from undolog.controller.recorded_call import CallRecorder
 from undolog.controller.replicas import Replicas
-from undolog.controller.retention import Pace, Retention
+from undolog.controller.retention import Retention
 from undolog.controller.shard_labels import ShardLabels, unfiled_watches
 from undolog.controller.storage_migration import StorageMigration
 from undolog.controller.timeline import Timeline
@@ -155,7 +155,7 @@ class Operator:
         slots, gauges = SagaSlots(options.max_concurrent_sagas), SagaGauges()
         metrics.series.busy = gauges.busy  # a namespace's series stay while this replica drives a saga there
         policy = dataclasses.replace(options.retention, shards=len(shards))
-        pace = Pace(options.retention_rate)
+        pace = Rate(options.retention_rate)
         self.engines = [
             Engine(
                 self.kube,

@@ -116,9 +116,7 @@ class CallRecorder:
             return args, await self.registry.target(saga.metadata.namespace, call)
         except CallNotPossible as refused:
             metrics.series.of(metrics.attempts(kind), saga.metadata.namespace, call.function, "permanent").inc()
-            self.timeline.record(
-                saga, EventReason(refused.reason), f"{label}: {refused.message}; nothing was sent", warning=True
-            )
+            self.timeline.record(saga, refused.reason, f"{label}: {refused.message}; nothing was sent", warning=True)
             return refused
 
     async def call_entry(

@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections import Counter
 from datetime import datetime, timedelta
 from typing import Protocol
 
 from undolog import errors, metrics
 from undolog.api import Saga
+from undolog.calls.pace import Rate
 from undolog.calls.runner import Fence
 from undolog.controller.concurrency import woken
 from undolog.controller.entry_index import SagaKey
@@ -43,31 +43,13 @@ class ArchiveGate(Protocol):
         ...
 
 
-class Pace:
-    """At most `per_second` writes of housekeeping by this process, whatever the shards (one
-    every 1/rate s), busy or not: a ledger that stopped shrinking, or shrank slower, while the
-    operator was at its limit grew without bound under a steady load (bench.footprint's flat
-    run). Hand-written: a few lines, where a rate-limiting library would be a dependency of
-    its own."""
-
-    def __init__(self, per_second: float) -> None:
-        self.interval = 1.0 / per_second
-        self.next = time.monotonic()
-
-    async def turn(self) -> None:
-        moment = time.monotonic()
-        start = max(self.next, moment)
-        self.next = start + self.interval
-        await asyncio.sleep(start - moment)
-
-
 class Retention:
     def __init__(
         self,
         ledger: Ledger,
         policy: RetentionPolicy,
         fence: Fence,
-        pace: Pace,
+        pace: Rate,
         archive: ArchiveGate | None = None,
     ) -> None:
         self.ledger, self.policy, self.fence, self.pace = ledger, policy, fence, pace

@@ -14,9 +14,9 @@ import logging
 
 from undolog import errors, metrics
 from undolog.api import VERSION
+from undolog.calls.pace import Rate
 from undolog.calls.runner import Fence
 from undolog.controller.leadership import LeaseSettings, LeaseStore
-from undolog.controller.retention import Pace
 from undolog.conventions import STORED_AS_ANNOTATION
 from undolog.decisions.sharding import Shard
 from undolog.kube import Body, Plural
@@ -34,7 +34,7 @@ class StorageMigration:
         leases: LeaseStore,
         lease: LeaseSettings,
         fence: Fence,
-        pace: Pace,
+        pace: Rate,
         me: str,
     ) -> None:
         """`me`: this replica's identity on the Lease."""

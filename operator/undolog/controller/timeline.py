@@ -15,11 +15,11 @@ from datetime import datetime
 from typing import Protocol
 
 from undolog import errors
-from undolog.api import EventReason, Resource, SagaPhase
+from undolog.api import EntryReason, EventReason, Resource, SagaPhase
 from undolog.conventions import now
 from undolog.kube import Body
 
-Reason = EventReason | SagaPhase
+Reason = EventReason | SagaPhase | EntryReason  # an entry reason: a call refused before sending
 
 log = logging.getLogger("undolog.timeline")
 WORKERS = 4

@@ -6,7 +6,8 @@ certificate failure, a timeout, 502, 503, 504) is an outage, not the participant
 the call: it spends no retries. After OPEN_AFTER such outcomes in a row, whichever sagas made
 them, the breaker opens: calls wait, and one probe at a time goes out, FIRST_PROBE_SECONDS after
 opening and then doubling up to MAX_PROBE_SECONDS. Any answer closes it (a probe's or a call's
-that was already on its way). A call waits at most its Webhook's outage budget.
+that was already on its way). A call waits at most its Webhook's outage budget
+(`give_up_at`), and goes at most `in_flight` at once to one participant.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from undolog.api import Limits
 from undolog.decisions.retry import CallOutcome
 
+DEFAULT_OUTAGE_BUDGET_SECONDS = 3600.0  # a Webhook's spec.outageBudgetSeconds when unset
+DEFAULT_IN_FLIGHT = 32  # its spec.limits.inFlight when unset: also the HTTP transport's bound per participant
 OPEN_AFTER = 5  # unanswered calls in a row, across sagas
 FIRST_PROBE_SECONDS = 1.0
 MAX_PROBE_SECONDS = 60.0
@@ -28,6 +32,17 @@ def unanswered(outcome: CallOutcome) -> bool:
     if outcome.refusal is not None:
         return False
     return outcome.status_code is None or outcome.status_code in UNANSWERED_STATUSES
+
+
+def outage_budget(seconds: int | None) -> float:
+    """A Webhook's outage budget: its own, else the default."""
+    return float(seconds) if seconds is not None else DEFAULT_OUTAGE_BUDGET_SECONDS
+
+
+def give_up_at(down_since: float | None, now: float, budget: float) -> float:
+    """When a call stops waiting for a participant that does not answer: its budget after its
+    first unanswered attempt (`down_since`), or after now when it has none yet."""
+    return (down_since if down_since is not None else now) + budget
 
 
 def probe_delay(failed_probes: int) -> float:
@@ -118,6 +133,8 @@ def share_of(limit: float, held: int, shards: int) -> float:
     return limit * held / shards if shards and held else limit
 
 
-def in_flight_share(limit: int, held: int, shards: int) -> int:
-    """At least one call: a replica holding a shard can always make progress."""
+def in_flight_share(limits: Limits | None, held: int, shards: int) -> int:
+    """A replica's calls in flight to one participant: its share of spec.limits.inFlight (else
+    the default), and at least one, so a replica holding a shard can always make progress."""
+    limit = (limits.in_flight if limits is not None else None) or DEFAULT_IN_FLIGHT
     return max(1, math.floor(share_of(limit, held, shards)))

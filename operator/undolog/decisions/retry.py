@@ -20,8 +20,7 @@ from email.utils import parsedate_to_datetime
 from enum import StrEnum
 from typing import Any
 
-from undolog.api import Backoff, OmittedOutput
-from undolog.errors import CallRefusal
+from undolog.api import Backoff, EntryReason, OmittedOutput
 
 RETRIED = frozenset({408, 409, 429})  # besides 5xx
 WAITS_AS_TOLD = frozenset({409, 429, 503})  # Retry-After honoured
@@ -44,7 +43,7 @@ class CallOutcome:
     status_code: int | None = None
     error: str | None = None
     retry_after: str | None = None  # the raw Retry-After header, if any
-    refusal: CallRefusal | None = None  # refused before any byte left (say, by the egress policy)
+    refusal: EntryReason | None = None  # refused before any byte left (say, by the egress policy)
     output: dict[str, Any] | None = None  # a 2xx answer's JSON object
     omitted: OmittedOutput | None = None  # a 2xx answer that is not kept as output, and why
     certificate: str | None = None  # the participant's certificate was rejected (why): retried, it may be renewed

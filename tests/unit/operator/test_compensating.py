@@ -9,13 +9,13 @@ import pytest
 from tests.support.waiting import eventually
 from tests.unit.operator.harness import NS, OK, Operator
 from undolog.api import (
+    EntryReason,
     UndoEntry,
 )
 from undolog.calls.transport import PreparedCall
 from undolog.controller.driver import SagaDriver
 from undolog.decisions.lost_entries import lost_entry
 from undolog.decisions.retry import CallOutcome
-from undolog.errors import CallRefusal
 from undolog.kube import Body, Plural
 
 
@@ -157,7 +157,7 @@ async def test_an_unregistered_function_is_recorded_by_reason_and_nothing_is_sen
 
 async def test_a_target_refused_by_the_transport_is_permanent(operator: Operator) -> None:
     refused = CallOutcome(
-        error="127.0.0.1:80 is refused by the operator's egress policy", refusal=CallRefusal.TARGET_REFUSED
+        error="127.0.0.1:80 is refused by the operator's egress policy", refusal=EntryReason.TARGET_REFUSED
     )
     operator.transport.script("/undo", refused)
     operator.aborted("s", 1)

@@ -12,6 +12,7 @@ from tests.support.waiting import eventually
 from tests.unit.operator.harness import FAST, NS, Operator
 from undolog import errors
 from undolog.api import (
+    EntryReason,
     OmittedOutput,
     OutputOmission,
     Saga,
@@ -21,7 +22,6 @@ from undolog.calls.transport import PreparedCall
 from undolog.conventions import FINALIZER
 from undolog.decisions import phases
 from undolog.decisions.retry import CallOutcome
-from undolog.errors import CallRefusal
 from undolog.kube import Body
 
 
@@ -109,7 +109,7 @@ async def test_a_step_whose_call_never_left_is_not_compensated(operator: Operato
 
 async def test_a_target_refused_on_the_first_send_is_never_sent(operator: Operator) -> None:
     operator.webhook("create")
-    refused = CallOutcome(error="127.0.0.1:80 is refused by the egress policy", refusal=CallRefusal.TARGET_REFUSED)
+    refused = CallOutcome(error="127.0.0.1:80 is refused by the egress policy", refusal=EntryReason.TARGET_REFUSED)
     operator.transport.script("/create", refused)
     steps = [{"name": "create", "action": {"function": "create"}, "compensation": {"function": "undo"}}]
     operator.saga("o", steps=steps)

@@ -11,7 +11,8 @@ from tests.support.waiting import eventually
 from tests.unit.operator.harness import NS, Operator
 from undolog import errors
 from undolog.api import Saga
-from undolog.controller.retention import Pace, Retention
+from undolog.calls.pace import Rate
+from undolog.controller.retention import Retention
 from undolog.conventions import timestamp
 from undolog.decisions.retention import RetentionPolicy
 
@@ -26,7 +27,7 @@ async def test_a_saga_labelled_while_its_deletion_is_in_flight_is_deleted_at_its
     body = await operator.kube.patch("sagas", NS, "s", {"metadata": {"finalizers": None}})
     body = await operator.kube.patch_status("sagas", NS, "s", {"status": {"completionTime": timestamp()}})
     retention = Retention(
-        operator.context.ledger, RetentionPolicy(completed=timedelta(0)), FixedFence(), Pace(per_second=1000)
+        operator.context.ledger, RetentionPolicy(completed=timedelta(0)), FixedFence(), Rate(per_second=1000)
     )
     plain = operator.kube.delete
     conflicts: list[str] = []
