@@ -193,6 +193,9 @@ def definitions() -> dict[str, JsonSchema]:
             _column("Undone", ".status.compensatedCount", "integer", "UndoEntries compensated or skipped"),
             _column("Reason", ".status.reason", description="Reason of the current phase"),
             AGE,
+            _column(
+                "Expires", ".status.expiresAt", description="When retention deletes it (status.expiresAt)", priority=1
+            ),
             _column("Org", ".spec.orgId", priority=1),
             _column("Failed-Step", ".status.failedStep", priority=1),
         ],

@@ -14,6 +14,7 @@ import builtins
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -37,7 +38,7 @@ from undolog.api import (
 )
 from undolog.api.changes import changed
 from undolog.api.common import revision_of
-from undolog.conventions import FINALIZER, bucket_labels, creation_body, generated_name, owned_by
+from undolog.conventions import FINALIZER, bucket_labels, creation_body, generated_name, owned_by, timestamp
 from undolog.decisions import entry_changes
 from undolog.kube import Body, Plural
 
@@ -357,6 +358,12 @@ class Ledger:
         patch = {"status": {k: None if k in UNSTORED_WHEN_EMPTY and not v else v for k, v in fields.items()}}
         written = await self.kube.patch_status("sagas", *saga.key, conditional(saga, patch))
         return Saga.model_validate(written)
+
+    async def stamp_expiry(self, namespace: str, name: str, version: str, at: datetime | None) -> Saga:
+        """A finished saga's deletion time (status.expiresAt) stamped again, on that very copy:
+        its TTL or the operator's default for its phase gives another now."""
+        patch = {"metadata": {"resourceVersion": version}, "status": {"expiresAt": timestamp(at) if at else None}}
+        return Saga.model_validate(await self.kube.patch_status("sagas", namespace, name, patch))
 
     async def write_saga_metadata(
         self,

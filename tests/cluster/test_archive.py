@@ -104,7 +104,7 @@ async def test_postgres_away_for_a_minute_while_100_sagas_finish_deletes_none_be
 async def test_kill_9_after_the_archive_committed_archives_once_and_deletes_once(
     cluster: Cluster, kube: Kube, namespace: str, participant: Participant, tmp_path: Path, postgres: LocalPostgres
 ) -> None:
-    operator = archiving(cluster, namespace, tmp_path, postgres)  # no TTL yet: archived, not deleted
+    operator = archiving(cluster, namespace, tmp_path, postgres, "--ttl-after-compensated=8s")  # archived first
     operator.start()
     await register(kube, namespace, participant, "delete-user")
     created, _ = await external_saga(kube, namespace, "once", [call("delete-user"), call("delete-user")])
@@ -119,8 +119,7 @@ async def test_kill_9_after_the_archive_committed_archives_once_and_deletes_once
         30,
         "the saga archived",
     )
-    operator.kill()  # the archive's commit made, the deletion not
-    operator.extra_args = (*operator.extra_args, "--ttl-after-compensated=1s")  # due at once now
+    operator.kill()  # the archive's commit made, the deletion not (due 8 s after the saga finished)
     operator.start()
     try:
         await deleted(kube, namespace, "once")

@@ -4,11 +4,13 @@ saga never goes."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.cluster.test_cli import undolog
 from tests.cluster.test_compensation import abort, external_saga, register, saga_or_none
 from tests.conftest import Cluster
 from tests.support.manifests import call
@@ -88,5 +90,58 @@ async def test_an_operator_started_again_deletes_exactly_the_sagas_that_fell_due
         for name in ("later", "kept"):
             assert await saga_or_none(kube, namespace, name) is not None
         assert operator.log().count("deleted finished saga") == 2
+    finally:
+        operator.stop()
+
+
+async def deletion_time(kube: Kube, namespace: str, name: str, expected: timedelta) -> datetime:
+    """The saga's status.expiresAt once it is its completion time plus `expected`."""
+
+    def stamped(body: dict[str, Any]) -> bool:
+        status = body.get("status", {})
+        if not status.get("expiresAt") or not status.get("completionTime"):
+            return False
+        return (
+            datetime.fromisoformat(status["expiresAt"]) - datetime.fromisoformat(status["completionTime"]) == expected
+        )
+
+    body = await eventually(lambda: kube.get("sagas", namespace, name), stamped, 30, f"{name}'s expiresAt stamped")
+    return datetime.fromisoformat(body["status"]["expiresAt"])
+
+
+async def deleted_at(kube: Kube, namespace: str, name: str) -> datetime:
+    """When the saga was seen gone (polled every 0.05 s), on this machine's clock."""
+    await deleted(kube, namespace, name, within=60)
+    return datetime.now(UTC)
+
+
+async def test_a_finished_saga_goes_at_the_time_its_status_shows_after_its_ttl_is_edited_or_the_default_changes(
+    cluster: Cluster, kube: Kube, namespace: str, participant: Participant, tmp_path: Path
+) -> None:
+    """One deletion time: status.expiresAt, which `undolog list` and the dashboard show, stamped
+    again when the saga's TTL is edited or the operator starts with another default; the
+    saga goes at that time, not at one recomputed elsewhere."""
+    operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path, ("--ttl-after-completed=1h",))
+    operator.start()
+    try:
+        await register(kube, namespace, participant, "delete-user")
+        for name in ("edited", "defaulted"):
+            await external_saga(kube, namespace, name, [call("delete-user")], outcome="Commit")
+            await saga_phase(kube, namespace, name, "Completed")
+            await deletion_time(kube, namespace, name, timedelta(hours=1))
+        await kube.patch("sagas", namespace, "edited", {"spec": {"ttlSecondsAfterFinished": 6}})
+        shown = await deletion_time(kube, namespace, "edited", timedelta(seconds=6))
+        listed = undolog(cluster, "list", "-n", namespace, "-o", "wide")
+        print(f"\n{listed.stdout}")
+        gone = await deleted_at(kube, namespace, "edited")
+        print(f"edited: expiresAt {shown.isoformat()}, deleted by {gone.isoformat()}")
+        assert shown <= gone < shown + timedelta(seconds=3)
+        operator.stop()
+        operator.extra_args = (*operator.extra_args[:-1], "--ttl-after-completed=20s")  # another default
+        operator.start()
+        shown = await deletion_time(kube, namespace, "defaulted", timedelta(seconds=20))
+        gone = await deleted_at(kube, namespace, "defaulted")
+        print(f"defaulted: expiresAt {shown.isoformat()}, deleted by {gone.isoformat()}")
+        assert shown <= gone < shown + timedelta(seconds=3)
     finally:
         operator.stop()

@@ -16,7 +16,17 @@ from undolog.decisions.retention import Finished, RetentionPolicy
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
 
-def saga(phase: SagaPhase | None, *, ttl: int | None = None, finalizer: bool = False, done: datetime = T0) -> Saga:
+def saga(
+    phase: SagaPhase | None,
+    *,
+    ttl: int | None = None,
+    finalizer: bool = False,
+    done: datetime = T0,
+    expires: datetime | None = None,
+) -> Saga:
+    status = {"phase": phase, "completionTime": done.isoformat()} if phase else {}
+    if expires is not None:
+        status["expiresAt"] = expires.isoformat()
     return Saga.model_validate(
         {
             "metadata": {
@@ -27,29 +37,44 @@ def saga(phase: SagaPhase | None, *, ttl: int | None = None, finalizer: bool = F
                 "finalizers": [FINALIZER] if finalizer else [],
             },
             "spec": {"ttlSecondsAfterFinished": ttl} if ttl is not None else {},
-            "status": {"phase": phase, "completionTime": done.isoformat()} if phase else {},
+            "status": status,
         }
     )
 
 
 def test_the_sagas_own_ttl_overrides_the_default_for_its_phase() -> None:
     policy = RetentionPolicy(completed=timedelta(hours=1), compensated=timedelta(days=7))
-    own = retention.finished(saga(SagaPhase.COMPLETED, ttl=60), policy)
-    default = retention.finished(saga(SagaPhase.COMPENSATED), policy)
-    kept = retention.finished(saga(SagaPhase.COMPLETED), RetentionPolicy())
-    assert own is not None
-    assert own.expires_at == T0 + timedelta(seconds=60)
-    assert default is not None
-    assert default.expires_at == T0 + timedelta(days=7)
-    assert kept is not None
-    assert kept.expires_at is None
+    own = saga(SagaPhase.COMPLETED, ttl=60)
+    assert retention.expires_at(own, SagaPhase.COMPLETED, T0, policy) == T0 + timedelta(seconds=60)
+    default = saga(SagaPhase.COMPENSATED)
+    assert retention.expires_at(default, SagaPhase.COMPENSATED, T0, policy) == T0 + timedelta(days=7)
+    kept = saga(SagaPhase.COMPLETED)
+    assert retention.expires_at(kept, SagaPhase.COMPLETED, T0, RetentionPolicy()) is None
+
+
+def test_a_saga_is_due_when_its_status_says_and_a_status_that_says_otherwise_is_stamped_again() -> None:
+    """One deletion time: what status.expiresAt says (every view shows it). An edited TTL, or
+    other defaults, stamp it again; until then the saga is judged by nothing else."""
+    policy = RetentionPolicy(completed=timedelta(hours=1))
+    stamped = saga(SagaPhase.COMPLETED, expires=T0 + timedelta(hours=1))
+    record = retention.finished(stamped)
+    assert record is not None
+    assert record.expires_at == T0 + timedelta(hours=1)
+    assert retention.restamp(stamped, policy) is None
+    edited = saga(SagaPhase.COMPLETED, ttl=60, expires=T0 + timedelta(hours=1))
+    again = retention.restamp(edited, policy)
+    assert again is not None
+    assert (again.saga, again.expires_at) == (retention.finished(edited), T0 + timedelta(seconds=60))
+    kept_now = retention.restamp(stamped, RetentionPolicy())  # the operator restarted without a default
+    assert kept_now is not None
+    assert kept_now.expires_at is None
+    assert retention.restamp(saga(SagaPhase.HALTED, ttl=0), policy) is None
 
 
 def test_halted_unfinished_and_finalized_sagas_are_never_retained() -> None:
-    policy = RetentionPolicy(completed=timedelta(0), compensated=timedelta(0))
     for phase in (SagaPhase.HALTED, SagaPhase.ACTIVE, SagaPhase.COMPENSATING, SagaPhase.REWINDING, None):
-        assert retention.finished(saga(phase, ttl=0), policy) is None
-    assert retention.finished(saga(SagaPhase.COMPLETED, ttl=0, finalizer=True), policy) is None
+        assert retention.finished(saga(phase, ttl=0)) is None
+    assert retention.finished(saga(SagaPhase.COMPLETED, ttl=0, finalizer=True)) is None
 
 
 def finished(name: str, namespace: str, done: datetime, expires: datetime | None) -> Finished:

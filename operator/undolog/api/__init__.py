@@ -22,6 +22,7 @@ from undolog.api.common import (
 from undolog.api.events import EventReason
 from undolog.api.saga import (
     MAX_LOST_ENTRIES,
+    TERMINAL,
     Backoff,
     CompensationPolicy,
     Effect,
@@ -75,6 +76,7 @@ __all__ = [
     "MAX_LOST_ENTRIES",
     "MAX_MESSAGE",
     "MAX_NESTING",
+    "TERMINAL",
     "VERSION",
     "Attempt",
     "AttemptKind",

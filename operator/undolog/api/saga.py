@@ -55,6 +55,10 @@ class SagaPhase(StrEnum):
     REWINDING = "Rewinding"  # undoing the entries above spec.rewind.toPosition, then Active again
 
 
+# Nothing is left to do: the saga is finished (Ready), and retention may delete it.
+TERMINAL: frozenset[SagaPhase] = frozenset({SagaPhase.COMPLETED, SagaPhase.COMPENSATED})
+
+
 class RewindState(StrEnum):
     REWINDING = "Rewinding"
     DONE = "Done"

@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from undolog import errors
+from undolog.api import TERMINAL
 from undolog.archive.record import ArchivedSaga, archived_saga
 from undolog.archive.store import ArchiveStore, RowToCheck
 from undolog.decisions import archive
-from undolog.decisions.retention import FINISHED
 from undolog.ledger import Ledger
 
 GONE = "its saga is gone from the cluster"
@@ -27,7 +27,7 @@ async def read_whole(ledger: Ledger, namespace: str, name: str, uid: str) -> Arc
         return GONE
     if current.metadata.uid != uid:
         return GONE  # deleted, and another saga took its name
-    if current.status.phase not in FINISHED:
+    if current.status.phase not in TERMINAL:
         return UNFINISHED
     listing = await ledger.entries_of(current)
     record = archived_saga(current, listing.entries)

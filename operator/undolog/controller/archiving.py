@@ -29,7 +29,7 @@ from undolog.archive.mend import GONE, SAGA_GONE, UNFINISHED, mend, read_whole
 from undolog.controller.concurrency import woken
 from undolog.controller.entry_index import SagaKey
 from undolog.conventions import now
-from undolog.decisions import archive
+from undolog.decisions import archive, retention
 from undolog.decisions.retention import Finished
 from undolog.ledger import Ledger
 
@@ -320,3 +320,29 @@ class Archiver:
         metrics.archive_incomplete.set(len(self.incomplete))
         oldest = min((w.saga.completed_at for w in self.waiting.values()), default=None)
         metrics.archive_backlog_seconds.set(0 if oldest is None else (now() - oldest).total_seconds())
+
+
+class ArchiveConcern:
+    """One engine's sagas offered to the shared archive as they finish (a SagaConcern)."""
+
+    def __init__(self, archiver: Archiver) -> None:
+        self.archiver = archiver
+        self.uids: dict[SagaKey, str] = {}  # of the finished sagas offered, to forget them when gone
+
+    def seen(self, saga: Saga, *, written: bool) -> None:
+        record = retention.finished(saga)
+        if record is not None:
+            self.uids[saga.key] = record.uid
+            self.archiver.offer(record)
+
+    def gone(self, key: SagaKey) -> None:
+        uid = self.uids.pop(key, None)
+        if uid is not None:
+            self.archiver.forget(uid)
+
+    def let_go(self, saga: Saga, entries: Sequence[UndoEntry]) -> None:
+        """Archived with the entries its driver held, when they are all of them."""
+        record = retention.finished(saga)
+        if record is not None:
+            self.uids[saga.key] = record.uid
+            self.archiver.offer(record, (saga, list(entries)))

@@ -6,11 +6,14 @@ same sagas twice); a standby shows `undolog_leader 0`."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from undolog import metrics
-from undolog.api import SagaPhase
+from undolog.api import Saga, SagaPhase, UndoEntry
+from undolog.controller.entry_index import EntryIndex, SagaKey
+from undolog.decisions import resolutions
 
 State = tuple[SagaPhase | None, str | None]  # a saga's phase, and the function it is halted on
 
@@ -35,6 +38,33 @@ class SagaGauges:
 
     def busy(self, namespace: str) -> bool:
         return self.sagas[namespace] > 0
+
+
+class PhaseGauges:
+    """One engine's sagas in the shared gauges (a SagaConcern): each saga's phase, and the
+    function it is halted on, counted while the engine leads (it is told `gone` for each when
+    it stops leading)."""
+
+    def __init__(self, gauges: SagaGauges, index: EntryIndex) -> None:
+        self.gauges, self.index = gauges, index
+        self.states: dict[SagaKey, State] = {}
+
+    def seen(self, saga: Saga, *, written: bool) -> None:
+        phase = saga.status.phase
+        halted = phase == SagaPhase.HALTED
+        state = (phase, resolutions.halted_on(saga, list(self.index.of(saga.key).values())) if halted else None)
+        before = self.states.get(saga.key, (None, None))
+        if before != state:
+            self.gauges.moved(saga.metadata.namespace, before, state)
+            self.states[saga.key] = state
+
+    def gone(self, key: SagaKey) -> None:
+        before = self.states.pop(key, None)
+        if before is not None:
+            self.gauges.moved(key[0], before, (None, None))
+
+    def let_go(self, saga: Saga, entries: Sequence[UndoEntry]) -> None:
+        return None
 
 
 K = TypeVar("K")

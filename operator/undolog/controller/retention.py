@@ -1,7 +1,8 @@
-"""Retention of one shard's finished sagas: each is deleted once due (decisions/retention.py),
-with its entries (the garbage collector's work), never before the archive holds it when an
-archive is configured, at a bounded rate (--retention-rate: what it may take of the apiserver
-beside compensation work)."""
+"""Retention of one shard's finished sagas (a SagaConcern of its engine): each is deleted at the
+time its status.expiresAt says (decisions/retention.py), which is first stamped again when
+its TTL or the operator's defaults make it another; with its entries (the garbage
+collector's work), never before the archive holds it when an archive is configured, at a
+bounded rate (--retention-rate: what it may take of the apiserver beside compensation work)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,19 @@ import asyncio
 import functools
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
 from undolog import errors, metrics
-from undolog.api import Saga
+from undolog.api import Saga, UndoEntry
 from undolog.calls.pace import Rate
 from undolog.calls.runner import Fence
 from undolog.controller.concurrency import woken
 from undolog.controller.entry_index import SagaKey
 from undolog.conventions import now
 from undolog.decisions import retention
-from undolog.decisions.retention import Due, Finished, RetentionPolicy
+from undolog.decisions.retention import Due, Finished, Restamp, RetentionPolicy
 from undolog.ledger import Ledger
 
 log = logging.getLogger("undolog.retention")
@@ -54,7 +56,8 @@ class Retention:
     ) -> None:
         self.ledger, self.policy, self.fence, self.pace = ledger, policy, fence, pace
         self.archive = archive
-        self.finished: dict[SagaKey, Finished] = {}
+        self.kept: dict[SagaKey, Finished] = {}  # the finished sagas in etcd
+        self.stamps: dict[SagaKey, Restamp] = {}  # their due times to stamp again first
         self.per_namespace: Counter[str] = Counter()
         self.deferred: dict[SagaKey, datetime] = {}
         self.deleting: set[SagaKey] = set()  # deletions in flight
@@ -62,23 +65,34 @@ class Retention:
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
 
-    def seen(self, saga: Saga) -> None:
-        """The saga as last seen: finished (kept track of, woken if it is due sooner) or not."""
-        record = retention.finished(saga, self.policy)
+    def seen(self, saga: Saga, *, written: bool = False) -> None:
+        """The saga as last seen: finished (kept track of, woken if it is due sooner, its due
+        time stamped again if its status says another) or not."""
+        record = retention.finished(saga)
         if record is None:
             self.gone(saga.key)
             return
-        if saga.key not in self.finished:
+        stamp = retention.restamp(saga, self.policy)
+        if stamp is not None:
+            self.stamps[saga.key] = stamp
+            self.wake.set()
+        else:
+            self.stamps.pop(saga.key, None)
+        if saga.key not in self.kept:
             self.per_namespace[record.namespace] += 1
-        self.finished[saga.key] = record
+        self.kept[saga.key] = record
         kept = self.policy.kept_per_shard
         over_cap = kept is not None and self.per_namespace[record.namespace] > kept
         sooner = record.expires_at is not None and (self.next_at is None or record.expires_at < self.next_at)
         if over_cap or sooner:
             self.wake.set()
 
+    def let_go(self, saga: Saga, entries: Sequence[UndoEntry]) -> None:
+        return None  # its copy comes with the watch, finalizer released
+
     def gone(self, key: SagaKey) -> None:
-        record = self.finished.pop(key, None)
+        self.stamps.pop(key, None)
+        record = self.kept.pop(key, None)
         if record is not None:
             self.per_namespace[record.namespace] -= 1
             if not self.per_namespace[record.namespace]:
@@ -98,7 +112,8 @@ class Retention:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
             self.task = None
-        self.finished.clear()
+        self.kept.clear()
+        self.stamps.clear()
         self.per_namespace.clear()
         self.deferred.clear()
         self.deleting.clear()
@@ -111,10 +126,11 @@ class Retention:
             while True:
                 self.wake.clear()
                 moment = now()
+                await self.restamp()
                 candidates = [
                     f
-                    for key, f in self.finished.items()
-                    if key not in self.deleting and self.deferred.get(key, moment) <= moment
+                    for key, f in self.kept.items()
+                    if key not in self.deleting and key not in self.stamps and self.deferred.get(key, moment) <= moment
                 ]
                 plan = retention.plan(candidates, self.policy, moment)
                 for due in plan.due:
@@ -129,15 +145,34 @@ class Retention:
                 seconds = None if self.next_at is None else max((self.next_at - now()).total_seconds(), 0.0)
                 await woken(self.wake, seconds)
 
+    async def restamp(self) -> None:
+        """Each finished saga whose due time is not what its status says gets it stamped (paced
+        with the deletions); its watch event then brings the copy that is judged."""
+        while self.stamps:
+            key, stamp = next(iter(self.stamps.items()))
+            await self.pace.turn()
+            if self.stamps.get(key) is not stamp:
+                continue  # a newer copy came meanwhile, and with it its own stamp (or none)
+            del self.stamps[key]
+            try:
+                self.fence.check()
+                await self.ledger.stamp_expiry(
+                    stamp.saga.namespace, stamp.saga.name, stamp.saga.resource_version, stamp.expires_at
+                )
+            except errors.NotLeading:
+                return
+            except errors.KubeError as error:  # changed (its event comes), gone, or the API away: seen again
+                log.info("could not stamp the due time of saga %s/%s: %s", *key, error.message)
+
     def _done(self, room: asyncio.Semaphore, key: SagaKey, _: asyncio.Task[None]) -> None:
         self.deleting.discard(key)
         room.release()
-        if key in self.deferred or key in self.finished:  # to be looked at again (a newer copy, a recheck)
+        if key in self.deferred or key in self.kept:  # to be looked at again (a newer copy, a recheck)
             self.wake.set()
 
     async def delete(self, due: Due) -> None:
-        record = self.finished.get(due.saga.key)
-        if record != due.saga:  # changed or gone since it was planned
+        record = self.kept.get(due.saga.key)
+        if record != due.saga or record.key in self.stamps:  # changed or gone since it was planned
             return
         await self.pace.turn()
         if self.archive is not None and not self.archive.holds(record):
@@ -154,7 +189,7 @@ class Retention:
             pass
         except errors.Conflict:  # it changed since (its watch event brings the new copy), or is another saga now
             log.info("saga %s/%s changed since it was due; not deleted", record.namespace, record.name)
-            if self.finished.get(record.key) != record:
+            if self.kept.get(record.key) != record:
                 return  # that event came while the delete was on its way: the newer copy is due in turn
         except errors.KubeError as error:
             log.warning("could not delete finished saga %s/%s: %s", record.namespace, record.name, error.message)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 
+from undolog.api import TERMINAL as TERMINAL  # re-exported: the phases a saga is finished in
 from undolog.api import (
     Condition,
     ConditionStatus,
@@ -71,7 +72,6 @@ from undolog.decisions.moves import (
 from undolog.decisions.retention import kept_long
 from undolog.decisions.stack import Stack
 
-TERMINAL: frozenset[SagaPhase] = frozenset({SagaPhase.COMPLETED, SagaPhase.COMPENSATED})
 FINAL: frozenset[SagaPhase] = TERMINAL | {SagaPhase.HALTED}  # nothing moves without a person
 # An orchestrated saga's steps start before Active is written, for this long after its creation.
 ACTIVE_WRITE_AFTER = timedelta(seconds=2)

@@ -1,12 +1,14 @@
 """Retention: when a finished saga leaves etcd.
 
-A saga is finished once it is Completed or Compensated and its finalizer is released. It is due
-`ttl` after its `status.completionTime`: the saga's own `spec.ttlSecondsAfterFinished`, else the
-operator's default for its phase (none: kept). A namespace keeps at most `max_finished` finished
-sagas (per shard, its share of them); past that the oldest are due at once. Halted and unfinished
-sagas are never due: a Halted saga a person resolves finishes then, and its clock starts then.
-Everything here is computed from what the saga's status says, so it survives restarts, leader
-changes and shard moves.
+A saga is finished once it is Completed or Compensated and its finalizer is released. It is
+due at its `status.expiresAt` and at no other time: `expires_at` computes it, `ttl` after its
+`status.completionTime` (the saga's own `spec.ttlSecondsAfterFinished`, else the operator's
+default for its phase; none: kept), and a status that says otherwise (the TTL edited, the
+operator's defaults changed) is stamped again (`restamp`) before it is judged. A namespace
+keeps at most `max_finished` finished sagas (per shard, its share of them); past that the
+oldest are due at once. Halted and unfinished sagas are never due: a Halted saga a person
+resolves finishes then, and its clock starts then. Everything here is computed from what the
+saga's status says, so it survives restarts, leader changes and shard moves.
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from undolog.api import Saga, SagaPhase
+from undolog.api import TERMINAL, Saga, SagaPhase
 from undolog.conventions import FINALIZER, shown_duration
 
-FINISHED: frozenset[SagaPhase] = frozenset({SagaPhase.COMPLETED, SagaPhase.COMPENSATED})
 # Kept at least this long, a finished saga's entries are worth one write each to drop their
 # field owners (metadata.managedFields: ~840 of an entry's ~1,900 bytes in etcd).
 KEPT_LONG = timedelta(hours=1)
@@ -77,11 +78,12 @@ def kept_long(saga: Saga) -> bool:
     return status.expires_at - status.completion_time >= KEPT_LONG
 
 
-def finished(saga: Saga, policy: RetentionPolicy) -> Finished | None:
-    """The saga as retention sees it; None while it is not finished (not Completed or
-    Compensated, a finalizer still held, a person's request pending, being deleted)."""
+def finished(saga: Saga) -> Finished | None:
+    """The saga as retention sees it, due when its status says; None while it is not finished
+    (not Completed or Compensated, a finalizer still held, a person's request pending, being
+    deleted)."""
     status, meta = saga.status, saga.metadata
-    if status.phase not in FINISHED or status.completion_time is None:
+    if status.phase not in TERMINAL or status.completion_time is None:
         return None
     if FINALIZER in meta.finalizers or meta.deletion_timestamp is not None:
         return None
@@ -92,8 +94,25 @@ def finished(saga: Saga, policy: RetentionPolicy) -> Finished | None:
         resource_version=meta.resource_version,
         phase=status.phase,
         completed_at=status.completion_time,
-        expires_at=expires_at(saga, status.phase, status.completion_time, policy),
+        expires_at=status.expires_at,
     )
+
+
+@dataclass(frozen=True)
+class Restamp:
+    """A finished saga whose status.expiresAt is not what its TTL and the defaults make it."""
+
+    saga: Finished
+    expires_at: datetime | None  # what status.expiresAt should say (None: kept, but for the cap)
+
+
+def restamp(saga: Saga, policy: RetentionPolicy) -> Restamp | None:
+    """The due time to stamp on a finished saga, when its status says another."""
+    record = finished(saga)
+    if record is None:
+        return None
+    wanted = expires_at(saga, record.phase, record.completed_at, policy)
+    return None if wanted == record.expires_at else Restamp(record, wanted)
 
 
 @dataclass(frozen=True)

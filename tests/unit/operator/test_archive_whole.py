@@ -16,7 +16,6 @@ from undolog.controller.archiving import Archiver, NotWhole
 from undolog.controller.engine import Engine
 from undolog.conventions import FINALIZER, timestamp
 from undolog.decisions import retention
-from undolog.decisions.retention import RetentionPolicy
 from undolog.kube import Body
 
 NOW = timestamp()
@@ -41,7 +40,7 @@ async def finished(operator: Operator, engine: Engine, name: str) -> Body:
 
     async def settled() -> Body | None:
         body = operator.kube.body("sagas", NS, name)
-        return None if engine.drivers or FINALIZER in body["metadata"].get("finalizers", []) else body
+        return None if engine.drivers.running or FINALIZER in body["metadata"].get("finalizers", []) else body
 
     released = await eventually(settled, lambda body: body is not None, 5, f"saga {name} finished")
     assert released is not None
@@ -66,7 +65,7 @@ async def test_a_late_copy_of_a_finished_saga_never_replaces_its_entries_with_no
     late["metadata"]["finalizers"] = [FINALIZER]
     late["metadata"]["resourceVersion"] = str(int(released["metadata"]["resourceVersion"]) - 1)
     engine.saga_event("MODIFIED", late)
-    assert engine.drivers == {}, "a late copy started a driver for a saga already let go"
+    assert engine.drivers.running == {}, "a late copy started a driver for a saga already let go"
     await eventually(lambda: idle(engine), bool, 5, "no driver left")
     held = archiver.waiting[uid].held
     assert held is not None
@@ -75,7 +74,7 @@ async def test_a_late_copy_of_a_finished_saga_never_replaces_its_entries_with_no
 
 
 async def idle(engine: Engine) -> bool:
-    return not engine.drivers
+    return not engine.drivers.running
 
 
 async def test_entries_a_driver_held_that_are_not_all_of_them_are_listed_instead(operator: Operator) -> None:
@@ -85,7 +84,7 @@ async def test_entries_a_driver_held_that_are_not_all_of_them_are_listed_instead
     await operator.kube.patch("sagas", NS, "s", {"metadata": {"finalizers": None}})
     done = operator.kube.patch_status("sagas", NS, "s", {"status": {"stackDepth": 2, "completionTime": NOW}})
     finished_saga = Saga.model_validate(await done)
-    record = retention.finished(finished_saga, RetentionPolicy())
+    record = retention.finished(finished_saga)
     assert record is not None
     archiver = Archiver(AwayStore(), operator.context.ledger)
     archiver.offer(record, (finished_saga, []))  # what a driver that held none would offer

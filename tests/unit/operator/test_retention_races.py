@@ -25,7 +25,8 @@ async def test_a_saga_labelled_while_its_deletion_is_in_flight_is_deleted_at_its
     the saga was kept forever (the archive chaos scenario: 7 of 24 sagas, a writer labelling them)."""
     body = operator.saga("s", phase="Completed")
     body = await operator.kube.patch("sagas", NS, "s", {"metadata": {"finalizers": None}})
-    body = await operator.kube.patch_status("sagas", NS, "s", {"status": {"completionTime": timestamp()}})
+    done = timestamp()
+    body = await operator.kube.patch_status("sagas", NS, "s", {"status": {"completionTime": done, "expiresAt": done}})
     retention = Retention(
         operator.context.ledger, RetentionPolicy(completed=timedelta(0)), FixedFence(), Rate(per_second=1000)
     )

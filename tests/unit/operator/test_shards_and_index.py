@@ -34,7 +34,7 @@ async def test_a_saga_and_entry_labelled_into_the_wrong_shard_are_filed_where_th
     engine = operator.engine(shard=Shard(0, 2), labels=ShardLabels(operator.context.ledger))
     engine.saga_event("MODIFIED", saga)
     assert not filed_in(engine.shard, engine.labels, UndoEntry.model_validate(entry))
-    assert engine.drivers == {}
+    assert engine.drivers.running == {}
     await until_filed(operator.kube, [("sagas", name), ("undoentries", f"{name}-1")], str(bucket_of(NS, name)))
     assert operator.transport.sent == []
 
@@ -47,13 +47,13 @@ async def test_the_entries_of_a_finished_saga_are_let_go_until_one_changes(opera
     engine = operator.engine(index=operator.context.index)
     engine.saga_event("MODIFIED", saga)
     assert engine.index.of((NS, "s")) == {}
-    assert engine.drivers == {}
+    assert engine.drivers.running == {}
     # The watch's echo of an entry write made before the saga settled, arriving after it did.
     echo = UndoEntry.model_validate(operator.kube.body("undoentries", NS, "s-1"))
     engine.index.keep(echo)
-    engine.entry_event((echo, False))
+    engine.drivers.entry_event((echo, False))
     assert engine.index.of((NS, "s")) == {}
     late = UndoEntry.model_validate(operator.entry(saga, 2))
-    engine.entry_event((late, False))
-    assert (NS, "s") in engine.drivers
+    engine.drivers.entry_event((late, False))
+    assert (NS, "s") in engine.drivers.running
     await engine.stop()

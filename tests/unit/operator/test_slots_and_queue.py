@@ -121,7 +121,7 @@ async def test_sagas_waiting_for_a_slot_wait_in_a_queue_not_as_tasks(operator: O
 
     async def finished() -> int:
         nonlocal most
-        most = max(most, sum(1 for d in engine.drivers.values() if d.task is not None))
+        most = max(most, sum(1 for d in engine.drivers.running.values() if d.task is not None))
         return sum(operator.kube.body("sagas", NS, n).get("status", {}).get("phase") == "Compensated" for n in names)
 
     await eventually(finished, lambda done: done == len(names), 10, "20 sagas Compensated")
@@ -132,11 +132,11 @@ async def test_sagas_waiting_for_a_slot_wait_in_a_queue_not_as_tasks(operator: O
         for name in ("t1", "t2", "t3"):
             engine.saga_event("MODIFIED", operator.saga(name, outcome="Abort"))
         await asyncio.sleep(0)  # the dispatcher started t1's task, which has not run yet
-        assert [key[1] for key, d in engine.drivers.items() if d.task is not None] == ["t1"]
+        assert [key[1] for key, d in engine.drivers.running.items() if d.task is not None] == ["t1"]
         await engine.stop()
     assert slots.free == 2
-    assert engine.drivers == {}
-    assert not engine.queued
+    assert engine.drivers.running == {}
+    assert not engine.drivers.queued
 
 
 async def test_a_namespace_whose_sagas_queue_behind_another_namespaces_hundreds_is_served_next(
