@@ -10,10 +10,11 @@ import json
 import re
 import secrets
 import statistics
+import time
 import uuid
 from collections import deque
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from undolog.api import (
     API_VERSION,
@@ -113,6 +114,15 @@ SKEW_CORRECTED_SECONDS = 2.0  # the API server's clock differing by this much is
 SKEW_IGNORED_SECONDS = 1.0  # and by less than this, ignored again
 
 
+class Clock(Protocol):
+    """The one seam for time the operator's parts receive: wall time (as the API server tells
+    it) and a monotonic clock for intervals. Tests give a clock of their own to make time pass."""
+
+    def now(self) -> datetime: ...
+
+    def monotonic(self) -> float: ...
+
+
 class ClusterClock:
     """The time as the API server tells it: this process's clock plus the offset that the API's
     answers show (their `Date`), once it is SKEW_CORRECTED_SECONDS or more. Deadlines run from
@@ -136,6 +146,9 @@ class ClusterClock:
 
     def now(self) -> datetime:
         return datetime.now(UTC) + self.offset
+
+    def monotonic(self) -> float:
+        return time.monotonic()
 
 
 CLUSTER_CLOCK = ClusterClock()

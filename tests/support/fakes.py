@@ -11,7 +11,7 @@ import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from undolog import errors
@@ -255,3 +255,21 @@ class FixedFence:
 
     def shard(self) -> str | None:
         return "0/1"
+
+
+@dataclass
+class ManualClock:
+    """A clock of the test's own (conventions.Clock): time passes when the test says."""
+
+    wall: datetime
+    ticks: float = 0.0
+
+    def now(self) -> datetime:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.ticks
+
+    def advance(self, seconds: float) -> None:
+        self.wall += timedelta(seconds=seconds)
+        self.ticks += seconds

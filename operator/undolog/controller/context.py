@@ -16,6 +16,7 @@ from undolog.controller.compensation import Compensator
 from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
 from undolog.controller.timeline import Timeline
+from undolog.conventions import CLUSTER_CLOCK, Clock
 from undolog.decisions.retention import RetentionPolicy
 from undolog.decisions.turns import Turns
 from undolog.kube.watch import Progress
@@ -39,6 +40,7 @@ class DriverContext:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)  # stamps status.expiresAt when a saga finishes
     # The saga as its driver let it go, finished, with its entries (the archive takes them).
     finished: Callable[[Saga, list[UndoEntry]], None] = lambda saga, entries: None
+    clock: Clock = CLUSTER_CLOCK  # wall and monotonic time: a test's own makes time pass
 
 
 class SagaSlots:

@@ -24,7 +24,7 @@ from undolog.controller.entry_losses import EntryLosses
 from undolog.controller.entry_proof import EntryProver, Listed
 from undolog.controller.saga_copy import SagaCopy
 from undolog.controller.saga_status import StatusWriter
-from undolog.conventions import now, owned_by
+from undolog.conventions import owned_by
 from undolog.decisions import moves, phases
 from undolog.decisions.lost_entries import lost_entry
 from undolog.decisions.retry import operator_retry_seconds
@@ -131,7 +131,7 @@ class SagaDriver:
                 # This operator cannot be sure it still holds the Lease (a late renewal under
                 # load): wait and look again. If it did lose it, the engine stops every driver;
                 # a driver that quit on its own would leave its saga to no one.
-                wait = moves.Wait(until=now() + timedelta(seconds=NOT_LEADING_RECHECK))
+                wait = moves.Wait(until=self.context.clock.now() + timedelta(seconds=NOT_LEADING_RECHECK))
             except Exception as error:
                 # The API's errors, a stale entry, and also a defect or input nobody foresaw: said
                 # on the saga and retried with backoff. A driver task that ended with one would
@@ -140,7 +140,7 @@ class SagaDriver:
                 wait = self._backoff(failures, error)
             if wait.finished and not self.wake.is_set():
                 return
-            timeout = None if wait.until is None else max((wait.until - now()).total_seconds(), 0.0)
+            timeout = None if wait.until is None else max((wait.until - self.context.clock.now()).total_seconds(), 0.0)
             await woken(self.wake, timeout)
         self.quit_gone = True
 
@@ -159,7 +159,7 @@ class SagaDriver:
                 self.latest, EventReason.OPERATOR_ERROR, f"{text}; retrying with backoff", warning=True
             )
         self.last_error = text
-        return moves.Wait(until=now() + timedelta(seconds=delay))
+        return moves.Wait(until=self.context.clock.now() + timedelta(seconds=delay))
 
     async def reconcile(self) -> moves.Wait:
         saga = self.latest or await self.context.ledger.saga(self.namespace, self.name)
@@ -168,7 +168,7 @@ class SagaDriver:
         self.prover.aged()
         while True:
             saga = await self.losses.report(saga, entries)  # noticed meanwhile: never decide on a stale copy
-            move = phases.decide(saga, entries, now(), self.prover.proof)
+            move = phases.decide(saga, entries, self.context.clock.now(), self.prover.proof)
             log.debug("saga %s/%s: %s", self.namespace, self.name, type(move).__name__)
             if isinstance(move, moves.Wait):
                 self.copy.keep_newest(saga)

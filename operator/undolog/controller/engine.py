@@ -31,7 +31,7 @@ from undolog.controller.seen_sagas import SeenSagas
 from undolog.controller.shard_labels import ShardLabels, filed_in
 from undolog.controller.storage_migration import StorageMigration
 from undolog.controller.timeline import Timeline
-from undolog.conventions import now
+from undolog.conventions import CLUSTER_CLOCK, Clock
 from undolog.decisions.retention import RetentionPolicy
 from undolog.decisions.sharding import Shard
 from undolog.kube import Body, Kube
@@ -58,6 +58,7 @@ class Engine:
     retention: Retention | None = None  # deletes the shard's finished sagas once due
     archiver: Archiver | None = None  # writes every finished saga to the archive (shared)
     storage: StorageMigration | None = None  # writes what an earlier release stored again, once
+    clock: Clock = CLUSTER_CLOCK  # wall and monotonic time, for every part of the engine
     state: ShardState = field(init=False)
     context: DriverContext = field(init=False)
     drivers: Drivers = field(init=False)
@@ -79,6 +80,7 @@ class Engine:
             entries_seen=self.entries_seen,
             retention=self.retention.policy if self.retention is not None else RetentionPolicy(),
             finished=self.let_go,
+            clock=self.clock,
         )
         self.drivers = Drivers(self.state, self.context, self.fence, self.saga_seen)
         self.concerns = [PhaseGauges(self.gauges, self.index), self.drivers]
@@ -116,7 +118,7 @@ class Engine:
             )
             for ns in targets
         ]
-        listed_at = now()
+        listed_at = self.context.clock.now()
         saga_listings = [await watch.listing() for watch in sagas]
         unreadable = [u for watch in self.entry_watches.values() for u in await watch.sync()]
         state = self.state

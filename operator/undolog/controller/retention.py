@@ -20,7 +20,7 @@ from undolog.calls.pace import Rate
 from undolog.calls.runner import Fence
 from undolog.controller.concurrency import woken
 from undolog.controller.entry_index import SagaKey
-from undolog.conventions import now
+from undolog.conventions import CLUSTER_CLOCK, Clock
 from undolog.decisions import retention
 from undolog.decisions.retention import Due, Finished, Restamp, RetentionPolicy
 from undolog.ledger import Ledger
@@ -53,9 +53,10 @@ class Retention:
         fence: Fence,
         pace: Rate,
         archive: ArchiveGate | None = None,
+        clock: Clock = CLUSTER_CLOCK,
     ) -> None:
         self.ledger, self.policy, self.fence, self.pace = ledger, policy, fence, pace
-        self.archive = archive
+        self.archive, self.clock = archive, clock
         self.kept: dict[SagaKey, Finished] = {}  # the finished sagas in etcd
         self.stamps: dict[SagaKey, Restamp] = {}  # their due times to stamp again first
         self.per_namespace: Counter[str] = Counter()
@@ -125,7 +126,7 @@ class Retention:
         async with asyncio.TaskGroup() as deleting:
             while True:
                 self.wake.clear()
-                moment = now()
+                moment = self.clock.now()
                 await self.restamp()
                 candidates = [
                     f
@@ -142,7 +143,7 @@ class Retention:
                     continue
                 wakes = [t for t in (plan.next_at, *self.deferred.values()) if t is not None]
                 self.next_at = min(wakes, default=None)
-                seconds = None if self.next_at is None else max((self.next_at - now()).total_seconds(), 0.0)
+                seconds = None if self.next_at is None else max((self.next_at - self.clock.now()).total_seconds(), 0.0)
                 await woken(self.wake, seconds)
 
     async def restamp(self) -> None:
@@ -177,13 +178,13 @@ class Retention:
         await self.pace.turn()
         if self.archive is not None and not self.archive.holds(record):
             self.archive.offer(record)
-            self.deferred[record.key] = now() + ARCHIVE_RECHECK
+            self.deferred[record.key] = self.clock.now() + ARCHIVE_RECHECK
             return
         try:
             self.fence.check()
             await self.ledger.delete_finished(record.namespace, record.name, record.uid, record.resource_version)
         except errors.NotLeading:
-            self.deferred[record.key] = now() + ARCHIVE_RECHECK
+            self.deferred[record.key] = self.clock.now() + ARCHIVE_RECHECK
             return
         except errors.NotFound:
             pass
@@ -193,7 +194,7 @@ class Retention:
                 return  # that event came while the delete was on its way: the newer copy is due in turn
         except errors.KubeError as error:
             log.warning("could not delete finished saga %s/%s: %s", record.namespace, record.name, error.message)
-            self.deferred[record.key] = now() + FAILED_DELETE_PAUSE
+            self.deferred[record.key] = self.clock.now() + FAILED_DELETE_PAUSE
             return
         else:
             metrics.series.of(metrics.retention_deletions, record.namespace, record.phase).inc()

@@ -3,7 +3,6 @@ Event) and progress (stackDepth, compensatedCount) at a measured pace."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection
 from datetime import datetime
 
@@ -12,7 +11,6 @@ from undolog.api import EffectStatus, Saga, SagaPhase, SagaReason, SagaStatus, U
 from undolog.api.changes import changed
 from undolog.controller.context import DriverContext
 from undolog.controller.entry_proof import EntryProver
-from undolog.conventions import now
 from undolog.decisions import compensation_plan, moves, phases, retention
 
 COUNTER_INTERVAL = 5.0  # seconds between progress writes of stackDepth and compensatedCount
@@ -38,7 +36,7 @@ class StatusWriter:
 
     async def write(self, saga: Saga, status: SagaStatus) -> Saga:
         written = await self.context.ledger.write_saga_status(saga, status)
-        self.last_write = time.monotonic()
+        self.last_write = self.context.clock.monotonic()
         return written
 
     async def enter(self, saga: Saga, entries: Collection[UndoEntry], transition: moves.Transition) -> Saga:
@@ -51,7 +49,7 @@ class StatusWriter:
         before = saga.status
         if before.phase is None and phase != SagaPhase.ACTIVE:  # its steps ran before Active was written
             before = changed(before, {"start_time": saga.metadata.creation_timestamp})
-        moment = now()
+        moment = self.context.clock.now()
         status = phases.with_phase(
             before,
             phase,
@@ -101,7 +99,7 @@ class StatusWriter:
         saga slowed them all."""
         if (
             saga.status.phase is None
-            or time.monotonic() - self.last_write < COUNTER_INTERVAL
+            or self.context.clock.monotonic() - self.last_write < COUNTER_INTERVAL
             or self.context.slots.locked()
         ):
             return saga

@@ -16,11 +16,9 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from undolog.api import Call, CompensationPolicy, SagaPhase
-from undolog.api import Saga as SagaObject
-from undolog.decisions.phases import FINAL
+from undolog.api import Call, CompensationPolicy
 from undolog.errors import NoSaga
 from undolog.sdk import saga as async_saga
 from undolog.sdk.saga import StepRun
@@ -50,8 +48,20 @@ class _Loop:
         self.loop.close()
 
 
+def _blocking(
+    method: Callable[Concatenate[async_saga.SagaRun, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Saga, P], R]:
+    """The async SagaRun's method as the sync Saga's: the same parameters, by construction."""
+
+    def blocking(self: Saga, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._loop.run(method(self._run, *args, **kwargs))
+
+    functools.update_wrapper(blocking, method)  # its name, docstring and signature
+    return blocking
+
+
 class Saga:
-    """Synchronous handle on an external saga; same methods as the async SagaRun."""
+    """Synchronous handle on an external saga; the async SagaRun's methods, blocking."""
 
     def __init__(self, loop: _Loop, run: async_saga.SagaRun) -> None:
         self._loop, self._run = loop, run
@@ -82,20 +92,11 @@ class Saga:
             raise
         self._loop.run(self._run.finish(run))
 
-    def stage_effect(self, name: str, call: Call) -> None:
-        self._loop.run(self._run.stage_effect(name, call))
-
-    def commit(self) -> None:
-        self._loop.run(self._run.commit())
-
-    def abort(self, reason: str, failed_step: str | None = None) -> None:
-        self._loop.run(self._run.abort(reason, failed_step))
-
-    def rewind_to(self, step_or_position: str | int, reason: str, within: float = 60.0) -> SagaObject:
-        return self._loop.run(self._run.rewind_to(step_or_position, reason, within))
-
-    def wait(self, phases: tuple[SagaPhase, ...] = tuple(FINAL), within: float = 60.0) -> SagaObject:
-        return self._loop.run(self._run.wait(phases, within))
+    stage_effect = _blocking(async_saga.SagaRun.stage_effect)
+    commit = _blocking(async_saga.SagaRun.commit)
+    abort = _blocking(async_saga.SagaRun.abort)
+    rewind_to = _blocking(async_saga.SagaRun.rewind_to)
+    wait = _blocking(async_saga.SagaRun.wait)
 
     def close(self) -> None:
         try:
@@ -127,26 +128,16 @@ def open_saga(
     org: str | None = None,
     deadline_seconds: int | None = None,
     policy: CompensationPolicy | None = None,
+    ttl_seconds_after_finished: int | None = None,
     kubeconfig: str | None = None,
     resume: bool = False,
 ) -> Saga:
-    """Create an Active external saga (from KUBECONFIG, or in-cluster when unset), in
-    `namespace`, else the kubeconfig context's namespace (in a pod: the pod's); `resume`: as
-    the async open_saga's."""
+    """The async open_saga, blocking: the same parameters but `kube` (a connection belongs to
+    the event loop that made it; this saga's loop is its own). A test holds them equal."""
+    options = dict(locals())
     loop = _Loop()
     try:
-        run = loop.run(
-            async_saga.open_saga(
-                name,
-                generate_name=generate_name,
-                namespace=namespace,
-                org=org,
-                deadline_seconds=deadline_seconds,
-                policy=policy,
-                kubeconfig=kubeconfig,
-                resume=resume,
-            )
-        )
+        run = loop.run(async_saga.open_saga(**options))
     except BaseException:
         loop.stop()
         raise

@@ -8,7 +8,6 @@ from undolog.api import EntryReason, EntryState, EventReason, Saga, SagaPhase, S
 from undolog.api.changes import changed
 from undolog.controller.applying.turn import Turn
 from undolog.controller.concurrency import beside, raise_first
-from undolog.conventions import now
 from undolog.decisions import moves
 from undolog.decisions.lost_entries import lost_entry
 
@@ -53,7 +52,7 @@ async def enter_compensating(
     names = [e.metadata.name for e in first.entries]
     # Dated now, before the call leaves: its outcome may be recorded before this write returns,
     # and `kubectl describe` must still read Failed first (seen the other way round).
-    writing = turn.status.entered(turn.saga, entered.status, phase, reason, at=now())
+    writing = turn.status.entered(turn.saga, entered.status, phase, reason, at=turn.context.clock.now())
     compensated, written = await beside(compensate(turn, entered, names), writing)
     turn.prover.aged()  # a call was made since the listing
     raise_first([written, compensated])  # the write's failure first: it says more

@@ -12,7 +12,6 @@ from undolog.api import Saga, UndoEntry
 from undolog.controller.applying.phase import STARTED
 from undolog.controller.applying.turn import Turn
 from undolog.controller.saga_status import with_effect
-from undolog.conventions import now
 from undolog.decisions import moves, phases
 
 log = logging.getLogger("undolog.driver")
@@ -46,8 +45,8 @@ async def active_if_slow(turn: Turn, sending: Awaitable[UndoEntry]) -> tuple[Und
     saga = turn.saga
     call = asyncio.ensure_future(sending)
     try:
-        created = saga.metadata.creation_timestamp or now()
-        moment = (created + phases.ACTIVE_WRITE_AFTER - now()).total_seconds()
+        created = saga.metadata.creation_timestamp or turn.context.clock.now()
+        moment = (created + phases.ACTIVE_WRITE_AFTER - turn.context.clock.now()).total_seconds()
         done, _ = await asyncio.wait({call}, timeout=max(moment, 0.0))
         if not done:
             try:

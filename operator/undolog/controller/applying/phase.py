@@ -9,7 +9,6 @@ from undolog.api import EventReason, Saga, SagaPhase, SagaReason
 from undolog.api.changes import changed, with_status
 from undolog.controller.applying.compensation import enter_compensating
 from undolog.controller.applying.turn import Turn
-from undolog.conventions import now
 from undolog.decisions import moves, phases
 
 STARTED = moves.Transition(SagaPhase.ACTIVE, SagaReason.STARTED, "the operator took charge")
@@ -24,7 +23,7 @@ async def transition(turn: Turn, move: moves.Transition) -> Saga:
     saga, entries = turn.saga, turn.entries
     status = turn.status.entering(saga, entries, move)
     entered = with_status(saga, status)
-    following = phases.decide(entered, entries, now(), turn.prover.proof)
+    following = phases.decide(entered, entries, turn.context.clock.now(), turn.prover.proof)
     if isinstance(following, moves.CompensateEntries):
         return await enter_compensating(turn, entered, move.phase, move.reason, following)
     return await turn.status.entered(saga, status, move.phase, move.reason)

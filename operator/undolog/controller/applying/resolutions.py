@@ -13,7 +13,7 @@ from undolog.api import (
 )
 from undolog.api.changes import changed, with_status
 from undolog.controller.applying.turn import Turn
-from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, now
+from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION
 from undolog.decisions import entry_changes, moves
 
 
@@ -46,7 +46,7 @@ async def skip_entry(turn: Turn, move: moves.SkipEntry) -> Saga:
     saga, entries, ledger = turn.saga, turn.entries, turn.context.ledger
     name, reason = move.entry.metadata.name, move.reason
     # Settled by the rewind, if one is under way: history from now on.
-    rewound_at = now() if move.resume == SagaPhase.REWINDING else None
+    rewound_at = turn.context.clock.now() if move.resume == SagaPhase.REWINDING else None
     changes = entry_changes.skipped(EntryReason.SKIPPED_BY_PERSON, reason, rewound_at=rewound_at)
     written = await ledger.write_entry_status(entries[name], changed(entries[name].status, changes))
     entries.put(await ledger.drop_annotation(written, SKIP_ANNOTATION))
