@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import tempfile
 import time
 from pathlib import Path
@@ -59,6 +60,11 @@ async def until(probe: Any, target: int, within: float) -> float:
     return time.monotonic() - began
 
 
+async def compensated_in(bench: Bench, namespace: str) -> int:
+    items = await bench.kube.list("sagas", namespace)
+    return sum(1 for s in items if s.get("status", {}).get("phase") == "Compensated")
+
+
 def archiving(bench: Bench, namespace: str, postgres: LocalPostgres) -> OperatorProcess:
     process = OperatorProcess(
         bench.kubeconfig,
@@ -79,9 +85,7 @@ async def measure(bench: Bench, postgres: LocalPostgres, n: int) -> dict[str, An
         with Progress() as progress:
             await populate(bench, namespace, n, progress)
 
-        async def compensated() -> int:
-            items = await bench.kube.list("sagas", namespace)
-            return sum(1 for s in items if s.get("status", {}).get("phase") == "Compensated")
+        compensated = functools.partial(compensated_in, bench, namespace)
 
         async def in_archive() -> int:
             return await asyncio.to_thread(archived, postgres)
@@ -127,12 +131,7 @@ async def drain_after_outage(bench: Bench, postgres: LocalPostgres, n: int) -> f
         postgres.kill()
         operator = archiving(bench, namespace, postgres)
         try:
-
-            async def compensated() -> int:
-                items = await bench.kube.list("sagas", namespace)
-                return sum(1 for s in items if s.get("status", {}).get("phase") == "Compensated")
-
-            await until(compensated, n, 1800)
+            await until(functools.partial(compensated_in, bench, namespace), n, 1800)
             postgres.start()
             return await until(lambda: asyncio.to_thread(archived, postgres), before + n, 1800)
         finally:

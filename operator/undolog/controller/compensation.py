@@ -11,11 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from undolog.api import Attempt, AttemptKind, Call, EntryReason, EntryState, EventReason, Saga, SagaPhase, UndoEntry
+from undolog.api import AttemptKind, Call, EntryReason, EntryState, EventReason, Saga, SagaPhase, UndoEntry
 from undolog.api.changes import EntryStatusChange, changed
-from undolog.calls.runner import AttemptRecord, CallResult
-from undolog.calls.transport import Target
-from undolog.controller.recorded_call import CallRecorder, EntryCall, call_trace, failure_changes, headers_for
+from undolog.calls.runner import CallResult
+from undolog.controller.recorded_call import CallPlan, CallRecorder, CallRefused, call_trace, failure_changes
 from undolog.conventions import clip, compensation_key, now
 from undolog.decisions import compensation_plan, entry_changes
 from undolog.decisions.retry import Verdict
@@ -44,49 +43,43 @@ class Compensator:
         call = compensation_plan.call_or_skip(entry)
         if not isinstance(call, Call):
             return await self._skipped(saga, entry, *call)
-        label = f"{entry.metadata.name} (step {entry.spec.step}, {call.function} {call.version})"
-        return await self.recorder.call_entry(
-            saga,
-            entry,
-            call,
-            outputs,
-            kind=AttemptKind.COMPENSATION,
-            label=label,
-            impossible=lambda refused: {
+        plan = self._plan(saga, entry, call)
+        ended = await self.recorder.call_entry(saga, entry, outputs, plan)
+        if isinstance(ended, CallRefused):
+            refused = ended.refused
+            changes: EntryStatusChange = {
                 "state": EntryState.FAILED,
                 "reason": refused.reason,
                 "last_error": clip(str(refused)),
-            },
-            spec=lambda args, target: self._spec(saga, entry, call, label, args, target),
-            ended=lambda result, spec: (
-                self._outcome(saga, result, label) | {"retry_count": result.last.number - 1, "attempts": spec.attempts}
-            ),
-        )
+            }
+        else:
+            result = ended.result
+            changes = self._outcome(saga, result, plan.label) | {
+                "retry_count": result.last.number - 1,
+                "attempts": ended.attempts,
+            }
+        return await self.recorder.ledger.write_entry_status(ended.entry, changed(ended.entry.status, changes))
 
     @staticmethod
-    def _spec(saga: Saga, entry: UndoEntry, call: Call, label: str, args: dict[str, Any], target: Target) -> EntryCall:
-        def retried(record: AttemptRecord, attempts: list[Attempt]) -> EntryStatusChange:
-            return {"retry_count": record.number, "last_error": record.error, "attempts": attempts}
-
-        return EntryCall(
+    def _plan(saga: Saga, entry: UndoEntry, call: Call) -> CallPlan:
+        key = compensation_key(entry.spec.undo_id)
+        return CallPlan(
             kind=AttemptKind.COMPENSATION,
-            label=label,
+            label=f"{entry.metadata.name} (step {entry.spec.step}, {call.function} {call.version})",
             call=call,
-            target=target,
-            args=args,
-            headers=headers_for(
-                saga, key=compensation_key(entry.spec.undo_id), step=entry.spec.step, forward=entry.spec.effect_id
-            ),
+            key=key,
+            step=entry.spec.step,
+            forward_key=entry.spec.effect_id,
             backoff=saga.spec.compensation_policy.backoff,
             max_retries=call.max_retries,
             first_attempt=entry.status.retry_count + 1,
             in_flight={"state": EntryState.RUNNING},
             already_in_flight=entry.status.state == EntryState.RUNNING,
-            retried=retried,
             retry_reason=EventReason.COMPENSATION_RETRY,
-            attempts=list(entry.status.attempts),
+            counts_retries=True,
+            attempts=tuple(entry.status.attempts),
             patient=True,
-            trace=call_trace(saga, entry, call, AttemptKind.COMPENSATION, compensation_key(entry.spec.undo_id)),
+            trace=call_trace(saga, entry, call, AttemptKind.COMPENSATION, key),
         )
 
     def _outcome(self, saga: Saga, result: CallResult, label: str) -> EntryStatusChange:

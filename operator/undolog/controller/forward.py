@@ -20,7 +20,6 @@ from typing import Any
 
 from undolog import errors, metrics
 from undolog.api import (
-    Attempt,
     AttemptKind,
     Effect,
     EffectDeliveryState,
@@ -32,10 +31,16 @@ from undolog.api import (
     StepType,
     UndoEntry,
 )
-from undolog.api.changes import EntryStatusChange
+from undolog.api.changes import EntryStatusChange, changed
 from undolog.calls.runner import AttemptRecord, CallResult, CallTrace
-from undolog.calls.transport import Target
-from undolog.controller.recorded_call import CallRecorder, EntryCall, call_trace, failure_changes, headers_for
+from undolog.controller.recorded_call import (
+    CallPlan,
+    CallRecorder,
+    CallRefused,
+    call_trace,
+    failure_changes,
+    headers_for,
+)
 from undolog.conventions import (
     clip,
     effect_key,
@@ -90,49 +95,40 @@ class Forwarder:
     ) -> UndoEntry:
         """Send the step's call. `first_send`: no attempt of it can have left before (the
         entry was just created here), so a refusal before sending proves NotSent."""
-        call = step.action
-        label = f"{entry.metadata.name} (step {step.name}, {call.function} {call.version})"
-        return await self.recorder.call_entry(
-            saga,
-            entry,
-            call,
-            outputs,
-            kind=AttemptKind.FORWARD,
-            label=label,
-            impossible=lambda refused: {
+        plan = self._plan(saga, entry, step)
+        ended = await self.recorder.call_entry(saga, entry, outputs, plan)
+        if isinstance(ended, CallRefused):
+            refused = ended.refused
+            changes: EntryStatusChange = {
                 "effect": EffectState.NOT_SENT if first_send else EffectState.FAILED,
                 "executed_at": now(),
                 "last_error": clip(str(refused)),
                 "reason": refused.reason,
-            },
-            spec=lambda args, target: self._spec(saga, entry, step, label, args, target),
-            ended=lambda result, spec: (
-                self._outcome(saga, result, label, first_send) | {"executed_at": now(), "attempts": spec.attempts}
-            ),
-        )
+            }
+        else:
+            outcome = self._outcome(saga, ended.result, plan.label, first_send)
+            changes = outcome | {"executed_at": now(), "attempts": ended.attempts}
+        return await self.recorder.ledger.write_entry_status(ended.entry, changed(ended.entry.status, changes))
 
     @staticmethod
-    def _spec(saga: Saga, entry: UndoEntry, step: Step, label: str, args: dict[str, Any], target: Target) -> EntryCall:
-        def retried(record: AttemptRecord, attempts: list[Attempt]) -> EntryStatusChange:
-            return {"last_error": record.error, "attempts": attempts}
-
-        previous, call = list(entry.status.attempts), step.action
+    def _plan(saga: Saga, entry: UndoEntry, step: Step) -> CallPlan:
+        previous, call = entry.status.attempts, step.action
         default_retries = FORWARD_RECOVERY_RETRIES if step.type == StepType.RETRIABLE else None
-        return EntryCall(
+        return CallPlan(
             kind=AttemptKind.FORWARD,
-            label=label,
+            label=f"{entry.metadata.name} (step {step.name}, {call.function} {call.version})",
             call=call,
-            target=target,
-            args=args,
-            headers=headers_for(saga, key=entry.spec.effect_id, step=step.name),
+            key=entry.spec.effect_id,
+            step=step.name,
+            forward_key=None,
             backoff=saga.spec.compensation_policy.backoff,
             max_retries=call.max_retries if call.max_retries is not None else default_retries,
             first_attempt=sum(1 for a in previous if a.kind == AttemptKind.FORWARD) + 1,
             in_flight={"effect": EffectState.EXECUTING},
             already_in_flight=entry.status.effect == EffectState.EXECUTING,
-            retried=retried,
             retry_reason=EventReason.FORWARD_RETRY,
-            attempts=previous,
+            counts_retries=False,
+            attempts=tuple(previous),
             trace=call_trace(saga, entry, call, AttemptKind.FORWARD, entry.spec.effect_id),
         )
 

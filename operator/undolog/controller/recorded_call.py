@@ -46,26 +46,59 @@ def attempt_of(record: AttemptRecord, kind: AttemptKind) -> Attempt:
     )
 
 
-@dataclass
-class EntryCall:
-    """What differs between a forward call and a compensation of one entry."""
+@dataclass(frozen=True)
+class CallPlan:
+    """How one entry's call is made and recorded: data only (compensation.py and forward.py
+    write theirs); the recorder fills in the arguments and the target once they are known."""
 
     kind: AttemptKind
     label: str  # "<entry> (step <step>, <function> <version>)" in Events
     call: Call
-    target: Target
-    args: dict[str, Any]
-    headers: Callable[[int], dict[str, str]]
+    key: str  # its Idempotency-Key
+    step: str
+    forward_key: str | None  # Undolog-Forward-Key (compensations)
     backoff: Backoff
     max_retries: int | None
     first_attempt: int
     in_flight: Changes  # written when the call is slow: state Running / effect Executing
     already_in_flight: bool
-    retried: Callable[[AttemptRecord, list[Attempt]], Changes]  # written after a failed attempt
     retry_reason: EventReason
-    attempts: list[Attempt] = field(default_factory=list)  # the entry's recorded attempts so far
+    counts_retries: bool  # a failed attempt writes retryCount too (compensations)
+    attempts: tuple[Attempt, ...] = ()  # the entry's recorded attempts so far
     patient: bool = False  # waits out the participant's outages (compensations: decisions.outage)
     trace: CallTrace | None = None
+
+    def retried(self, record: AttemptRecord, attempts: list[Attempt]) -> Changes:
+        """What a failed attempt, to be retried, writes to the entry."""
+        changes: Changes = {"last_error": record.error, "attempts": attempts}
+        return {"retry_count": record.number, **changes} if self.counts_retries else changes
+
+
+@dataclass
+class EntryCall:
+    """A planned call with its arguments and target, and the attempts recorded as it goes."""
+
+    plan: CallPlan
+    args: dict[str, Any]
+    target: Target
+    attempts: list[Attempt] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CallRefused:
+    """The call could not be made at all (nothing was sent); `entry` as last written."""
+
+    entry: UndoEntry
+    refused: CallNotPossible
+
+
+@dataclass(frozen=True)
+class CallEnded:
+    """The call was made: how it ended, its attempts, and `entry` as last written."""
+
+    entry: UndoEntry
+    result: CallResult
+    attempts: list[Attempt]
 
 
 def call_trace(saga: Saga, entry: UndoEntry, call: Call, kind: AttemptKind, key: str) -> CallTrace:
@@ -120,47 +153,41 @@ class CallRecorder:
             return refused
 
     async def call_entry(
-        self,
-        saga: Saga,
-        entry: UndoEntry,
-        call: Call,
-        outputs: Mapping[str, Mapping[str, Any] | None],
-        *,
-        kind: AttemptKind,
-        label: str,
-        impossible: Callable[[CallNotPossible], Changes],
-        spec: Callable[[dict[str, Any], Target], EntryCall],
-        ended: Callable[[CallResult, EntryCall], Changes],
-    ) -> UndoEntry:
+        self, saga: Saga, entry: UndoEntry, outputs: Mapping[str, Mapping[str, Any] | None], plan: CallPlan
+    ) -> CallRefused | CallEnded:
         """What a forward call and a compensation share: the call prepared (or why it cannot be
-        made, recorded), made with its retries, and how it ended recorded on the entry."""
+        made, recorded as an Event), made with its retries (each failed attempt written to the
+        entry); how it ended is the caller's to record, in one write."""
+        kind = plan.kind
         prepared = await self.prepare(
-            saga, call, outputs, label, missing_as_null=kind != AttemptKind.FORWARD, kind=kind
+            saga, plan.call, outputs, plan.label, missing_as_null=kind != AttemptKind.FORWARD, kind=kind
         )
         if isinstance(prepared, CallNotPossible):
-            return await self.ledger.write_entry_status(entry, changed(entry.status, impossible(prepared)))
-        made = spec(*prepared)
+            return CallRefused(entry, prepared)
+        made = EntryCall(plan, *prepared, attempts=list(plan.attempts))
         result, entry = await self.run(saga, entry, made)
-        return await self.ledger.write_entry_status(entry, changed(entry.status, ended(result, made)))
+        return CallEnded(entry, result, made.attempts)
 
-    async def run(self, saga: Saga, entry: UndoEntry, spec: EntryCall) -> tuple[CallResult, UndoEntry]:
+    async def run(self, saga: Saga, entry: UndoEntry, made: EntryCall) -> tuple[CallResult, UndoEntry]:
         """Make the call; returns its result and the entry as last written. A call that failed
         on a target from the Webhook cache is made once more, continuing its attempt numbers,
         when the API's Webhook now gives another target (fixed before the cache heard of it)."""
-        result, entry = await self._attempts(saga, entry, spec)
+        result, entry = await self._attempts(saga, entry, made)
         if result.verdict == Verdict.SUCCEEDED:
             return result, entry
-        moved = await self.registry.changed(saga.metadata.namespace, spec.call, spec.target)
+        plan = made.plan
+        moved = await self.registry.changed(saga.metadata.namespace, plan.call, made.target)
         if moved is None:
             return result, entry
         why = "its Webhook changed while the call was made; calling the new target"
-        self.timeline.record(saga, spec.retry_reason, f"{spec.label}: {why}")
-        again = replace(spec, target=moved, first_attempt=result.last.number + 1, already_in_flight=True)
-        retried, entry = await self._attempts(saga, entry, again)
+        self.timeline.record(saga, plan.retry_reason, f"{plan.label}: {why}")
+        made.plan = replace(plan, first_attempt=result.last.number + 1, already_in_flight=True)
+        made.target = moved
+        retried, entry = await self._attempts(saga, entry, made)
         return CallResult(retried.verdict, [*result.attempts, *retried.attempts]), entry
 
-    async def _attempts(self, saga: Saga, entry: UndoEntry, spec: EntryCall) -> tuple[CallResult, UndoEntry]:
-        attempts = _Attempts(self, saga, entry, spec)
+    async def _attempts(self, saga: Saga, entry: UndoEntry, made: EntryCall) -> tuple[CallResult, UndoEntry]:
+        attempts = _Attempts(self, saga, entry, made)
         return await attempts.run(), attempts.latest
 
 
@@ -168,31 +195,31 @@ class _Attempts:
     """One run of an entry's call: its attempts recorded on the entry, and the in-flight mark
     written beside the call when it is slow. The mark and the attempt records share one copy."""
 
-    def __init__(self, recorder: CallRecorder, saga: Saga, entry: UndoEntry, spec: EntryCall) -> None:
-        self.recorder, self.saga, self.spec = recorder, saga, spec
+    def __init__(self, recorder: CallRecorder, saga: Saga, entry: UndoEntry, made: EntryCall) -> None:
+        self.recorder, self.saga, self.made, self.plan = recorder, saga, made, made.plan
         self.latest = entry
         self.writing = asyncio.Lock()
         self.left = asyncio.Event()
         self.writing_mark = False
 
     async def run(self) -> CallResult:
-        spec = self.spec
+        made, plan = self.made, self.plan
         # The call is made in this task and the mark beside it, not the other way round: a task
         # starts on the event loop's next turn, which with sagas failing together came
         # milliseconds after the decision to call.
-        marking = None if spec.already_in_flight else asyncio.create_task(self.mark_in_flight())
+        marking = None if plan.already_in_flight else asyncio.create_task(self.mark_in_flight())
         try:
             result = await self.recorder.runner.call(
-                spec.target,
-                spec.args,
-                spec.headers,
-                backoff=spec.backoff,
-                max_retries=spec.max_retries,
+                made.target,
+                made.args,
+                headers_for(self.saga, key=plan.key, step=plan.step, forward=plan.forward_key),
+                backoff=plan.backoff,
+                max_retries=plan.max_retries,
                 on_attempt=self.on_attempt,
-                first_attempt=spec.first_attempt,
+                first_attempt=plan.first_attempt,
                 leaving=self.left.set,
-                patient=spec.patient,
-                trace=spec.trace,
+                patient=plan.patient,
+                trace=plan.trace,
             )
             if marking is not None and self.writing_mark:
                 await marking  # the mark's write is in flight: the next write needs its copy
@@ -207,17 +234,17 @@ class _Attempts:
             self.latest = await self.recorder.ledger.write_entry_status(self.latest, status)
 
     async def on_attempt(self, record: AttemptRecord, delay: float | None) -> None:
-        spec = self.spec
-        spec.attempts.append(attempt_of(record, spec.kind))
-        del spec.attempts[:-MAX_ATTEMPTS]
-        metrics.attempted(spec.kind, self.saga.metadata.namespace, spec.call.function, record)
+        plan, attempts = self.plan, self.made.attempts
+        attempts.append(attempt_of(record, plan.kind))
+        del attempts[:-MAX_ATTEMPTS]
+        metrics.attempted(plan.kind, self.saga.metadata.namespace, plan.call.function, record)
         if delay is None:
             return
-        await self.write(spec.in_flight | spec.retried(record, list(spec.attempts)))
+        await self.write(plan.in_flight | plan.retried(record, list(attempts)))
         self.recorder.timeline.record(
             self.saga,
-            spec.retry_reason,
-            f"{spec.label} attempt {record.number}: {record.error}; retrying in {delay:.2f} s",
+            plan.retry_reason,
+            f"{plan.label} attempt {record.number}: {record.error}; retrying in {delay:.2f} s",
             warning=True,
         )
 
@@ -226,7 +253,7 @@ class _Attempts:
         await asyncio.sleep(IN_FLIGHT_MARK_AFTER)
         self.writing_mark = True
         try:
-            await self.write(self.spec.in_flight)
+            await self.write(self.plan.in_flight)
         except KubeError as error:  # only a mark for people: never cut off a call sent for it
             log.warning("%s is in flight; that could not be marked: %s", self.latest.reference, error.message)
 
