@@ -267,16 +267,6 @@ async def test_a_gateway_that_stops_ends_its_open_sessions_and_counts_what_it_di
     assert "the gateway stopped" in saga["metadata"]["annotations"]["undolog.io/abort-reason"]
 
 
-async def test_a_sessionless_request_is_refused_a_mapped_tool_naming_the_handshake(
-    tracker: Tracker, gateway: GatewayProcess
-) -> None:
-    async with Client(gateway.url) as agent:  # the SDK's default: the sessionless revision when offered
-        assert (await agent.call_tool("list_issues", {})).content  # read-only tools pass all the same
-        with pytest.raises(MCPError, match="needs a session to be undoable: connect with the initialize handshake"):
-            await agent.call_tool("create_issue", {"title": "one"})
-    assert tracker.issues.opened == {}
-
-
 async def test_an_upstream_started_as_a_command_speaks_over_stdio(
     cluster: Cluster, namespace: str, tmp_path: Path
 ) -> None:

@@ -3,6 +3,7 @@ configuration that puts it in front of the tracker with create_issue undone by c
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,23 +29,42 @@ def gateway_config(namespace: str, tracker: Tracker, **overrides: Any) -> dict[s
     }
 
 
+HANDLE_KEY = "the-test-gateways-handle-key"  # every replica of a test shares it, as the chart's Secret gives it
+
+
 class GatewayProcess:
-    def __init__(self, kubeconfig: Path, config: dict[str, Any], tmp_path: Path, *extra: str) -> None:
-        path = tmp_path / "gateway.yaml"
-        path.write_text(yaml.safe_dump(config))
+    def __init__(
+        self, kubeconfig: Path, config: dict[str, Any], tmp_path: Path, *extra: str, handle_key: str = HANDLE_KEY
+    ) -> None:
         self.port = free_port()
-        self.log = (tmp_path / "gateway.log").open("w")
+        path = tmp_path / f"gateway-{self.port}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        self.log_path = tmp_path / f"gateway-{self.port}.log"
+        self.log = self.log_path.open("w")
         command = [sys.executable, "-m", "undolog.cli", "mcp", "--config", str(path), "--port", str(self.port)]
         self.process = subprocess.Popen(
-            [*command, "--kubeconfig", str(kubeconfig), *extra], stdout=self.log, stderr=subprocess.STDOUT
+            [*command, "--kubeconfig", str(kubeconfig), *extra],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "UNDOLOG_GATEWAY_HANDLE_KEY": handle_key},
         )
-        serving(f"http://127.0.0.1:{self.port}/healthz", self.process, tmp_path / "gateway.log", 30)
+        serving(f"http://127.0.0.1:{self.port}/healthz", self.process, self.log_path, 30)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/mcp"
 
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
     def stop(self) -> None:
         self.process.terminate()
+        self.process.wait(15)
+        self.log.close()
+
+    def kill(self) -> None:
+        """kill -9: whatever it held in memory is gone."""
+        self.process.kill()
         self.process.wait(15)
         self.log.close()

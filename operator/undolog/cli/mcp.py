@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from typing import Annotated
 
 import typer
@@ -18,6 +19,14 @@ def mcp(
     stdio: Annotated[bool, typer.Option(help="Serve one agent over stdin/stdout instead of HTTP.")] = False,
     port: Annotated[int, typer.Option(help="Port to serve streamable HTTP on (at /mcp).")] = 8090,
     address: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0 in a pod).")] = "127.0.0.1",
+    handle_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="UNDOLOG_GATEWAY_HANDLE_KEY",
+            help="The key that signs saga handles (stateless MCP, 2026-07-28); every replica needs the same one, "
+            "and it must outlive restarts. Unset: a key of this process's own (handles die with it).",
+        ),
+    ] = None,
 ) -> None:
     """Serve MCP in front of your MCP servers: every tool call that can be undone gets its
     UndoEntry before it runs, and each session is a saga an abort undoes, newest first."""
@@ -40,7 +49,15 @@ def mcp(
         )
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if stdio:
-        asyncio.run(serve_stdio(loaded, connect))
+    if handle_key:
+        key = handle_key.encode()
     else:
-        asyncio.run(serve_http(loaded, address, port, connect))
+        key = secrets.token_bytes(32)
+        logging.getLogger("undolog.gateway").warning(
+            "no --handle-key (UNDOLOG_GATEWAY_HANDLE_KEY): saga handles are signed with a key of this process's own, "
+            "so they do not survive its restart and another replica refuses them"
+        )
+    if stdio:
+        asyncio.run(serve_stdio(loaded, connect, key))
+    else:
+        asyncio.run(serve_http(loaded, address, port, connect, key))

@@ -35,6 +35,7 @@ from undolog.ledger import Ledger
 
 log = logging.getLogger("undolog.archive")
 BATCH = 50  # sagas per transaction
+READS_AT_ONCE = 10  # sagas of a batch read from the API at once (a GET and a LIST each) when not held
 HELD = 1000  # sagas waiting with their entries in memory; past that, listed again when their turn comes
 MAX_EVENTS = 100_000  # events waiting to be written while PostgreSQL is away; the oldest go past it
 FLUSH_SECONDS = 1.0
@@ -213,26 +214,32 @@ class Archiver:
 
     async def drain(self) -> None:
         """One batch: what is not archived at its revision yet, read where its entries are not
-        held (or not all held), then written with its events in one transaction."""
+        held (or not all held), READS_AT_ONCE at a time, then written with its events in one
+        transaction."""
         batch = list(self.waiting.values())[:BATCH]
         known = await self.store.revisions([w.saga.uid for w in batch])
+        reading = asyncio.Semaphore(READS_AT_ONCE)
+
+        async def read(waiting: Waiting) -> ArchivedSaga | errors.KubeError | NotWhole | None:
+            async with reading:
+                try:
+                    return await self.record_of(waiting, known.get(waiting.saga.uid))
+                except (errors.KubeError, NotWhole) as error:
+                    return error
+
         records: list[ArchivedSaga] = []
         unread = 0
-        for waiting in batch:
-            try:
-                record = await self.record_of(waiting, known.get(waiting.saga.uid))
-            except errors.KubeError as error:  # the API is away: it waits its turn again
-                log.warning("archive: could not read %s: %s", waiting.saga.key, error.message)
+        for waiting, found in zip(batch, await asyncio.gather(*(read(w) for w in batch)), strict=True):
+            if isinstance(found, errors.KubeError):  # the API is away: it waits its turn again
+                log.warning("archive: could not read %s: %s", waiting.saga.key, found.message)
                 self.waiting[waiting.saga.uid] = self.waiting.pop(waiting.saga.uid)
                 unread += 1
-                continue
-            except NotWhole as why:
-                self.park(waiting.saga.uid, waiting.saga.key, str(why))
-                continue
-            if record is None:
+            elif isinstance(found, NotWhole):
+                self.park(waiting.saga.uid, waiting.saga.key, str(found))
+            elif found is None:
                 self.waiting.pop(waiting.saga.uid, None)
             else:
-                records.append(record)
+                records.append(found)
         if unread == len(batch):
             await asyncio.sleep(RETRY_SECONDS[-1])
             return

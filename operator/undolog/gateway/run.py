@@ -72,11 +72,13 @@ def ending_sessions(app: ASGIApp, ended: Callable[[str], Any]) -> ASGIApp:
     return wrapped
 
 
-async def serve_http(config: GatewayConfig, host: str, port: int, connect: Callable[[], Awaitable[Kube]]) -> None:
+async def serve_http(
+    config: GatewayConfig, host: str, port: int, connect: Callable[[], Awaitable[Kube]], handle_key: bytes
+) -> None:
     kube = await connect()
     try:
         async with Upstreams(config.upstreams) as upstreams:
-            gateway = Gateway(config, kube, upstreams)
+            gateway = Gateway(config, kube, upstreams, handle_key)
 
             async def metrics(_: Request) -> Response:
                 return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
@@ -104,11 +106,11 @@ async def serve_http(config: GatewayConfig, host: str, port: int, connect: Calla
         await kube.close()
 
 
-async def serve_stdio(config: GatewayConfig, connect: Callable[[], Awaitable[Kube]]) -> None:
+async def serve_stdio(config: GatewayConfig, connect: Callable[[], Awaitable[Kube]], handle_key: bytes) -> None:
     kube = await connect()
     try:
         async with Upstreams(config.upstreams) as upstreams:
-            gateway = Gateway(config, kube, upstreams)
+            gateway = Gateway(config, kube, upstreams, handle_key)
             try:
                 async with stdio_server() as (read, write):
                     await gateway.server.run(read, write, gateway.server.create_initialization_options())

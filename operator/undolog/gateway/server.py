@@ -4,8 +4,8 @@ package's low-level server. It lists the upstreams' tools and the agent's own fo
 (decisions.tool_calls) whether it passes through, is registered as a step first, or is refused.
 
 A session is the streamable HTTP session (its Mcp-Session-Id), or the one stdio connection.
-Requests of the sessionless protocol (2026-07-28) have no session to tie steps to: their
-mapped calls are refused, naming the handshake to use.
+Requests of the stateless protocol (2026-07-28) have none: their steps are tied to a saga by
+the handle the agent passes back (gateway/handles.py).
 """
 
 from __future__ import annotations
@@ -18,14 +18,17 @@ from typing import Any
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.server.request_state import authenticated_principal
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from prometheus_client import Counter
 
 from undolog.api.gateway import GatewayConfig, OnClose
-from undolog.decisions.tool_calls import PassThrough, Refuse, decide
+from undolog.decisions.tool_calls import PassThrough, Refuse, Register, decide
 from undolog.errors import UndoLogError
+from undolog.gateway.handles import HANDLE_ARG, HandleSagas, advertised
 from undolog.gateway.sessions import NotCalled, SessionSaga
-from undolog.gateway.upstreams import Upstreams
+from undolog.gateway.upstreams import Upstreams, UpstreamTool
 from undolog.kube import Kube
 
 STDIO_SESSION = "stdio"
@@ -70,14 +73,20 @@ OWN_TOOLS = [
 ]
 
 
+def stateless(ctx: ServerRequestContext[Any]) -> bool:
+    """A request of the stateless revision (2026-07-28): no session, a saga handle instead."""
+    return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
 def said(text: str, *, error: bool = False) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=error)
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig, kube: Kube, upstreams: Upstreams) -> None:
+    def __init__(self, config: GatewayConfig, kube: Kube, upstreams: Upstreams, handle_key: bytes) -> None:
         self.config, self.kube, self.upstreams = config, kube, upstreams
         self.sessions: dict[str, SessionSaga] = {}
+        self.handles = HandleSagas(config, kube, upstreams, handle_key)
         self.server: Server[Any] = Server("undolog-gateway", on_list_tools=self.list_tools, on_call_tool=self.call_tool)
         self._own: dict[str, Callable[[SessionSaga, dict[str, Any]], Awaitable[str]]] = {
             "undolog_commit": lambda s, _: self._end(s, OnClose.COMMIT, "committed by the agent"),
@@ -93,17 +102,26 @@ class Gateway:
             types.Tool.model_validate({**found.tool.model_dump(by_alias=True, exclude_none=True), "name": name})
             for name, found in self.upstreams.tools.items()
         ]
-        return types.ListToolsResult(tools=[*listed, *OWN_TOOLS])
+        if not stateless(ctx):
+            return types.ListToolsResult(tools=[*listed, *OWN_TOOLS])
+        steps = [self._registered(found) for found in self.upstreams.tools.values()]
+        tools = [advertised(tool) if step else tool for tool, step in zip(listed, steps, strict=True)]
+        return types.ListToolsResult(tools=[*tools, *(advertised(own) for own in OWN_TOOLS)])
+
+    def _registered(self, found: UpstreamTool) -> bool:
+        return isinstance(decide(self.config, found.qualified, found.read_only_hint), Register)
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         name, arguments = params.name, dict(params.arguments or {})
+        identity = authenticated_principal(ctx) if stateless(ctx) else None
         own = self._own.get(name)
         if own is not None:
-            session = self._session(ctx, name)
             try:
-                return said(await own(session, arguments))
+                if stateless(ctx):
+                    return said(await self.handles.own(name, arguments, identity))
+                return said(await own(self._session(ctx, name), arguments))
             except (UndoLogError, ValueError, TimeoutError) as error:
                 return said(f"{name}: {error}", error=True)
         found = self.upstreams.tools.get(name)
@@ -112,12 +130,16 @@ class Gateway:
         decision = decide(self.config, found.qualified, found.read_only_hint)
         if isinstance(decision, PassThrough):
             tool_calls.labels(found.qualified, "passed").inc()
+            arguments.pop(HANDLE_ARG, None)
             return await self.upstreams.call(found, arguments, None)
         if isinstance(decision, Refuse):
             tool_calls.labels(found.qualified, "refused").inc()
             raise MCPError(types.INVALID_PARAMS, decision.message)
         try:
-            result = await self._session(ctx, name).call(found, arguments, decision.rule)
+            if stateless(ctx):
+                result = await self.handles.call(found, arguments, decision.rule, identity)
+            else:
+                result = await self._session(ctx, name).call(found, arguments, decision.rule)
         except NotCalled as refused:
             tool_calls.labels(found.qualified, "refused").inc()
             raise MCPError(types.INVALID_PARAMS, str(refused)) from None

@@ -61,29 +61,13 @@ class SessionSaga:
             return self.run
 
     async def call(self, tool: UpstreamTool, arguments: dict[str, Any], rule: ToolRule | None) -> types.CallToolResult:
-        """Register the step (its compensation filled in from the arguments), call upstream,
-        record the result: an isError result or an exception is a failed step (its effect may be
-        partial, so it is compensated), its output kept when it has one."""
+        """The call as the session saga's next step (see `call_as_step`)."""
         try:
             run = await self.saga()
-            self.steps += 1
-            step = repeated_step(step_name_of(tool.tool.name), self.steps)
-            compensation = compensation_call(rule, arguments, step) if rule and rule.compensation else None
-            registered = await run.register(step, compensation)
         except (ValueError, UndoLogError) as error:
             raise NotCalled(f"tool {tool.qualified} was not called: {error}") from error
-        try:
-            result = await self.upstreams.call(tool, arguments, registered.forward_key)
-        except Exception as error:
-            await run.finish(registered, error)
-            raise
-        outcome = answered(tool.tool.name, 200, result)
-        registered.output = outcome.output
-        await run.finish(registered, ToolFailed(outcome.error) if outcome.error else None)
-        meta = {**(result.meta or {}), SAGA_META: f"{run.namespace}/{run.name}", STEP_META: step}
-        return types.CallToolResult(
-            content=result.content, structured_content=result.structured_content, is_error=result.is_error, meta=meta
-        )
+        self.steps += 1
+        return await call_as_step(run, self.upstreams, tool, arguments, rule, self.steps)
 
     async def end(self, outcome: OnClose, reason: str) -> str:
         """Commit or abort the open saga; what was done, said for the agent."""
@@ -110,8 +94,48 @@ class SessionSaga:
         )
 
     async def plan_of(self, run: SagaRun) -> str:
-        plan = await Inspector(self.kube).plan(run.namespace, run.name)
-        return "; ".join(planned(p) for p in plan.steps) or "nothing"
+        return await plan_text(self.kube, run)
+
+
+async def plan_text(kube: Kube, run: SagaRun) -> str:
+    """What an abort of the saga would undo, in order, said for the agent."""
+    plan = await Inspector(kube).plan(run.namespace, run.name)
+    return "; ".join(planned(p) for p in plan.steps) or "nothing"
+
+
+async def call_as_step(
+    run: SagaRun,
+    upstreams: Upstreams,
+    tool: UpstreamTool,
+    arguments: dict[str, Any],
+    rule: ToolRule | None,
+    position: int,
+    meta: dict[str, Any] | None = None,
+) -> types.CallToolResult:
+    """Register the step `<tool>-<position>` (its compensation filled in from the arguments),
+    call upstream, record the result: an isError result or an exception is a failed step (its
+    effect may be partial, so it is compensated), its output kept when it has one."""
+    try:
+        step = repeated_step(step_name_of(tool.tool.name), position)
+        compensation = compensation_call(rule, arguments, step) if rule and rule.compensation else None
+        registered = await run.register(step, compensation)
+    except (ValueError, UndoLogError) as error:
+        raise NotCalled(f"tool {tool.qualified} was not called: {error}") from error
+    try:
+        result = await upstreams.call(tool, arguments, registered.forward_key)
+    except Exception as error:
+        await run.finish(registered, error)
+        raise
+    outcome = answered(tool.tool.name, 200, result)
+    registered.output = outcome.output
+    await run.finish(registered, ToolFailed(outcome.error) if outcome.error else None)
+    said = {**(result.meta or {}), SAGA_META: f"{run.namespace}/{run.name}", STEP_META: registered.name}
+    return types.CallToolResult(
+        content=result.content,
+        structured_content=result.structured_content,
+        is_error=result.is_error,
+        meta={**said, **(meta or {})},
+    )
 
 
 def planned(compensation: PlannedCompensation) -> str:

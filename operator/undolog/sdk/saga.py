@@ -187,6 +187,11 @@ class SagaRun:
     def ledger(self) -> Ledger:
         return Ledger(self.kube)
 
+    @property
+    def last_position(self) -> int:
+        """The stack position of the newest step registered (0: none yet)."""
+        return self._positions
+
     async def _client(self) -> Ledger:
         """The ledger, reconnecting when the block already closed an owned client."""
         if self._closed:

@@ -1,0 +1,88 @@
+"""The saga handle of MCP's stateless revision (2026-07-28): what the gateway mints when a
+mapped call opens a saga, and the agent passes back as a tool argument to add steps to it,
+commit, abort or rewind it. It names the saga (namespace, name, UID) and the client identity it
+was minted for, and is signed with the gateway's key (HMAC-SHA256), so it cannot be guessed or
+forged from a saga's name, nor used by another authenticated client; what it stands for lives
+in the ledger, so any gateway replica with the key serves it, across restarts.
+
+Pure: the key and the identity are given; nothing here reads the API.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+
+PREFIX = "uls1"  # the handle format's version
+ANONYMOUS = ""  # the identity of an unauthenticated client
+
+
+@dataclass(frozen=True)
+class SagaHandle:
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class HandleRefusal:
+    """Why a handle is refused (nothing is called): `malformed`, `forged` or `foreign`."""
+
+    kind: str
+    message: str
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _who(identity: str | None) -> str:
+    """The client identity a handle is bound to, as the handle carries it (a digest)."""
+    return hashlib.sha256((identity or ANONYMOUS).encode()).hexdigest()[:16]
+
+
+def _mac(key: bytes, payload: str) -> str:
+    return _b64(hmac.new(key, f"{PREFIX}.{payload}".encode(), hashlib.sha256).digest())
+
+
+def mint(key: bytes, saga: SagaHandle, identity: str | None) -> str:
+    """The handle of `saga` for the client `identity` (None: an unauthenticated one)."""
+    body = {"ns": saga.namespace, "name": saga.name, "uid": saga.uid, "who": _who(identity)}
+    payload = _b64(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
+    return f"{PREFIX}.{payload}.{_mac(key, payload)}"
+
+
+def opened(key: bytes, text: str, identity: str | None, namespace: str) -> SagaHandle | HandleRefusal:
+    """The saga a handle stands for, for this client in this gateway's namespace; or why not."""
+    parts = text.split(".") if isinstance(text, str) else []
+    if len(parts) != 3 or parts[0] != PREFIX:
+        return HandleRefusal("malformed", f"{_shown(text)} is not a saga handle this gateway minted ({PREFIX}.…)")
+    payload, mac = parts[1], parts[2]
+    if not hmac.compare_digest(_mac(key, payload), mac):
+        return HandleRefusal("forged", f"{_shown(text)} is not signed by this gateway's key: refused")
+    try:
+        body = json.loads(_unb64(payload))
+        handle = SagaHandle(str(body["ns"]), str(body["name"]), str(body["uid"]))
+        who = str(body["who"])
+    except (binascii.Error, ValueError, KeyError, TypeError):
+        return HandleRefusal("malformed", f"{_shown(text)} does not hold a saga")
+    if handle.namespace != namespace:
+        return HandleRefusal(
+            "foreign", f"the handle is of namespace {handle.namespace}, not this gateway's ({namespace})"
+        )
+    if not hmac.compare_digest(who, _who(identity)):
+        return HandleRefusal("foreign", "the handle was minted for another client identity")
+    return handle
+
+
+def _shown(text: object) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= 60 else shown[:57] + "…'"

@@ -1,0 +1,130 @@
+"""Sagas of MCP's stateless revision (2026-07-28): no session, so a mapped call without a saga
+handle opens a saga, and one with a handle (decisions/saga_handles.py) adds its step to that
+saga, read again from the ledger each time: any gateway replica with the handle key serves any
+request, and a restart loses nothing. The handle is returned in the result (`_meta` and a line
+of text the model reads) and removed from the arguments before the call goes upstream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mcp_types as types
+
+from undolog.api.gateway import GatewayConfig, ToolRule
+from undolog.decisions import saga_handles
+from undolog.decisions.saga_handles import HandleRefusal, SagaHandle
+from undolog.errors import AlreadyExists, NotFound, SagaEnded, UndoLogError
+from undolog.gateway.sessions import NotCalled, call_as_step, plan_text
+from undolog.gateway.upstreams import Upstreams, UpstreamTool
+from undolog.kube import Kube
+from undolog.sdk import SagaRun, open_saga
+
+HANDLE_ARG = "undolog_saga"  # the argument an agent passes the handle in
+HANDLE_META = "io.undolog/saga-handle"
+HANDLE_PROPERTY = {
+    "type": "string",
+    "description": (
+        "The UndoLog saga this call belongs to: the handle an earlier call's result gave (io.undolog/saga-handle). "
+        "Without it the call starts a new saga."
+    ),
+}
+REGISTER_TRIES = 3  # another replica took the same position at once: read the saga again
+
+
+class HandleRefused(UndoLogError):
+    """The handle names no saga this client may extend: nothing was called."""
+
+
+def advertised(tool: types.Tool) -> types.Tool:
+    """The tool as a stateless agent sees it: its input schema takes the saga handle too."""
+    schema = dict(tool.input_schema or {"type": "object"})
+    schema["properties"] = {**(schema.get("properties") or {}), HANDLE_ARG: HANDLE_PROPERTY}
+    return tool.model_copy(update={"input_schema": schema})
+
+
+def said_handle(handle: str) -> types.TextContent:
+    return types.TextContent(
+        type="text", text=f"UndoLog saga handle: {handle} (pass it as {HANDLE_ARG} to keep later calls in this saga)"
+    )
+
+
+class HandleSagas:
+    def __init__(self, config: GatewayConfig, kube: Kube, upstreams: Upstreams, key: bytes) -> None:
+        self.config, self.kube, self.upstreams, self.key = config, kube, upstreams, key
+
+    def handle_of(self, run: SagaRun, identity: str | None) -> str:
+        return saga_handles.mint(self.key, SagaHandle(run.namespace, run.name, run.uid), identity)
+
+    async def resumed(self, text: str, identity: str | None) -> SagaRun:
+        """The saga a handle stands for, as the ledger has it now; HandleRefused saying why not."""
+        found = saga_handles.opened(self.key, text, identity, self.config.namespace)
+        if isinstance(found, HandleRefusal):
+            raise HandleRefused(f"{HANDLE_ARG}: {found.message}; nothing was called")
+        saga = f"saga {found.namespace}/{found.name}"
+        try:
+            run = await open_saga(found.name, namespace=found.namespace, kube=self.kube, resume=True)
+        except NotFound:
+            raise HandleRefused(f"{HANDLE_ARG}: {saga} is gone; nothing was called") from None
+        except SagaEnded as ended:
+            raise HandleRefused(
+                f"{HANDLE_ARG}: {ended}; call without it to start a new saga. Nothing was called"
+            ) from None
+        if run.uid != found.uid:
+            raise HandleRefused(f"{HANDLE_ARG}: {saga} is another saga of that name now; nothing was called")
+        return run
+
+    async def opened(self) -> SagaRun:
+        config = self.config
+        return await open_saga(
+            generate_name="mcp-",
+            namespace=config.namespace,
+            org=config.org,
+            deadline_seconds=config.deadline_seconds,
+            kube=self.kube,
+        )
+
+    async def call(
+        self, tool: UpstreamTool, arguments: dict[str, Any], rule: ToolRule | None, identity: str | None
+    ) -> types.CallToolResult:
+        """The call as a step of the handle's saga (a new one without a handle)."""
+        text = arguments.pop(HANDLE_ARG, None)
+        for tries in range(1, REGISTER_TRIES + 1):
+            try:
+                run = await self.resumed(str(text), identity) if text is not None else await self.opened()
+            except (ValueError, UndoLogError) as error:
+                raise NotCalled(f"tool {tool.qualified} was not called: {error}") from error
+            handle = self.handle_of(run, identity)
+            try:
+                result = await call_as_step(
+                    run, self.upstreams, tool, arguments, rule, run.last_position + 1, {HANDLE_META: handle}
+                )
+            except NotCalled as refused:
+                if isinstance(refused.__cause__, AlreadyExists) and text is not None and tries < REGISTER_TRIES:
+                    continue
+                raise
+            result.content = [*result.content, said_handle(handle)]
+            return result
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    async def own(self, tool: str, arguments: dict[str, Any], identity: str | None) -> str:
+        """The agent's own tools on the handle's saga: commit, abort, rewind, status."""
+        text = arguments.get(HANDLE_ARG)
+        if not isinstance(text, str):
+            raise HandleRefused(f"{tool} needs {HANDLE_ARG}: the handle a mapped call's result gave")
+        run = await self.resumed(text, identity)
+        saga = f"saga {run.namespace}/{run.name}"
+        if tool == "undolog_commit":
+            await run.commit()
+            return f"{saga} committed: its steps stay done"
+        if tool == "undolog_abort":
+            reason = str(arguments.get("reason") or "aborted by the agent")
+            plan = await plan_text(self.kube, run)
+            await run.abort(reason)
+            return f"{saga} aborted ({reason}); the operator undoes, newest first: {plan}"
+        if tool == "undolog_rewind":
+            to_step = str(arguments.get("to_step", ""))
+            await run.rewind_to(
+                int(to_step) if to_step.isdigit() else to_step, str(arguments.get("reason") or "rewind")
+            )
+            return f"{saga} rewound to {to_step}: the steps after it are undone; carry on with the same {HANDLE_ARG}"
+        return f"{saga}; undone on abort, newest first: {await plan_text(self.kube, run)}"

@@ -1,0 +1,170 @@
+"""Undo for today's MCP agents: the stateless revision (2026-07-28), which the `mcp` package's
+`Client(url)` speaks by default. No session: a mapped call without a saga handle opens a saga,
+its result carries the handle, and the agent passes it back (`undolog_saga`) to add steps,
+abort, rewind or commit. What the handle stands for is in the ledger, so any replica of the
+gateway serves any request."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from tests.cluster.test_mcp_gateway import close_issue_webhook, only_saga, tracker  # noqa: F401 (fixtures)
+from tests.conftest import Cluster
+from tests.support.gateway_process import GatewayProcess, gateway_config
+from tests.support.mcp_tracker import Tracker
+from tests.support.round_robin import RoundRobin
+from tests.support.waiting import saga_phase
+from undolog.kube import Kube
+
+pytestmark = pytest.mark.cluster
+HANDLE = "undolog_saga"
+
+
+@pytest.fixture
+def gateway(cluster: Cluster, namespace: str, tracker: Tracker, tmp_path: Path) -> Iterator[GatewayProcess]:  # noqa: F811
+    process = GatewayProcess(cluster.kubeconfig, gateway_config(namespace, tracker), tmp_path)
+    yield process
+    process.stop()
+
+
+def handle_of(result: types.CallToolResult) -> str:
+    assert result.meta is not None, result
+    handle = result.meta["io.undolog/saga-handle"]
+    assert isinstance(handle, str)
+    said = " ".join(c.text for c in result.content if isinstance(c, types.TextContent))
+    assert handle in said, said  # the model reads it too
+    return handle
+
+
+def text(result: types.CallToolResult) -> str:
+    return " ".join(c.text for c in result.content if isinstance(c, types.TextContent))
+
+
+async def three_issues(agent: Client) -> str:
+    """Three mapped calls in one saga: the first opens it, the others carry its handle."""
+    first = await agent.call_tool("create_issue", {"title": "one"})
+    handle = handle_of(first)
+    for title in ("two", "three"):
+        later = await agent.call_tool("create_issue", {"title": title, HANDLE: handle})
+        assert not later.is_error, later
+        assert handle_of(later) == handle
+    return handle
+
+
+@pytest.mark.usefixtures("close_issue_webhook", "operator")
+async def test_today_s_python_client_with_its_defaults_is_undone_newest_first_through_its_handle(
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,  # noqa: F811
+    gateway: GatewayProcess,
+) -> None:
+    async with Client(gateway.url) as agent:  # mode="auto": the stateless revision, as the gateway offers it
+        tools = {tool.name: tool for tool in (await agent.list_tools()).tools}
+        assert HANDLE in tools["create_issue"].input_schema["properties"]
+        assert HANDLE not in tools["list_issues"].input_schema.get("properties", {})  # read-only: no saga
+        handle = await three_issues(agent)
+        assert (await agent.call_tool("list_issues", {HANDLE: handle})).content  # passed, its handle removed
+        said = text(await agent.call_tool("undolog_abort", {HANDLE: handle, "reason": "changed my mind"}))
+        print(f"\n{said}")
+        assert said.index("create_issue-3") < said.index("create_issue-2") < said.index("create_issue-1")
+    name = await only_saga(kube, namespace)
+    await saga_phase(kube, namespace, name, "Compensated")
+    assert [close.number for close in tracker.issues.closes] == [3, 2, 1]
+    assert all("undolog_saga" not in issue for issue in tracker.issues.opened.values())
+
+
+@pytest.mark.usefixtures("close_issue_webhook", "operator")
+async def test_a_stateless_agent_rewinds_through_its_handle_and_carries_on_in_the_same_saga(
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,  # noqa: F811
+    gateway: GatewayProcess,
+) -> None:
+    async with Client(gateway.url) as agent:
+        handle = await three_issues(agent)
+        rewound = await agent.call_tool("undolog_rewind", {HANDLE: handle, "to_step": "create_issue-1", "reason": "x"})
+        assert not rewound.is_error, text(rewound)
+        assert [close.number for close in tracker.issues.closes] == [3, 2]
+        again = await agent.call_tool("create_issue", {"title": "four", HANDLE: handle})
+        assert again.meta is not None
+        assert again.meta["io.undolog/step"] == "create_issue-4"
+        assert not (await agent.call_tool("undolog_commit", {HANDLE: handle})).is_error
+    name = await only_saga(kube, namespace)
+    done = await saga_phase(kube, namespace, name, "Completed")
+    assert done["status"]["stackDepth"] == 4
+
+
+async def refused(agent: Client, arguments: dict[str, Any], said: str) -> None:
+    with pytest.raises(MCPError, match=said):
+        await agent.call_tool("create_issue", {"title": "never", **arguments})
+
+
+@pytest.mark.usefixtures("close_issue_webhook", "operator")
+async def test_a_forged_malformed_foreign_or_finished_handle_is_refused_and_nothing_is_called(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,  # noqa: F811
+    gateway: GatewayProcess,
+    tmp_path: Path,
+) -> None:
+    other = GatewayProcess(cluster.kubeconfig, gateway_config(namespace, tracker), tmp_path, handle_key="another key")
+    try:
+        async with Client(other.url) as elsewhere:
+            foreign = handle_of(await elsewhere.call_tool("create_issue", {"title": "theirs"}))
+    finally:
+        other.stop()
+    async with Client(gateway.url) as agent:
+        mine = await agent.call_tool("create_issue", {"title": "mine"})
+        handle = handle_of(mine)
+        assert mine.meta is not None
+        name = str(mine.meta["io.undolog/saga"]).split("/")[1]
+        opened = dict(tracker.issues.opened)
+        prefix, payload, mac = handle.split(".")
+        await refused(agent, {HANDLE: f"{prefix}.{payload}.{mac[:-2]}AA"}, "not signed by this gateway's key")
+        await refused(agent, {HANDLE: foreign}, "not signed by this gateway's key")
+        await refused(agent, {HANDLE: "mcp-x7k2p"}, "is not a saga handle this gateway minted")
+        await refused(agent, {HANDLE: f"{prefix}.bm90IGpzb24.{mac}"}, "not signed")
+        assert not (await agent.call_tool("undolog_commit", {HANDLE: handle})).is_error
+        await saga_phase(kube, namespace, name, "Completed")
+        await refused(agent, {HANDLE: handle}, "Completed.*call without it to start a new saga. Nothing was called")
+        assert tracker.issues.opened == opened  # nothing reached the tracker
+
+
+@pytest.mark.usefixtures("close_issue_webhook", "operator")
+async def test_two_replicas_behind_a_round_robin_proxy_serve_one_saga_through_a_kill(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Nothing of a saga lives in a gateway: one replica killed mid-saga, the agent carries on
+    through the other, and the abort undoes every step."""
+    config = gateway_config(namespace, tracker)
+    replicas = [GatewayProcess(cluster.kubeconfig, config, tmp_path) for _ in range(2)]
+    proxy = RoundRobin([r.base for r in replicas])
+    try:
+        async with Client(proxy.url) as agent:
+            handle = handle_of(await agent.call_tool("create_issue", {"title": "one"}))
+            await agent.call_tool("create_issue", {"title": "two", HANDLE: handle})
+            assert {replicas[0].base, replicas[1].base} <= set(proxy.served)  # both took part
+            replicas[0].kill()
+            for title in ("three", "four"):
+                assert not (await agent.call_tool("create_issue", {"title": title, HANDLE: handle})).is_error
+            said = text(await agent.call_tool("undolog_abort", {HANDLE: handle, "reason": "done testing"}))
+            assert "create_issue-4" in said
+    finally:
+        proxy.stop()
+        replicas[1].stop()
+    name = await only_saga(kube, namespace)
+    compensated = await saga_phase(kube, namespace, name, "Compensated")
+    assert compensated["status"]["stackDepth"] == 4
+    assert [close.number for close in tracker.issues.closes] == [4, 3, 2, 1]
