@@ -6,6 +6,9 @@ gateway serves any request."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from tests.cluster.test_mcp_gateway import close_issue_webhook, only_saga, tracker  # noqa: F401 (fixtures)
+from tests.cluster.test_mcp_gateway import AGENT, close_issue_webhook, only_saga, tracker  # noqa: F401 (fixtures)
 from tests.conftest import Cluster
 from tests.support.gateway_process import GatewayProcess, gateway_config
 from tests.support.mcp_tracker import Tracker
@@ -168,3 +171,32 @@ async def test_two_replicas_behind_a_round_robin_proxy_serve_one_saga_through_a_
     compensated = await saga_phase(kube, namespace, name, "Compensated")
     assert compensated["status"]["stackDepth"] == 4
     assert [close.number for close in tracker.issues.closes] == [4, 3, 2, 1]
+
+
+@pytest.mark.usefixtures("close_issue_webhook", "operator")
+async def test_a_typescript_agent_on_the_sdk_s_current_major_is_undone_through_its_handle(
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,  # noqa: F811
+    gateway: GatewayProcess,
+) -> None:
+    node = shutil.which("node")
+    assert node is not None, "node is on the machine (make test installs the agent's packages with npm)"
+    ran = subprocess.run(  # noqa: ASYNC221 - the agent is a process of its own; nothing else runs meanwhile
+        [node, str(AGENT / "agent2026.mjs"), gateway.url, "abort-after-three"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    lines = [json.loads(line) for line in ran.stdout.splitlines()]
+    print("\n" + "\n".join(json.dumps(line)[:200] for line in lines))
+    assert lines[0] == {"protocol": "2026-07-28"}
+    calls = [line for line in lines if "name" in line]
+    handles = {c["meta"].get("io.undolog/saga-handle") for c in calls if c["name"] == "create_issue"}
+    assert len(handles) == 1  # one saga, carried by its handle
+    assert None not in handles
+    name = await only_saga(kube, namespace)
+    await saga_phase(kube, namespace, name, "Compensated")
+    assert [close.number for close in tracker.issues.closes] == [3, 2, 1]
