@@ -10,6 +10,9 @@ in a thread of the test process): tools whose effects a test can inspect.
   call's arguments), recorded as close_issue's are.
 - `Issues.answer`: while cleared, create_issue opens its issue and then waits to answer until
   it is set (a call whose effect happened and whose answer has not come back yet).
+- file_issues(titles) -> {issues: [{number, title}]}, close_issues(numbers): an undo that needs a
+  projection of the result (the numbers it opened); retitle_issue(number, title) with the
+  read-only get_issue(number): an undo that needs the title from before the call.
 - label_issue(number, label): changes state, mapped by no test configuration (refused).
 - list_issues(): read-only (`readOnlyHint`).
 """
@@ -26,10 +29,20 @@ from typing import Any
 import mcp_types as types
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel
 
 KEY_META = "io.undolog/idempotency-key"
 SLOW_SECONDS = 4.0
 HUGE_BYTES = 48 * 1024 * 1024
+
+
+class FiledIssue(BaseModel):
+    number: int
+    title: str
+
+
+class FiledIssues(BaseModel):
+    issues: list[FiledIssue]
 
 
 @dataclass(frozen=True)
@@ -129,6 +142,39 @@ def tracker(issues: Issues) -> MCPServer:
         with issues.lock:
             issues.opened[number].setdefault("labels", []).append(label)
         return "labelled"
+
+    @server.tool()
+    def file_issues(titles: list[str], ctx: Context) -> FiledIssues:
+        """Open an issue per title (the undo needs the numbers it opened: a projection of its result)."""
+        filed = [FiledIssue(number=issues.open(title), title=title) for title in titles]
+        with issues.lock:
+            issues.created_keys.append(keys_of(ctx)[0])
+        return FiledIssues(issues=filed)
+
+    @server.tool()
+    def close_issues(numbers: list[int], ctx: Context) -> types.CallToolResult:
+        """Close these issues."""
+        with issues.lock:
+            for number in numbers:
+                issues.opened[number]["state"] = "closed"
+                issues.closes.append(Close(number, *keys_of(ctx)))
+        return said(f"closed {numbers}", closed=numbers)
+
+    @server.tool()
+    def retitle_issue(number: int, title: str) -> str:
+        """Give an issue another title (its undo needs the title from before: a before-image)."""
+        with issues.lock:
+            issues.opened[number]["title"] = title
+        return "retitled"
+
+    @server.tool(annotations=types.ToolAnnotations(read_only_hint=True))
+    def get_issue(number: int) -> FiledIssue:
+        """One issue as it is now."""
+        with issues.lock:
+            issue = issues.opened.get(number)
+        if issue is None:
+            raise ValueError(f"no issue #{number}")
+        return FiledIssue(number=number, title=str(issue["title"]))
 
     @server.tool(annotations=types.ToolAnnotations(read_only_hint=True))
     def list_issues() -> str:

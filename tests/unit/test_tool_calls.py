@@ -13,8 +13,17 @@ from pydantic import ValidationError
 from undolog.api.common import MAX_ARGS
 from undolog.api.gateway import GatewayConfig, ToolRule
 from undolog.decisions.arguments import resolve
-from undolog.decisions.tool_calls import PassThrough, Refuse, Register, compensation_call, decide
-from undolog.errors import UnresolvedReference
+from undolog.decisions.tool_calls import (
+    PassThrough,
+    Refuse,
+    Register,
+    compensation_call,
+    decide,
+    expression_problems,
+)
+from undolog.decisions.undo_expressions import COMPUTED, ExpressionError, computed
+
+INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 
 
 def config(**overrides: Any) -> GatewayConfig:
@@ -60,11 +69,11 @@ def test_a_mapping_wins_over_the_server_s_read_only_hint() -> None:
 
 def test_the_compensation_takes_the_arguments_now_and_the_output_when_compensated() -> None:
     gateway = config()
-    call = compensation_call(gateway.tools["tracker.create_issue"], {"title": "x"}, "create-issue-1")
+    call, _ = compensation_call(gateway.tools["tracker.create_issue"], {"args": {"title": "x"}}, "create-issue-1")
     assert (call.function, call.args) == ("tracker.close-issue", {"number": "${steps.create-issue-1.output.number}"})
     # The operator fills it in from the step's recorded output, as for orchestrated steps.
     assert resolve(call.args, {"create-issue-1": {"number": 7}}) == {"number": 7}
-    files = compensation_call(gateway.tools["files.write"], {"path": "/a", "data": "..."}, "write-2")
+    files, _ = compensation_call(gateway.tools["files.write"], {"args": {"path": "/a", "data": "..."}}, "write-2")
     assert (files.function, files.args) == ("restore-file", {"path": "/a"})
 
 
@@ -72,28 +81,53 @@ def test_a_reference_inside_text_is_spliced_and_a_missing_argument_is_named() ->
     rule = ToolRule.model_validate(
         {"compensation": {"function": "undo", "args": {"note": "undo ${args.repo}#${output.n}", "n": "${args.n}"}}}
     )
-    call = compensation_call(rule, {"repo": "a/b", "n": [1, 2]}, "s-1")
+    call, _ = compensation_call(rule, {"args": {"repo": "a/b", "n": [1, 2]}}, "s-1")
     assert call.args == {"note": "undo a/b#${steps.s-1.output.n}", "n": [1, 2]}
-    with pytest.raises(UnresolvedReference, match="no 'repo'"):
-        compensation_call(rule, {"n": 1}, "s-1")
+    with pytest.raises(ExpressionError, match='Key not found in map : "repo"'):
+        compensation_call(rule, {"args": {"n": 1}}, "s-1")
     wrong = ToolRule.model_validate({"compensation": {"function": "undo", "args": {"x": "${steps.a.output}"}}})
-    with pytest.raises(UnresolvedReference, match="neither"):
-        compensation_call(wrong, {}, "s-1")
+    with pytest.raises(ExpressionError, match=r"undeclared reference to 'steps\.a\.output'"):
+        compensation_call(wrong, {"args": {}}, "s-1")
 
 
-INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+def test_a_projection_of_the_output_is_computed_once_the_result_is_back() -> None:
+    """The undo of "create these entities" needs the names the call created, a list projected
+    out of its result, under another key than the call took."""
+    rule = ToolRule.model_validate(
+        {"compensation": {"function": "undo", "args": {"entityNames": "${output.entities.map(e, e.name)}"}}}
+    )
+    call, filled = compensation_call(rule, {"args": {"entities": [{"name": "a"}]}}, "create-entities-1")
+    assert call.args == {"entityNames": "${steps.create-entities-1.output.undolog_undo.e0}"}
+    values, failed = computed(filled.deferred, {"output": {"entities": [{"name": "a"}, {"name": "b"}]}})
+    assert (values, failed) == ({"e0": ["a", "b"]}, [])
+    assert resolve(call.args, {"create-entities-1": {COMPUTED: values}}) == {"entityNames": ["a", "b"]}
 
 
-@given(st.dictionaries(st.text(st.characters(categories=["L", "N"]), min_size=1, max_size=8), INT64, max_size=MAX_ARGS))
+def test_an_expression_that_does_not_compile_or_reads_what_it_has_not_is_refused_at_load() -> None:
+    broken = config(
+        tools={
+            "tracker.create_issue": {"compensation": {"tool": "tracker.close_issue", "args": {"n": "${output.}"}}},
+            "files.write": {"compensation": {"function": "restore", "args": {"content": "${before.text}"}}},
+        }
+    )
+    problems = expression_problems(broken)
+    assert problems[0].startswith("tools.tracker.create_issue.compensation.args: ${output.} does not compile:")
+    assert problems[1] == "tools.files.write.compensation.args: ${before.text} reads before, which it has not here"
+
+
+IDENTIFIER = st.from_regex(r"[a-z_][a-z0-9_]{0,7}", fullmatch=True).filter(lambda k: k not in {"in", "as", "null"})
+
+
+@given(st.dictionaries(IDENTIFIER, INT64, max_size=MAX_ARGS))
 def test_every_argument_reference_takes_its_value(args: dict[str, int]) -> None:
     rule = ToolRule.model_validate({"compensation": {"function": "undo", "args": {k: f"${{args.{k}}}" for k in args}}})
-    assert compensation_call(rule, args, "s-1").args == args
+    assert compensation_call(rule, {"args": args}, "s-1")[0].args == args
 
 
 def test_an_argument_the_ledger_cannot_carry_is_refused_before_the_step_is_registered() -> None:
     rule = ToolRule.model_validate({"compensation": {"function": "undo", "args": {"id": "${args.id}"}}})
-    with pytest.raises(ValueError, match=r"compensation of step s-1 cannot be registered: .*64 bits"):
-        compensation_call(rule, {"id": 2**64}, "s-1")
+    with pytest.raises(ValueError, match=r"\$\{args.id\} cannot be evaluated: .*out of range"):
+        compensation_call(rule, {"args": {"id": 2**64}}, "s-1")
 
 
 @pytest.mark.parametrize(

@@ -78,11 +78,22 @@ class Compensation(Strict):
         return self.tool.lower().replace("_", "-")
 
 
+class BeforeImage(Strict):
+    """A read-only tool the gateway calls before the mutating one (`tool: files.read_text_file`,
+    args as expressions over the call's `args`): its result is the compensation's `before`, the
+    state to put back (the undo of an overwrite, an update, a delete)."""
+
+    tool: str = Field(pattern=QUALIFIED_TOOL, description="<upstream>.<tool>, read-only.")
+    args: JsonObject = Field(default_factory=dict)
+
+
 class ToolRule(Strict):
-    """One tool: read-only (passes straight through), or its compensation."""
+    """One tool: read-only (passes straight through), or its compensation (and what to read
+    before the call, for it)."""
 
     read_only: bool = False
     compensation: Compensation | None = None
+    before: BeforeImage | None = None
 
     @model_validator(mode="after")
     def one_kind(self) -> Self:
@@ -111,7 +122,10 @@ class GatewayConfig(Strict):
         for tool, rule in self.tools.items():
             if not re.fullmatch(QUALIFIED_TOOL, tool):
                 raise ValueError(f"tools.{tool}: a key of the form <upstream>.<tool>, e.g. tracker.create_issue")
-            for named in (tool, rule.compensation.tool if rule.compensation else None):
+            if rule.before is not None and rule.compensation is None:
+                raise ValueError(f"tools.{tool}.before: a before-image is read only for a compensation")
+            before = rule.before.tool if rule.before else None
+            for named in (tool, rule.compensation.tool if rule.compensation else None, before):
                 if named is not None and named.split(".", 1)[0] not in self.upstreams:
                     known = ", ".join(sorted(self.upstreams))
                     raise ValueError(f"tools.{tool}: {named!r} names no upstream (upstreams: {known})")

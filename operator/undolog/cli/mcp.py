@@ -30,7 +30,7 @@ def mcp(
 ) -> None:
     """Serve MCP in front of your MCP servers: every tool call that can be undone gets its
     UndoEntry before it runs, and each session is a saga an abort undoes, newest first."""
-    from undolog.gateway.run import load, serve_http, serve_stdio
+    from undolog.gateway.run import MappingRefused, load, serve_http, serve_stdio
     from undolog.kube import Kube
 
     try:
@@ -57,7 +57,11 @@ def mcp(
             "no --handle-key (UNDOLOG_GATEWAY_HANDLE_KEY): saga handles are signed with a key of this process's own, "
             "so they do not survive its restart and another replica refuses them"
         )
-    if stdio:
-        asyncio.run(serve_stdio(loaded, connect, key))
-    else:
-        asyncio.run(serve_http(loaded, address, port, connect, key))
+    try:
+        if stdio:
+            asyncio.run(serve_stdio(loaded, connect, key))
+        else:
+            asyncio.run(serve_http(loaded, address, port, connect, key))
+    except MappingRefused as refused:
+        typer.echo(f"error: {config}: {refused}", err=True)
+        raise typer.Exit(1) from None

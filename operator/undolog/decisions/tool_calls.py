@@ -10,8 +10,6 @@ operator fills in from the step's recorded result when it compensates.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +19,9 @@ from pydantic import ValidationError
 from undolog.api import Call
 from undolog.api.gateway import GatewayConfig, ToolRule, Unmapped
 from undolog.conventions import MAX_CALL_BYTES
-from undolog.decisions.arguments import REFERENCE, follow, within
-from undolog.errors import ArgumentsTooLarge, UnresolvedReference
+from undolog.decisions.arguments import within
+from undolog.decisions.undo_expressions import ExpressionError, Filled, compile_expression, expressions_in, fill
+from undolog.errors import ArgumentsTooLarge
 
 
 @dataclass(frozen=True)
@@ -61,53 +60,54 @@ def decide(config: GatewayConfig, tool: str, read_only_hint: bool) -> ToolDecisi
     )
 
 
-def compensation_call(rule: ToolRule, args: Mapping[str, Any], step: str) -> Call:
-    """The Call registered for `step`: UnresolvedReference naming what it cannot fill in,
-    ValueError for arguments the ledger cannot carry."""
+def compensation_call(rule: ToolRule, variables: Mapping[str, Any], step: str) -> tuple[Call, Filled]:
+    """The Call registered for `step`, its expressions evaluated over `variables` (`args`, and
+    `before` when the rule reads one) and those that read `output` deferred (Filled.deferred):
+    ExpressionError or ArgumentsTooLarge naming what it cannot fill in, ValueError for
+    arguments the ledger cannot carry."""
     assert rule.compensation is not None
     compensation = rule.compensation
-    filled = _filled(compensation.args, args, step)
-    if not within(filled, MAX_CALL_BYTES):
+    filled = fill(compensation.args, variables, step, defer_output=True)
+    if not within(filled.value, MAX_CALL_BYTES):
         raise ArgumentsTooLarge(
             f"the compensation's arguments come to more than {MAX_CALL_BYTES} bytes: refer to an identifier, "
             "not a whole argument"
         )
     try:
-        return Call(function=compensation.webhook, version=compensation.version, args=filled)
+        call = Call(function=compensation.webhook, version=compensation.version, args=filled.value)
     except ValidationError as invalid:
         problems = "; ".join(str(problem["msg"]) for problem in invalid.errors())
         raise ValueError(f"the compensation of step {step} cannot be registered: {problems}") from None
+    return call, filled
 
 
-def _filled(value: Any, args: Mapping[str, Any], step: str) -> Any:
-    if isinstance(value, str):
-        whole = REFERENCE.fullmatch(value)
-        if whole and not _is_output(whole.group(1)):
-            return _argument(whole.group(1), args)
-        return REFERENCE.sub(lambda match: _spliced(match.group(1), args, step), value)
-    if isinstance(value, Mapping):
-        return {key: _filled(item, args, step) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_filled(item, args, step) for item in value]
+def before_arguments(rule: ToolRule, args: Mapping[str, Any]) -> dict[str, Any]:
+    """The before-image tool's arguments, over the call's `args`."""
+    assert rule.before is not None
+    value = fill(rule.before.args, {"args": args}, "", defer_output=False).value
+    assert isinstance(value, dict)
     return value
 
 
-def _is_output(expression: str) -> bool:
-    return re.fullmatch(r"output(\..+)?", expression.strip()) is not None
-
-
-def _spliced(expression: str, args: Mapping[str, Any], step: str) -> str:
-    if _is_output(expression):
-        return "${steps." + step + "." + expression.strip() + "}"
-    value = _argument(expression, args)
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-
-
-def _argument(expression: str, args: Mapping[str, Any]) -> Any:
-    path = expression.strip()
-    if not re.fullmatch(r"args(\..+)?", path):
-        raise UnresolvedReference(f"${{{expression}}} is neither ${{args.<path>}} nor ${{output.<path>}}")
-    try:
-        return follow(args, path.partition(".")[2] or None)
-    except LookupError as missing:
-        raise UnresolvedReference(f"${{{expression}}}: the call's arguments have no {missing}") from None
+def expression_problems(config: GatewayConfig) -> list[str]:
+    """Every expression of the mappings that does not compile, or reads what its tool does not
+    have (`before` without a before-image, `output` in a before-image's arguments)."""
+    problems = []
+    for tool, rule in config.tools.items():
+        places: list[tuple[str, Any, frozenset[str]]] = []
+        if rule.compensation is not None:
+            readable = frozenset({"args", "output", *(("before",) if rule.before else ())})
+            places.append((f"tools.{tool}.compensation.args", rule.compensation.args, readable))
+        if rule.before is not None:
+            places.append((f"tools.{tool}.before.args", rule.before.args, frozenset({"args"})))
+        for where, template, readable in places:
+            for source in expressions_in(template):
+                try:
+                    compiled = compile_expression(source)
+                except ExpressionError as error:
+                    problems.append(f"{where}: {error}")
+                    continue
+                if not compiled.reads <= readable:
+                    unreadable = ", ".join(sorted(compiled.reads - readable))
+                    problems.append(f"{where}: ${{{source}}} reads {unreadable}, which it has not here")
+    return problems

@@ -21,8 +21,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from undolog.api.gateway import GatewayConfig
+from undolog.decisions.tool_calls import expression_problems
 from undolog.gateway.server import SESSION_HEADER, STDIO_SESSION, Gateway
-from undolog.gateway.upstreams import Upstreams
+from undolog.gateway.upstreams import Upstreams, mapping_problems
 from undolog.kube import Kube
 
 MCP_PATH = "/mcp"
@@ -32,14 +33,29 @@ def load(path: str) -> GatewayConfig:
     """The configuration file; ValueError naming the file and each field that is wrong."""
     try:
         data = yaml.safe_load(Path(path).read_text())
-        return GatewayConfig.model_validate(data)
+        config = GatewayConfig.model_validate(data)
     except OSError as error:
         raise ValueError(f"{path}: {error.strerror}") from None
     except yaml.YAMLError as error:
         raise ValueError(f"{path} is not YAML: {error}") from None
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'the file'}: {e['msg']}" for e in error.errors())
-        raise ValueError(f"{path}: {problems}") from None
+        said = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'the file'}: {e['msg']}" for e in error.errors())
+        raise ValueError(f"{path}: {said}") from None
+    problems = expression_problems(config)
+    if problems:
+        raise ValueError(f"{path}: {'; '.join(problems)}")
+    return config
+
+
+def checked(config: GatewayConfig, upstreams: Upstreams) -> None:
+    """The mappings against what the servers list (tools, schemas); MappingRefused naming each problem."""
+    problems = mapping_problems(config, upstreams)
+    if problems:
+        raise MappingRefused("the gateway's mappings do not fit its servers: " + "; ".join(problems))
+
+
+class MappingRefused(ValueError):
+    """The configuration does not fit what the upstream servers list: the gateway does not start."""
 
 
 class Serving(uvicorn.Server):
@@ -78,6 +94,7 @@ async def serve_http(
     kube = await connect()
     try:
         async with Upstreams(config.upstreams) as upstreams:
+            checked(config, upstreams)
             gateway = Gateway(config, kube, upstreams, handle_key)
 
             async def metrics(_: Request) -> Response:
@@ -110,6 +127,7 @@ async def serve_stdio(config: GatewayConfig, connect: Callable[[], Awaitable[Kub
     kube = await connect()
     try:
         async with Upstreams(config.upstreams) as upstreams:
+            checked(config, upstreams)
             gateway = Gateway(config, kube, upstreams, handle_key)
             try:
                 async with stdio_server() as (read, write):

@@ -16,19 +16,26 @@ import mcp_types as types
 from undolog.api.gateway import GatewayConfig, OnClose, ToolRule
 from undolog.calls.mcp import answered
 from undolog.conventions import repeated_step, step_name_of
-from undolog.decisions.tool_calls import compensation_call
+from undolog.decisions.arguments import within
+from undolog.decisions.tool_calls import before_arguments, compensation_call
+from undolog.decisions.undo_expressions import COMPUTED, Filled, computed
 from undolog.errors import UndoLogError
 from undolog.gateway.upstreams import Upstreams, UpstreamTool
 from undolog.inspect import Inspector, PlannedCompensation
 from undolog.kube import Kube
 from undolog.sdk import SagaRun, open_saga
 
+MAX_BEFORE_BYTES = 256 * 1024  # of a before-image: it goes into the compensation's arguments
 SAGA_META = "io.undolog/saga"
 STEP_META = "io.undolog/step"
 
 
 class NotCalled(UndoLogError):
     """The step could not be registered: nothing was sent upstream."""
+
+
+class BeforeImageFailed(UndoLogError):
+    """The mapping's before-image could not be read: the call is not sent."""
 
 
 class ToolFailed(UndoLogError):
@@ -112,12 +119,16 @@ async def call_as_step(
     position: int,
     meta: dict[str, Any] | None = None,
 ) -> types.CallToolResult:
-    """Register the step `<tool>-<position>` (its compensation filled in from the arguments),
-    call upstream, record the result: an isError result or an exception is a failed step (its
-    effect may be partial, so it is compensated), its output kept when it has one."""
+    """Register the step `<tool>-<position>` (its before-image read first, if the mapping has
+    one; its compensation filled in from the arguments and that), call upstream, record the
+    result: an isError result or an exception is a failed step (its effect may be partial, so
+    it is compensated), its output kept with what the compensation computes from it."""
+    step = repeated_step(step_name_of(tool.tool.name), position)
+    variables: dict[str, Any] = {"args": arguments}
     try:
-        step = repeated_step(step_name_of(tool.tool.name), position)
-        compensation = compensation_call(rule, arguments, step) if rule and rule.compensation else None
+        if rule is not None and rule.before is not None:
+            variables["before"] = await read_before(upstreams, rule, arguments)
+        compensation, filled = compensation_call(rule, variables, step) if rule and rule.compensation else (None, None)
         registered = await run.register(step, compensation)
     except (ValueError, UndoLogError) as error:
         raise NotCalled(f"tool {tool.qualified} was not called: {error}") from error
@@ -127,7 +138,7 @@ async def call_as_step(
         await run.finish(registered, error)
         raise
     outcome = answered(tool.tool.name, 200, result)
-    registered.output = outcome.output
+    registered.output = with_computed(outcome.output, filled, {**variables, "output": result_value(result)})
     await run.finish(registered, ToolFailed(outcome.error) if outcome.error else None)
     said = {**(result.meta or {}), SAGA_META: f"{run.namespace}/{run.name}", STEP_META: registered.name}
     return types.CallToolResult(
@@ -136,6 +147,48 @@ async def call_as_step(
         is_error=result.is_error,
         meta={**said, **(meta or {})},
     )
+
+
+async def read_before(upstreams: Upstreams, rule: ToolRule, arguments: dict[str, Any]) -> Any:
+    """The state before the call, as the mapping's read-only tool gives it; BeforeImageFailed
+    (nothing is called) when it cannot be read or is more than UndoLog keeps."""
+    assert rule.before is not None
+    reader = upstreams.qualified(rule.before.tool)
+    result = await upstreams.call(reader, before_arguments(rule, arguments), None)
+    if result.is_error:
+        said = " ".join(b.text for b in result.content if isinstance(b, types.TextContent)) or "no text"
+        raise BeforeImageFailed(f"the state before it could not be read ({rule.before.tool}: {said[:300]})")
+    value = result_value(result)
+    if not within(value, MAX_BEFORE_BYTES):
+        raise BeforeImageFailed(
+            f"the state before it ({rule.before.tool}) is more than the {MAX_BEFORE_BYTES} bytes UndoLog keeps"
+        )
+    return value
+
+
+def result_value(result: types.CallToolResult) -> Any:
+    """A tool's result as an expression reads it: its structuredContent, else its lone text as
+    JSON, else its text (`{"text": ...}`)."""
+    if result.structured_content is not None:
+        return result.structured_content
+    texts = [b.text for b in result.content if isinstance(b, types.TextContent)]
+    if len(texts) == 1:
+        try:
+            return json.loads(texts[0])
+        except ValueError:
+            pass
+    return {"text": "\n".join(texts)} if texts else None
+
+
+def with_computed(output: dict[str, Any] | None, filled: Filled | None, variables: dict[str, Any]) -> Any:
+    """The step's output to record, with what its compensation computes from the result."""
+    if filled is None or not filled.deferred:
+        return output
+    values, failed = computed(filled.deferred, variables)
+    said: dict[str, Any] = {COMPUTED: values}
+    if failed:  # the compensation reads null there: a person sees why on the step
+        said[f"{COMPUTED}_failed"] = failed
+    return {**(output or {}), **said}
 
 
 def planned(compensation: PlannedCompensation) -> str:

@@ -15,8 +15,9 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from undolog.api.gateway import Upstream
+from undolog.api.gateway import GatewayConfig, Upstream
 from undolog.calls.mcp import KEY_META, keyed_meta
+from undolog.decisions.undo_expressions import expressions_in, unknown_fields
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
@@ -96,6 +97,40 @@ class Upstreams:
             counts[found.tool.name] = counts.get(found.tool.name, 0) + 1
         self.tools = {(t.tool.name if counts[t.tool.name] == 1 else t.qualified): t for t in listed}
 
+    def qualified(self, name: str) -> UpstreamTool:
+        """The tool the configuration names `<upstream>.<tool>`; KeyError when no server lists it."""
+        for found in self.tools.values():
+            if found.qualified == name:
+                return found
+        raise KeyError(f"no upstream lists {name}")
+
     async def call(self, tool: UpstreamTool, arguments: dict[str, object], key: str | None) -> types.CallToolResult:
         meta = keyed_meta(key) if key else None
         return await self.clients[tool.upstream].call_tool(tool.tool.name, arguments, meta=meta)
+
+
+def mapping_problems(config: GatewayConfig, upstreams: Upstreams) -> list[str]:
+    """What of the mappings the servers' own lists contradict: a mapped or before-image tool no
+    server lists, and an expression naming a field the tools' schemas do not declare (checked
+    where a server gives the schema)."""
+    listed = {t.qualified: t for t in upstreams.tools.values()}
+    problems = []
+    for name, rule in config.tools.items():
+        tool = listed.get(name)
+        before = listed.get(rule.before.tool) if rule.before else None
+        if tool is None:
+            problems.append(f"tools.{name}: no upstream lists {name}")
+            continue
+        if rule.before is not None and before is None:
+            problems.append(f"tools.{name}.before: no upstream lists {rule.before.tool}")
+            continue
+        schemas = {"args": tool.tool.input_schema}
+        if tool.tool.output_schema is not None:
+            schemas["output"] = tool.tool.output_schema
+        if before is not None and before.tool.output_schema is not None:
+            schemas["before"] = before.tool.output_schema
+        places = [(f"tools.{name}.compensation.args", rule.compensation.args if rule.compensation else {})]
+        places += [(f"tools.{name}.before.args", rule.before.args)] if rule.before else []
+        for where, template in places:
+            problems += [f"{where}: {why}" for s in expressions_in(template) if (why := unknown_fields(s, schemas))]
+    return problems
