@@ -6,7 +6,9 @@ email: an outbox; `--slow-send` makes sending take longer than the agent waits (
 still goes out: the caller's timeout says nothing about the effect), and recall undoes it.
 
 Every POST honours Idempotency-Key: the same key gets the same answer and no second effect.
-Compensations find the effect through Undolog-Forward-Key when their arguments cannot.
+Compensations find the effect through Undolog-Forward-Key when their arguments cannot, and a
+forward call that arrives after its compensation (a request held by a proxy, processed late) is
+refused 410 and never applied (the late-forward rule).
 """
 
 from __future__ import annotations
@@ -32,17 +34,23 @@ class Service:
         self.lock = threading.RLock()
         self.routes: dict[str, Route] = {}
         self.replies: dict[str, Reply] = {}  # Idempotency-Key -> the first answer
+        self.compensated: set[str] = set()  # forward keys a compensation named: never applied after it
         self.calls: list[str] = []
 
     def state(self) -> dict[str, Any]:
         raise NotImplementedError
 
     def handle(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Reply:
-        key = headers.get("idempotency-key", "")
+        key, undoes = headers.get("idempotency-key", ""), headers.get("undolog-forward-key")
         with self.lock:
             if key and key in self.replies:
                 self.calls.append(f"{path} (replayed {key})")
                 return self.replies[key]
+            if undoes:
+                self.compensated.add(undoes)
+            elif key in self.compensated:  # its compensation came first: never applied now
+                self.calls.append(f"{path} -> 410 (compensated before it arrived)")
+                return 410, {"error": f"{key} was compensated before it arrived: not applied"}
         route = self.routes.get(path)
         if route is None:
             return 404, {"error": f"{self.name} has no {path}"}

@@ -101,6 +101,11 @@ def effect_key(saga_uid: str, effect: str) -> str:
     return f"{saga_uid}:effect:{effect}"
 
 
+# The wire protocol's refusal of a forward call whose key a compensation already named: it came
+# late (a request a proxy held, a timed-out call processed after the abort), and is never applied.
+LATE_FORWARD_STATUS = 410
+
+
 def stable_undo_id(saga_uid: str, position: int, step: str) -> str:
     """Stable for this saga and step, new for a recreated saga: a re-registration after a crash
     finds the same entry, a saga created again under the same name gets new keys."""

@@ -40,7 +40,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from undolog.calls import protocol
-from undolog.conventions import compensation_key, forward_key
+from undolog.conventions import LATE_FORWARD_STATUS, compensation_key, forward_key
 
 Arguments = Mapping[str, Any] | Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
@@ -58,6 +58,9 @@ class Participant:
     timeout_seconds: float = 10.0  # the Webhook's timeoutSeconds
     step: str = "contract-check"
     signing_secret: str | None = None  # whsec_...: calls are signed and forgeries must be refused
+    # Whether the forward call under this Idempotency-Key made its effect (the participant's own
+    # records), where a test can tell: the late forward's effect must not have been made.
+    applied: Callable[[str], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -142,8 +145,29 @@ def problems(participant: Participant) -> list[str]:
             f"{unknown.status} {unknown.body}: it must succeed (nothing to undo), since the operator compensates "
             "whenever a forward call's outcome is unknown"
         )
+    found += late_forward_applied(participant, saga, never_seen)
     if participant.signing_secret is not None:
         found.extend(forgeries_accepted(participant, saga, unknown_args))
+    return found
+
+
+def late_forward_applied(participant: Participant, saga: str, compensated: str) -> list[str]:
+    """The forward call under a key whose compensation came first: refused, and not applied."""
+    if participant.forward_url is None:
+        return []
+    headers = protocol.headers(idempotency_key=compensated, saga=saga, step=participant.step, org=None, attempt=1)
+    payload = json.dumps(participant.forward_args).encode()
+    headers |= signed_headers(participant.signing_secret, compensated, payload)
+    late = post(participant.forward_url, participant.forward_args, headers, participant.timeout_seconds + 1)
+    found = []
+    if late.status != LATE_FORWARD_STATUS:
+        found.append(
+            f"a forward call arriving after its compensation (Idempotency-Key {compensated}) answered {late.status} "
+            f"{late.body}: it must be refused {LATE_FORWARD_STATUS} and never applied, or its effect stays under a "
+            "saga that reads Compensated"
+        )
+    if participant.applied is not None and participant.applied(compensated):
+        found.append(f"a forward call arriving after its compensation (Idempotency-Key {compensated}) was applied")
     return found
 
 

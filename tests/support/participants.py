@@ -76,6 +76,8 @@ class Participant:
         self._received: list[Received] = []
         self._scripts: dict[str, deque[Reply]] = defaultdict(deque)
         self._handlers: dict[str, Handler] = {}
+        self._compensated: set[str] = set()  # forward keys a compensation named
+        self._applied: set[str] = set()  # forward keys answered 2xx
         participant = self
 
         class RequestHandler(BaseHTTPRequestHandler):
@@ -206,12 +208,23 @@ class Participant:
 
     def _answer(self, request: Received) -> Reply:
         with self._lock:
+            undoes = request.headers.get("undolog-forward-key")
+            if undoes:
+                self._compensated.add(undoes)
+            elif request.key in self._compensated and request.key not in self._applied:
+                # The late-forward rule: a forward call whose compensation came first is never applied.
+                late = Reply(410, {"error": f"{request.key} was compensated before it arrived: not applied"})
+                self._received.append(dataclasses.replace(request, replied=410))
+                self._lock.notify_all()
+                return late
             script = self._scripts.get(request.path)
             scripted = script.popleft() if script else None
         handler = self._handlers.get(request.path)
         reply = scripted or (handler(request) if handler else Reply())
         with self._lock:
             self._received.append(dataclasses.replace(request, replied=0 if reply.reset else reply.status))
+            if not undoes and 200 <= reply.status < 300 and not reply.reset:
+                self._applied.add(request.key)
             self._lock.notify_all()
         return reply
 

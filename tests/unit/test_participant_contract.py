@@ -72,6 +72,53 @@ class KeyIgnoring(Service):
         return 200, {"refunds": next(self.counter)}
 
 
+class KeysOnly(Service):
+    """Keeps the Idempotency-Key rule and accepts a compensation of what it never saw, but
+    applies a forward call that arrives after its compensation (the rule a team writes by hand
+    and forgets)."""
+
+    def __init__(self) -> None:
+        super().__init__("keys-only")
+        self.charges: dict[str, int] = {}
+        self.routes = {"/charge": self.charge, "/refund": self.refund}
+
+    def handle(self, path: str, body: dict[str, object], headers: dict[str, str]) -> Reply:
+        key = headers.get("idempotency-key", "")
+        if key in self.replies:
+            return self.replies[key]
+        reply = self.routes[path](body, headers)
+        self.replies[key] = reply
+        return reply
+
+    def charge(self, body: dict[str, object], headers: dict[str, str]) -> Reply:
+        self.charges[headers["idempotency-key"]] = 10
+        return 200, {"charged": 10}
+
+    def refund(self, body: dict[str, object], headers: dict[str, str]) -> Reply:
+        self.charges.pop(headers.get("undolog-forward-key", ""), None)
+        return 200, {}
+
+
+def test_a_participant_that_applies_a_forward_call_after_its_compensation_is_caught() -> None:
+    keys_only = KeysOnly()
+    server, url = serve(keys_only)
+    try:
+        found = problems(
+            Participant(
+                compensation_url=f"{url}/refund",
+                forward_url=f"{url}/charge",
+                timeout_seconds=2,
+                applied=lambda key: key in keys_only.charges,
+            )
+        )
+    finally:
+        server.shutdown()
+    assert len(found) == 2, found
+    assert found[0].startswith("a forward call arriving after its compensation (Idempotency-Key ")
+    assert "answered 200 {'charged': 10}: it must be refused 410 and never applied" in found[0]
+    assert found[1].endswith("was applied")
+
+
 class Slow(Service):
     def __init__(self) -> None:
         super().__init__("slow")

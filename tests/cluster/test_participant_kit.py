@@ -1,0 +1,129 @@
+"""The participant kit (undolog.participant) in a real participant process: the contract kit
+passes against it on SQLite and PostgreSQL, under aiohttp and ASGI, late forward included; and
+a participant killed (SIGKILL) between its effect and its answer, again and again, leaves every
+effect made once: the effect and the barrier's record commit together or not at all."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from devtools.control_plane.local import free_port
+from devtools.postgres import LocalPostgres
+
+from undolog.calls import protocol
+from undolog.conventions import compensation_key, forward_key
+from undolog.testing import Participant, problems
+
+pytestmark = pytest.mark.cluster  # a real PostgreSQL server (make test installs it)
+CRASHES = 50
+
+
+@contextmanager
+def kit_participant(database: list[str], *extra: str) -> Iterator[str]:
+    port = free_port()
+    command = [sys.executable, "-m", "tests.support.kit_participant", "--port", str(port), *database, *extra]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.post(f"{base}/charge", timeout=1, content=b"{}")
+            break
+        except httpx.HTTPError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                said = process.stderr.read() if process.stderr else b""
+                raise AssertionError(f"the kit participant did not start: {said!r}") from None
+            time.sleep(0.1)
+    try:
+        yield base
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def charges(database: list[str]) -> dict[str, int]:
+    kind, where = database
+    if kind == "--sqlite":
+        with sqlite3.connect(where) as connection:
+            return dict(connection.execute("SELECT key, amount FROM charges").fetchall())
+    with psycopg.connect(where) as connection:
+        return dict(connection.execute("SELECT key, amount FROM charges").fetchall())
+
+
+def charged_under(database: list[str], key: str) -> bool:
+    """Whether the forward call under `key` made a charge (the barrier's record names it)."""
+    kind, where = database
+    query = "SELECT count(*) FROM undolog_barrier WHERE key = {} AND kind = 'forward'"
+    if kind == "--sqlite":
+        with sqlite3.connect(where) as connection:
+            return bool(connection.execute(query.format("?"), (key,)).fetchone()[0])
+    with psycopg.connect(where) as connection:
+        found = connection.execute(query.format("%s"), (key,)).fetchone()
+        return bool(found and found[0])
+
+
+@pytest.mark.parametrize("web", ["aiohttp", "asgi"])
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_a_kit_participant_keeps_the_whole_contract(
+    store: str, web: str, tmp_path: Path, postgres: LocalPostgres
+) -> None:
+    database = ["--sqlite", str(tmp_path / "shop.db")] if store == "sqlite" else ["--postgres", postgres.dsn]
+    with kit_participant(database, "--web", web) as base:
+        found = problems(
+            Participant(
+                compensation_url=f"{base}/refund",
+                forward_url=f"{base}/charge",
+                forward_args={"order": "o-1", "amount": 10},
+                timeout_seconds=5,
+                applied=lambda key: charged_under(database, key),
+            )
+        )
+    assert found == []
+    assert list(charges(database).values()) == []  # charged once, refunded once
+
+
+def send(base: str, path: str, key: str, body: dict[str, object], forward: str | None = None) -> httpx.Response:
+    headers = protocol.headers(
+        idempotency_key=key, saga="kit/crash", step="charge", org=None, attempt=1, forward=forward
+    )
+    return httpx.post(f"{base}{path}", json=body, headers=headers, timeout=10)
+
+
+@pytest.mark.fault  # 100 participant processes: make chaos and CI, not make test
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_killed_between_its_effect_and_its_answer_every_effect_is_made_once(
+    store: str, tmp_path: Path, postgres: LocalPostgres
+) -> None:
+    """Each charge's first try kills the participant after the charge is written and before the
+    transaction commits; the operator's retry under the same key, to the restarted participant,
+    charges once; the refund then undoes it once."""
+    database = ["--sqlite", str(tmp_path / "shop.db")] if store == "sqlite" else ["--postgres", postgres.dsn]
+    crash = tmp_path / "crash"
+    made = []
+    for i in range(CRASHES):
+        key = forward_key(str(uuid.uuid4()), "charge")
+        crash.write_text("1")
+        with kit_participant(database, "--crash-between", str(crash)) as base, pytest.raises(httpx.HTTPError):
+            send(base, "/charge", key, {"order": f"o-{i}", "amount": 1})
+        with kit_participant(database) as base:
+            first = send(base, "/charge", key, {"order": f"o-{i}", "amount": 1})
+            again = send(base, "/charge", key, {"order": f"o-{i}", "amount": 1})
+            assert first.status_code == 200
+            assert again.json() == first.json()  # the first answer, nothing charged twice
+            undo = compensation_key(str(uuid.uuid4()))
+            assert send(base, "/refund", undo, {}, forward=key).status_code == 200
+            assert send(base, "/refund", undo, {}, forward=key).status_code == 200
+        made.append(first.json()["charge"])
+    print(f"\n{CRASHES} kills between the effect and its answer ({store}): {len(set(made))} charges, each once")
+    assert len(set(made)) == CRASHES
+    assert charges(database) == {}  # every charge refunded exactly once, none left from a killed try
