@@ -20,6 +20,7 @@ docs/reliability.md); `pytest tests/chaos` runs a short version of each; `make t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from devtools.control_plane.local import free_port
 from devtools.postgres import LocalPostgres
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -592,3 +594,101 @@ async def _entries_seen(kube: Kube, namespace: str, observed: dict[str, set[str]
             for owner in entry["metadata"].get("ownerReferences", []):
                 observed.setdefault(owner["uid"], set()).add(entry["metadata"]["name"])
         await asyncio.sleep(0.3)
+
+
+class HoldingProxy:
+    """In front of the participant: holds each forward call until the compensation naming its
+    key has gone through (a proxy that held the request past the operator's timeout), then
+    delivers it, late."""
+
+    def __init__(self, participant: str) -> None:
+        self.participant = participant
+        self.compensated: dict[str, asyncio.Event] = {}
+        self.late: list[int] = []  # the statuses the late forward calls were answered with
+
+    def event(self, key: str) -> asyncio.Event:
+        return self.compensated.setdefault(key, asyncio.Event())
+
+    async def forward(self, request: Any) -> Any:
+        from aiohttp import ClientSession, web
+
+        body, key = await request.read(), request.headers.get("Idempotency-Key", "")
+        undoes = request.headers.get("Undolog-Forward-Key")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        if undoes is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.event(key).wait(), 60)
+        async with (
+            ClientSession() as session,
+            session.post(self.participant + request.path, data=body, headers=headers) as answer,
+        ):
+            status, payload = answer.status, await answer.read()
+        if undoes is not None:
+            self.event(undoes).set()
+        else:
+            self.late.append(status)
+        return web.Response(status=status, body=payload, content_type="application/json")
+
+
+@pytest.mark.parametrize("participant", ["keys-only", "kit-sqlite", "kit-postgres"])
+async def test_late_forward_calls_leave_no_effect_under_a_compensated_saga_with_the_kit(
+    participant: str, kube: Kube, namespace: str, cluster: Cluster, tmp_path: Path, postgres: LocalPostgres
+) -> None:
+    """Each saga's forward call times out while a proxy holds it; the saga is compensated (the
+    participant finds nothing to undo); then the held call is delivered. Keeping only the
+    Idempotency-Key rule, each is applied: an effect nothing will undo under a saga that reads
+    Compensated. With the kit's barrier, each is refused 410 and nothing is charged."""
+    from aiohttp import web
+
+    from tests.cluster.test_participant_kit import charges, kit_participant
+
+    sagas = 100 if FULL else 10
+    database = (
+        ["--sqlite", str(tmp_path / "shop.db")] if participant != "kit-postgres" else ["--postgres", postgres.dsn]
+    )
+    extra = ("--naive",) if participant == "keys-only" else ()
+    with kit_participant(database, *extra) as base:
+        proxy = HoldingProxy(base)
+        app = web.Application()
+        app.router.add_post("/{path:.*}", proxy.forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path, extra_args=())
+        operator.start()
+        try:
+            for function in ("charge", "refund"):
+                hook = webhook(function, url=f"http://127.0.0.1:{port}/{function}")
+                hook["spec"]["timeoutSeconds"] = 1
+                await kube.create("webhooks", namespace, hook)
+            step = {
+                "name": "charge",
+                "action": {"function": "charge", "args": {"order": "o", "amount": 1}, "maxRetries": 0},
+            }
+            step["compensation"] = {"function": "refund"}
+            for i in range(sagas):
+                await kube.create("sagas", namespace, saga(f"late-{i:03d}", [step], compensationPolicy=POLICY))
+            await eventually(
+                lambda: kube.list("sagas", namespace),
+                lambda found: (
+                    len(found) == sagas and all(s.get("status", {}).get("phase") == "Compensated" for s in found)
+                ),
+                300,
+                "every saga Compensated",
+            )
+            await eventually(
+                lambda: asyncio.sleep(0, len(proxy.late)), lambda n: n == sagas, 120, "every late call delivered"
+            )
+        finally:
+            operator.stop()
+            await runner.cleanup()
+        orphans = len(charges(database))
+    record(
+        f"late_forward_{participant}",
+        {"sagas": sagas, "orphan_effects": orphans, "late_calls_refused_410": proxy.late.count(410)},
+    )
+    if participant == "keys-only":
+        assert orphans == sagas  # each late call applied: the defect the barrier exists for
+    else:
+        assert (orphans, proxy.late.count(410)) == (0, sagas)

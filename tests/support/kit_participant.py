@@ -6,7 +6,11 @@ its database, refunded by the forward key; the barrier in the same transaction.
 
 `--crash-between FILE`: while FILE holds a number above 0, it is decremented and the process
 kills itself (SIGKILL) after the charge is written and before the transaction commits: the
-effect and the barrier's record are lost together."""
+effect and the barrier's record are lost together.
+
+`--naive`: no barrier, only what a team writes by hand: the Idempotency-Key's first answer kept
+(in the same transaction), a compensation of a call never seen answered 200, and nothing
+remembered of it: a forward call arriving after its compensation is applied."""
 
 from __future__ import annotations
 
@@ -78,6 +82,9 @@ async def main(options: argparse.Namespace) -> None:
         await run(connection, "DELETE FROM charges WHERE key = ?", (key,))
         return Answer(200, {"refunded": key})
 
+    if options.naive:
+        await serve_naive(options, transaction, charge, refund)
+        return
     barrier = Barrier(options.secret or None)
     if options.web == "asgi":
         import uvicorn
@@ -106,6 +113,33 @@ async def main(options: argparse.Namespace) -> None:
     await asyncio.Event().wait()
 
 
+async def serve_naive(options: argparse.Namespace, transaction: Any, charge: Any, refund: Any) -> None:
+    """The participant without the barrier: keys only (its answers kept with the effect)."""
+    answers: dict[str, Answer] = {}
+
+    async def handle(request: web.Request) -> web.Response:
+        key = request.headers.get("Idempotency-Key", "")
+        forward = request.headers.get("Undolog-Forward-Key")
+        if key not in answers:
+            async with transaction() as (_, connection):
+                args = await request.json()
+                if forward is None:
+                    answers[key] = await charge(args, connection)
+                else:
+                    charged = answers.get(forward)
+                    answers[key] = await refund(args, connection, charged) if charged else Answer(200, {})
+        answer = answers[key]
+        return web.Response(status=answer.status, body=answer.encoded(), content_type="application/json")
+
+    application = web.Application()
+    application.router.add_post("/charge", handle)
+    application.router.add_post("/refund", handle)
+    runner = web.AppRunner(application)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", options.port).start()
+    await asyncio.Event().wait()
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
@@ -114,4 +148,5 @@ if __name__ == "__main__":
     parser.add_argument("--web", default="aiohttp", choices=["aiohttp", "asgi"])
     parser.add_argument("--crash-between")
     parser.add_argument("--secret", action="append")
+    parser.add_argument("--naive", action="store_true")
     asyncio.run(main(parser.parse_args()))
