@@ -153,8 +153,9 @@ async def test_two_replicas_behind_a_round_robin_proxy_serve_one_saga_through_a_
     through the other, and the abort undoes every step."""
     config = gateway_config(namespace, tracker)
     replicas = [GatewayProcess(cluster.kubeconfig, config, tmp_path) for _ in range(2)]
-    proxy = RoundRobin([r.base for r in replicas])
+    proxy: RoundRobin | None = None
     try:
+        proxy = RoundRobin([r.base for r in replicas])
         async with Client(proxy.url) as agent:
             handle = handle_of(await agent.call_tool("create_issue", {"title": "one"}))
             await agent.call_tool("create_issue", {"title": "two", HANDLE: handle})
@@ -165,8 +166,11 @@ async def test_two_replicas_behind_a_round_robin_proxy_serve_one_saga_through_a_
             said = text(await agent.call_tool("undolog_abort", {HANDLE: handle, "reason": "done testing"}))
             assert "create_issue-4" in said
     finally:
-        proxy.stop()
-        replicas[1].stop()
+        if proxy is not None:
+            proxy.stop()
+        for replica in replicas:
+            if replica.process.poll() is None:
+                replica.stop()
     name = await only_saga(kube, namespace)
     compensated = await saga_phase(kube, namespace, name, "Compensated")
     assert compensated["status"]["stackDepth"] == 4
@@ -200,3 +204,55 @@ async def test_a_typescript_agent_on_the_sdk_s_current_major_is_undone_through_i
     name = await only_saga(kube, namespace)
     await saga_phase(kube, namespace, name, "Compensated")
     assert [close.number for close in tracker.issues.closes] == [3, 2, 1]
+
+
+def confirming(answer: str, asked: list[str]) -> Any:
+    """An agent's elicitation callback: records the question and gives `answer`."""
+
+    async def callback(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action=answer)
+
+    return callback
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_person_is_asked_before_what_cannot_be_undone_and_a_declined_call_is_not_made(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,  # noqa: F811
+    tmp_path: Path,
+    mode: str,
+) -> None:
+    """`label_issue` cannot be undone: with confirm: true the user is asked (an input_required
+    result on the stateless revision, elicitation on a session); declined, it is not called;
+    accepted, it is. Both answers are recorded on the saga."""
+    config = gateway_config(namespace, tracker)
+    config["tools"]["tracker.label_issue"] = {"confirm": True}
+    gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+    try:
+        asked: list[str] = []
+        handle: dict[str, Any] = {}
+        for answer in ("decline", "accept"):
+            async with Client(gateway.url, mode=mode, elicitation_callback=confirming(answer, asked)) as agent:
+                if "issue" not in handle:
+                    opened = await agent.call_tool("create_issue", {"title": "one"})
+                    handle["issue"] = opened.meta.get("io.undolog/saga-handle") if opened.meta else None
+                extra = {HANDLE: handle["issue"]} if handle["issue"] else {}
+                result = await agent.call_tool("label_issue", {"number": 1, "label": answer, **extra})
+                assert result.is_error == (answer == "decline"), text(result)
+        assert len(asked) == 2
+        assert "UndoLog cannot undo this call" in asked[0]
+        assert tracker.issues.opened[1].get("labels") == ["accept"]  # the declined label never reached it
+        sagas = await kube.list("sagas", namespace)
+        recorded = sorted(
+            json.loads(v)["answer"]
+            for s in sagas
+            for k, v in s["metadata"].get("annotations", {}).items()
+            if k.startswith("undolog.io/confirmation-")
+        )
+        print(f"\n{mode}: asked {asked[0][:80]}...; recorded {recorded}")
+        assert recorded == ["accept", "decline"]
+    finally:
+        gateway.stop()

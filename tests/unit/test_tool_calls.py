@@ -134,7 +134,7 @@ def test_an_argument_the_ledger_cannot_carry_is_refused_before_the_step_is_regis
     ("change", "said"),
     [
         ({"tools": {"tracker.create_issue": {"compensaton": {}}}}, "compensaton"),
-        ({"tools": {"tracker.create_issue": {}}}, "either readOnly: true or has a compensation"),
+        ({"tools": {"tracker.create_issue": {}}}, "either readOnly: true, has a compensation, or confirm: true"),
         ({"tools": {"github.create_issue": {"readOnly": True}}}, "names no upstream"),
         ({"upstreams": {"tracker": {}}}, "exactly one of url or command"),
         ({"tools": {"create_issue": {"readOnly": True}}}, "<upstream>.<tool>"),

@@ -37,6 +37,7 @@ class Unmapped(StrEnum):
 
     REFUSE = "refuse"
     PASS = "pass"  # called, and recorded as a step with no compensation
+    CONFIRM = "confirm"  # the user is asked first (it will not be undone); declined: not called
 
 
 class Upstream(Strict):
@@ -94,11 +95,16 @@ class ToolRule(Strict):
     read_only: bool = False
     compensation: Compensation | None = None
     before: BeforeImage | None = None
+    confirm: bool = Field(
+        default=False, description="Ask the user before the call (it will not be undone); declined: not called."
+    )
 
     @model_validator(mode="after")
     def one_kind(self) -> Self:
-        if self.read_only == (self.compensation is not None):
-            raise ValueError("a tool is either readOnly: true or has a compensation")
+        if self.read_only == (self.compensation is not None or self.confirm):
+            raise ValueError("a tool is either readOnly: true, has a compensation, or confirm: true")
+        if self.confirm and self.compensation is not None:
+            raise ValueError("a tool with a compensation can be undone: confirm: true is for those that cannot")
         return self
 
 

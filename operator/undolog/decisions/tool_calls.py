@@ -31,9 +31,11 @@ class PassThrough:
 
 @dataclass(frozen=True)
 class Register:
-    """A step, its entry written before the call; `compensation` None under the `pass` policy."""
+    """A step, its entry written before the call; `rule` None for an unmapped tool under the
+    `pass` or `confirm` policy; `confirm`: the user is asked first (it will not be undone)."""
 
     rule: ToolRule | None
+    confirm: bool = False
 
 
 @dataclass(frozen=True)
@@ -44,19 +46,22 @@ class Refuse:
 ToolDecision = PassThrough | Register | Refuse
 
 
-def decide(config: GatewayConfig, tool: str, read_only_hint: bool) -> ToolDecision:
-    """`tool` as <upstream>.<tool>; `read_only_hint` as its server annotates it."""
+def decide(config: GatewayConfig, tool: str, read_only_hint: bool, destructive_hint: bool = False) -> ToolDecision:
+    """`tool` as <upstream>.<tool>; the hints as its server annotates it (the configuration
+    wins over both)."""
     rule = config.tools.get(tool)
     if rule is not None:
-        return PassThrough() if rule.read_only else Register(rule)
-    if read_only_hint:
+        return PassThrough() if rule.read_only else Register(rule, confirm=rule.confirm)
+    if read_only_hint and not destructive_hint:
         return PassThrough()
     if config.unmapped == Unmapped.PASS:
         return Register(None)
+    if config.unmapped == Unmapped.CONFIRM:
+        return Register(None, confirm=True)
     return Refuse(
         f"tool {tool} is not mapped: the UndoLog gateway runs only tools it can undo. Map it in the gateway's "
         f"configuration under tools.{tool}: either readOnly: true, or a compensation (tool: <upstream>.<tool> or "
-        "function: <Webhook>, with args such as ${args.id} or ${output.id})"
+        "function: <Webhook>, with args such as ${args.id} or ${output.id}), or confirm: true (the user is asked)"
     )
 
 

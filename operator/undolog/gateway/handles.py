@@ -83,6 +83,15 @@ class HandleSagas:
             kube=self.kube,
         )
 
+    async def run_for(self, arguments: dict[str, Any], identity: str | None) -> SagaRun:
+        """The saga of the handle among the arguments, or a new one whose handle is put there."""
+        text = arguments.get(HANDLE_ARG)
+        if text is not None:
+            return await self.resumed(str(text), identity)
+        run = await self.opened()
+        arguments[HANDLE_ARG] = self.handle_of(run, identity)
+        return run
+
     async def call(
         self, tool: UpstreamTool, arguments: dict[str, Any], rule: ToolRule | None, identity: str | None
     ) -> types.CallToolResult:

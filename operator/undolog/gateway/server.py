@@ -24,10 +24,11 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from prometheus_client import Counter
 
 from undolog.api.gateway import GatewayConfig, OnClose
-from undolog.decisions.tool_calls import PassThrough, Refuse, Register, decide
+from undolog.decisions.tool_calls import PassThrough, Refuse, Register, ToolDecision, decide
 from undolog.errors import UndoLogError
-from undolog.gateway.handles import HANDLE_ARG, HandleSagas, advertised
-from undolog.gateway.sessions import NotCalled, SessionSaga
+from undolog.gateway import confirmations
+from undolog.gateway.handles import HANDLE_ARG, HANDLE_META, HandleSagas, advertised
+from undolog.gateway.sessions import SAGA_META, NotCalled, SessionSaga
 from undolog.gateway.upstreams import Upstreams, UpstreamTool
 from undolog.kube import Kube
 
@@ -108,12 +109,15 @@ class Gateway:
         tools = [advertised(tool) if step else tool for tool, step in zip(listed, steps, strict=True)]
         return types.ListToolsResult(tools=[*tools, *(advertised(own) for own in OWN_TOOLS)])
 
+    def _decided(self, found: UpstreamTool) -> ToolDecision:
+        return decide(self.config, found.qualified, found.read_only_hint, found.destructive_hint)
+
     def _registered(self, found: UpstreamTool) -> bool:
-        return isinstance(decide(self.config, found.qualified, found.read_only_hint), Register)
+        return isinstance(self._decided(found), Register)
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         name, arguments = params.name, dict(params.arguments or {})
         identity = authenticated_principal(ctx) if stateless(ctx) else None
         own = self._own.get(name)
@@ -127,7 +131,7 @@ class Gateway:
         found = self.upstreams.tools.get(name)
         if found is None:
             raise MCPError(types.INVALID_PARAMS, f"unknown tool {name!r}")
-        decision = decide(self.config, found.qualified, found.read_only_hint)
+        decision = self._decided(found)
         if isinstance(decision, PassThrough):
             tool_calls.labels(found.qualified, "passed").inc()
             arguments.pop(HANDLE_ARG, None)
@@ -136,6 +140,11 @@ class Gateway:
             tool_calls.labels(found.qualified, "refused").inc()
             raise MCPError(types.INVALID_PARAMS, decision.message)
         try:
+            if decision.confirm:
+                asking = await self._confirmed(ctx, params, found, arguments, identity)
+                if asking is not None:
+                    tool_calls.labels(found.qualified, "refused").inc()
+                    return asking
             if stateless(ctx):
                 result = await self.handles.call(found, arguments, decision.rule, identity)
             else:
@@ -145,6 +154,35 @@ class Gateway:
             raise MCPError(types.INVALID_PARAMS, str(refused)) from None
         tool_calls.labels(found.qualified, "failed" if result.is_error else "registered").inc()
         return result
+
+    async def _confirmed(
+        self,
+        ctx: ServerRequestContext[Any],
+        params: types.CallToolRequestParams,
+        found: UpstreamTool,
+        arguments: dict[str, Any],
+        identity: str | None,
+    ) -> types.CallToolResult | types.InputRequiredResult | None:
+        """The user asked before a call that cannot be undone: None when they allowed it (the
+        call goes on); else what to answer the agent (the question, or that it was declined).
+        Either answer is recorded on the saga."""
+        if stateless(ctx):
+            answer = confirmations.answered(params)
+            if answer is None:
+                return confirmations.asked(found, arguments)
+            try:
+                run = await self.handles.run_for(arguments, identity)
+            except UndoLogError as refused:
+                raise NotCalled(f"tool {found.qualified} was not called: {refused}") from refused
+            meta = {HANDLE_META: arguments[HANDLE_ARG]}
+        else:
+            answer = await confirmations.ask_in_session(ctx, found, arguments)
+            run = await self._session(ctx, found.qualified).saga()
+            meta = {}
+        await confirmations.record(self.kube, run, found, answer, identity)
+        if answer == "accept":
+            return None
+        return confirmations.declined(found, answer, {**meta, SAGA_META: f"{run.namespace}/{run.name}"})
 
     def _session(self, ctx: ServerRequestContext[Any], tool: str) -> SessionSaga:
         request = ctx.request

@@ -36,6 +36,10 @@ class UpstreamTool:
     def read_only_hint(self) -> bool:
         return bool(self.tool.annotations and self.tool.annotations.read_only_hint)
 
+    @property
+    def destructive_hint(self) -> bool:
+        return bool(self.tool.annotations and self.tool.annotations.destructive_hint)
+
 
 async def keyed(request: httpx2.Request) -> None:
     """The HTTP header of a tools/call, from its `_meta` (the MCP client writes the body)."""
