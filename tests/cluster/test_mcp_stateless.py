@@ -256,3 +256,23 @@ async def test_a_person_is_asked_before_what_cannot_be_undone_and_a_declined_cal
         assert recorded == ["accept", "decline"]
     finally:
         gateway.stop()
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_resources_templates_and_prompts_pass_through_in_both_eras(
+    tracker: Tracker,  # noqa: F811
+    gateway: GatewayProcess,
+    mode: str,
+) -> None:
+    async with Client(gateway.url, mode=mode) as agent:
+        listed = await agent.list_resources()
+        assert [str(r.uri) for r in listed.resources] == ["tracker://about"]
+        read = await agent.read_resource("tracker://about")
+        assert read.contents[0].text == "a small issue tracker for UndoLog's tests"  # type: ignore[union-attr]
+        templates = await agent.list_resource_templates()
+        assert [t.uri_template for t in templates.resource_templates] == ["tracker://issues/{number}"]
+        assert "no issue #7" in (await agent.read_resource("tracker://issues/7")).contents[0].text  # type: ignore[union-attr]
+        prompts = await agent.list_prompts()
+        assert [p.name for p in prompts.prompts] == ["triage"]
+        got = await agent.get_prompt("triage", {"number": "3"})
+        assert "Triage issue #3" in got.messages[0].content.text  # type: ignore[union-attr]

@@ -176,6 +176,23 @@ def tracker(issues: Issues) -> MCPServer:
             raise ValueError(f"no issue #{number}")
         return FiledIssue(number=number, title=str(issue["title"]))
 
+    @server.resource("tracker://issues/{number}")
+    def issue(number: str) -> str:
+        """One issue as text (a resource, passed through by the gateway)."""
+        with issues.lock:
+            found = issues.opened.get(int(number))
+        return f"#{number} {found['title']} ({found['state']})" if found else f"no issue #{number}"
+
+    @server.resource("tracker://about")
+    def about() -> str:
+        """What this tracker is."""
+        return "a small issue tracker for UndoLog's tests"
+
+    @server.prompt()
+    def triage(number: str) -> str:
+        """A prompt to triage an issue."""
+        return f"Triage issue #{number}: label it, or close it if it is a duplicate."
+
     @server.tool(annotations=types.ToolAnnotations(read_only_hint=True))
     def list_issues() -> str:
         """Every issue and its state."""

@@ -28,6 +28,7 @@ from undolog.decisions.tool_calls import PassThrough, Refuse, Register, ToolDeci
 from undolog.errors import UndoLogError
 from undolog.gateway import confirmations
 from undolog.gateway.handles import HANDLE_ARG, HANDLE_META, HandleSagas, advertised
+from undolog.gateway.relay import Relay
 from undolog.gateway.sessions import SAGA_META, NotCalled, SessionSaga
 from undolog.gateway.upstreams import Upstreams, UpstreamTool
 from undolog.kube import Kube
@@ -88,7 +89,10 @@ class Gateway:
         self.config, self.kube, self.upstreams = config, kube, upstreams
         self.sessions: dict[str, SessionSaga] = {}
         self.handles = HandleSagas(config, kube, upstreams, handle_key)
-        self.server: Server[Any] = Server("undolog-gateway", on_list_tools=self.list_tools, on_call_tool=self.call_tool)
+        self.relay = Relay(upstreams)  # resources, prompts, completion, logging: passed through
+        self.server: Server[Any] = Server(
+            "undolog-gateway", on_list_tools=self.list_tools, on_call_tool=self.call_tool, **self.relay.handlers()
+        )
         self._own: dict[str, Callable[[SessionSaga, dict[str, Any]], Awaitable[str]]] = {
             "undolog_commit": lambda s, _: self._end(s, OnClose.COMMIT, "committed by the agent"),
             "undolog_abort": lambda s, a: self._end(s, OnClose.ABORT, str(a.get("reason") or "aborted by the agent")),

@@ -1,0 +1,118 @@
+"""What the upstream servers offer besides tools, passed through as they answer it: resources
+(listed, their templates, read), prompts (listed, got), completion and the logging level. Lists
+are every upstream's, merged (each one's pages read through); a resource or a prompt goes to the
+upstream that listed it (else to each in turn, until one answers). An upstream that does not
+offer a feature answers nothing for it."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import mcp_types as types
+from mcp import Client
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+
+from undolog.gateway.upstreams import Upstreams
+
+T = TypeVar("T")
+MAX_PAGES = 100  # of one upstream's list: a server whose cursor never ends is not followed for ever
+
+
+class Relay:
+    def __init__(self, upstreams: Upstreams) -> None:
+        self.upstreams = upstreams
+        self.resources: dict[str, str] = {}  # URI -> the upstream that listed it
+        self.prompts: dict[str, str] = {}  # name -> the upstream that listed it
+
+    def handlers(self) -> dict[str, Any]:
+        """The lowlevel Server's handlers (it advertises the capabilities they give)."""
+        return {
+            "on_list_resources": self.list_resources,
+            "on_list_resource_templates": self.list_resource_templates,
+            "on_read_resource": self.read_resource,
+            "on_list_prompts": self.list_prompts,
+            "on_get_prompt": self.get_prompt,
+            "on_completion": self.complete,
+            "on_set_logging_level": self.set_logging_level,
+        }
+
+    async def _pages(self, fetch: Callable[[Client, str | None], Awaitable[Any]], field: str) -> list[tuple[str, Any]]:
+        found: list[tuple[str, Any]] = []
+        for name, client in self.upstreams.clients.items():
+            cursor: str | None = None
+            for _ in range(MAX_PAGES):
+                try:
+                    page = await fetch(client, cursor)
+                except MCPError:  # this upstream does not offer it
+                    break
+                found += [(name, item) for item in getattr(page, field)]
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+        return found
+
+    async def list_resources(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        found = await self._pages(lambda c, cursor: c.list_resources(cursor=cursor, cache_mode="bypass"), "resources")
+        self.resources.update({str(r.uri): name for name, r in found})
+        return types.ListResourcesResult(resources=[r for _, r in found])
+
+    async def list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        found = await self._pages(
+            lambda c, cursor: c.list_resource_templates(cursor=cursor, cache_mode="bypass"), "resource_templates"
+        )
+        return types.ListResourceTemplatesResult(resource_templates=[t for _, t in found])
+
+    async def read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        return await self._first(self.resources.get(uri), lambda c: c.read_resource(uri, cache_mode="bypass"), uri)
+
+    async def list_prompts(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        found = await self._pages(lambda c, cursor: c.list_prompts(cursor=cursor, cache_mode="bypass"), "prompts")
+        self.prompts.update({p.name: name for name, p in found})
+        return types.ListPromptsResult(prompts=[p for _, p in found])
+
+    async def get_prompt(
+        self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
+        name, arguments = params.name, params.arguments
+        return await self._first(self.prompts.get(name), lambda c: c.get_prompt(name, arguments), name)
+
+    async def complete(
+        self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
+    ) -> types.CompleteResult:
+        ref = params.ref
+        owner = self.prompts.get(ref.name) if isinstance(ref, types.PromptReference) else None
+        argument = {"name": params.argument.name, "value": params.argument.value}
+        context = params.context.arguments if params.context else None
+        return await self._first(owner, lambda c: c.complete(ref, argument, context), "completion")
+
+    async def set_logging_level(
+        self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
+        for client in self.upstreams.clients.values():
+            try:
+                await client.set_logging_level(params.level)
+            except MCPError:
+                continue
+        return types.EmptyResult()
+
+    async def _first(self, owner: str | None, ask: Callable[[Client], Awaitable[T]], what: str) -> T:
+        """The owner's answer, else the first upstream's that answers; the last refusal when none does."""
+        names = [owner] if owner is not None else list(self.upstreams.clients)
+        refused: MCPError | None = None
+        for name in names:
+            try:
+                return await ask(self.upstreams.clients[name])
+            except MCPError as error:
+                refused = error
+        raise refused or MCPError(types.INVALID_PARAMS, f"no upstream offers {what}")
