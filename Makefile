@@ -12,7 +12,7 @@ PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: help venv venv-demo screenshots tools tools-control-plane tools-helm dist browser faketime postgres crds lock lint test unit demo bench chaos traces cluster-up cluster-down cluster-reset clean \
-	image image-deps mcp-agent node-deps node-up node-down e2e demo-helm alerts
+	image image-deps mcp-agent participant-kit node-deps node-up node-down e2e demo-helm alerts
 
 help:
 	@echo "make demo          run the onboarding saga on a local control plane (builds what it needs)"
@@ -79,6 +79,13 @@ browser: /usr/bin/chromium
 mcp-agent: tests/mcp_agent/node_modules/.package-lock.json
 tests/mcp_agent/node_modules/.package-lock.json: tests/mcp_agent/package-lock.json
 	cd tests/mcp_agent && npm ci --no-audit --no-fund --loglevel=error
+
+# The TypeScript participant kit: its npm dependencies as its lock pins them, compiled to dist/.
+participant-kit: participant-kit/dist/index.js
+participant-kit/node_modules/.package-lock.json: participant-kit/package-lock.json
+	cd participant-kit && npm ci --no-audit --no-fund --loglevel=error
+participant-kit/dist/index.js: participant-kit/node_modules/.package-lock.json participant-kit/tsconfig.json participant-kit/src/*.ts
+	cd participant-kit && npx tsc -p .
 
 # Debian's libfaketime sets a test operator's clock off, as on a node with a bad clock.
 faketime: /usr/bin/faketime
@@ -152,7 +159,7 @@ lint: venv tools-helm
 	bin/helm template undolog charts/undolog --kube-version 1.37.2 --set watchNamespaces='{team-a,team-b}' \
 		--set metrics.serviceMonitor.enabled=true > /dev/null
 
-test: venv tools-control-plane tools-helm browser faketime postgres mcp-agent lint
+test: venv tools-control-plane tools-helm browser faketime postgres mcp-agent participant-kit lint
 	$(VENV)/bin/pytest -m "not fault" --durations=15
 
 # The browser suite, its screenshots written over docs/ (make test leaves them in build/screenshots/).

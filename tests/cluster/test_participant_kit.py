@@ -5,6 +5,8 @@ effect made once: the effect and the barrier's record commit together or not at 
 
 from __future__ import annotations
 
+import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -18,8 +20,9 @@ import httpx
 import psycopg
 import pytest
 from devtools.control_plane.local import free_port
-from devtools.postgres import LocalPostgres
+from devtools.postgres import PASSWORD, LocalPostgres
 
+from tests.conftest import REPO
 from undolog.calls import protocol
 from undolog.conventions import compensation_key, forward_key
 from undolog.testing import Participant, problems
@@ -127,3 +130,53 @@ def test_killed_between_its_effect_and_its_answer_every_effect_is_made_once(
     print(f"\n{CRASHES} kills between the effect and its answer ({store}): {len(set(made))} charges, each once")
     assert len(set(made)) == CRASHES
     assert charges(database) == {}  # every charge refunded exactly once, none left from a killed try
+
+
+KIT = REPO / "participant-kit"
+
+
+def test_the_typescript_kit_keeps_the_same_contract(postgres: LocalPostgres) -> None:
+    """The TypeScript kit (participant-kit/, built by `make participant-kit`): its own tests with
+    Node's test runner on this PostgreSQL, then the contract kit against its example participant."""
+    node = shutil.which("node")
+    assert node is not None
+    url = f"postgresql://undolog:{PASSWORD}@127.0.0.1:{postgres.port}/undolog"
+    ran = subprocess.run(
+        [node, "--test", "test/barrier.test.mjs"],
+        cwd=KIT,
+        env={**os.environ, "UNDOLOG_TEST_POSTGRES": url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    print(f"\n{ran.stdout.strip().splitlines()[-8:]}")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    port = free_port()
+    example = subprocess.Popen(
+        [node, "example/example.mjs", str(port), url], cwd=KIT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert example.stdout is not None
+        assert example.stdout.readline().startswith("listening"), "the example participant did not start"
+        base = f"http://127.0.0.1:{port}"
+        with psycopg.connect(postgres.dsn) as connection:
+            found = problems(
+                Participant(
+                    compensation_url=f"{base}/refund",
+                    forward_url=f"{base}/charge",
+                    forward_args={"order": "o-1", "amount": 10},
+                    timeout_seconds=5,
+                    applied=lambda key: bool(
+                        connection.execute(
+                            "SELECT count(*) FROM undolog_barrier WHERE key = %s AND kind = 'forward'", (key,)
+                        ).fetchone()[0]  # type: ignore[index]
+                    ),
+                )
+            )
+            left = connection.execute("SELECT count(*) FROM charges").fetchone()
+    finally:
+        example.kill()
+        example.wait(10)
+    assert found == []
+    assert left == (0,)
