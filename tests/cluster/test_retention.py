@@ -137,9 +137,9 @@ async def test_a_finished_saga_goes_at_the_time_its_status_shows_after_its_ttl_i
         print(f"edited: expiresAt {shown.isoformat()}, deleted by {gone.isoformat()}")
         assert shown <= gone < shown + timedelta(seconds=3)
         operator.stop()
-        operator.extra_args = (*operator.extra_args[:-1], "--ttl-after-completed=20s")  # another default
+        operator.extra_args = (*operator.extra_args[:-1], "--ttl-after-completed=14s")  # another default
         operator.start()
-        shown = await deletion_time(kube, namespace, "defaulted", timedelta(seconds=20))
+        shown = await deletion_time(kube, namespace, "defaulted", timedelta(seconds=14))
         gone = await deleted_at(kube, namespace, "defaulted")
         print(f"defaulted: expiresAt {shown.isoformat()}, deleted by {gone.isoformat()}")
         assert shown <= gone < shown + timedelta(seconds=3)
