@@ -197,7 +197,7 @@ bin/.temporal-$(TEMPORAL_CLI):
 	GOBIN=$(CURDIR)/bin go install github.com/temporalio/cli/cmd/temporal@$(TEMPORAL_CLI)
 	touch $@
 
-bench: venv tools-control-plane bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.temporal-$(TEMPORAL_CLI)
+bench: venv tools-control-plane postgres participant-kit bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.temporal-$(TEMPORAL_CLI)
 	$(PY) -m pip install -q --require-hashes -r requirements/bench.txt
 	$(PY) -m bench.compensation --sizes 1 10 100 1000
 	$(PY) -m bench.forward --concurrency 1 100
@@ -210,6 +210,7 @@ bench: venv tools-control-plane bin/undolog-bench-ceiling bin/undolog-bench-floo
 	$(PY) -m bench.deep --depths 2000 10000
 	$(PY) -m bench.wave --sagas 500 --down 60 --limit 50
 	$(PY) -m bench.gateway --calls 200
+	$(PY) -m bench.participant_kit --calls 500
 	$(PY) -m bench.plot
 	$(PY) -m bench.summary
 

@@ -1,6 +1,8 @@
 """What the participant kit's barrier costs a call: the p50 and p99 of a forward call (a charge)
-to the same participant with the barrier (undolog.participant) and without it (the Idempotency-
-Key's answers only), on the same PostgreSQL server (fsync on) or SQLite file, one call at a time.
+to the same participant with the barrier and without it (the Idempotency-Key's answers only,
+kept in memory), one call at a time: in Python (undolog.participant) on the same PostgreSQL
+server (fsync on) and SQLite file, and in TypeScript (participant-kit/, built by `make
+participant-kit`) on the same PostgreSQL server.
 
     python -m bench.participant_kit --calls 500
 """
@@ -16,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from devtools.postgres import LocalPostgres
-from tests.cluster.test_participant_kit import kit_participant
+from devtools.postgres import PASSWORD, LocalPostgres
+from tests.cluster.test_participant_kit import kit_participant, node_participant
 
 from bench.harness import print_table, save
 from undolog.calls import protocol
@@ -43,6 +45,11 @@ def figures(spent: list[float]) -> dict[str, float]:
     return {"p50_ms": round(statistics.median(ordered), 2), "p99_ms": round(ordered[int(len(ordered) * 0.99) - 1], 2)}
 
 
+def warm_then_timed(base: str, calls: int) -> dict[str, float]:
+    timed_calls(base, 20)  # warm: connections, pages
+    return figures(timed_calls(base, calls))
+
+
 def main(calls: int) -> None:
     results: dict[str, Any] = {"calls": calls}
     with tempfile.TemporaryDirectory(prefix="undolog-bench-kit-") as folder:
@@ -54,8 +61,11 @@ def main(calls: int) -> None:
             ):
                 for mode, extra in (("barrier", ()), ("keys_only", ("--naive",))):
                     with kit_participant(database, *extra) as base:
-                        timed_calls(base, 20)  # warm: connections, pages
-                        results[f"{store}_{mode}"] = figures(timed_calls(base, calls))
+                        results[f"{store}_{mode}"] = warm_then_timed(base, calls)
+            url = f"postgresql://undolog:{PASSWORD}@127.0.0.1:{postgres.port}/undolog"
+            for mode, script in (("barrier", "example/example.mjs"), ("keys_only", "test/keys-only.mjs")):
+                with node_participant(script, url) as base:
+                    results[f"node_postgres_{mode}"] = warm_then_timed(base, calls)
         finally:
             postgres.down()
     print_table(
@@ -66,8 +76,9 @@ def main(calls: int) -> None:
                 f"{results[f'{s}_barrier']['p50_ms']}/{results[f'{s}_barrier']['p99_ms']}",
                 f"{results[f'{s}_keys_only']['p50_ms']}/{results[f'{s}_keys_only']['p99_ms']}",
             ]
-            for s in ("postgres", "sqlite")
+            for s in ("postgres", "sqlite", "node_postgres")
         ],
+        ledger="PostgreSQL with fsync on; SQLite with its defaults",
     )
     save("participant_kit", results)
 

@@ -10,7 +10,10 @@ What the operator relies on, checked over real HTTP with the wire protocol's hea
 - with `signing_secret` (the Webhook's `spec.signing` key), every call is signed as the operator
   signs it, and the participant refuses one whose body was changed, one signed with another key
   and one whose `webhook-timestamp` is 10 minutes old (a replay of a captured request); a
-  request sent again unchanged is answered as the first (the Idempotency-Key rule).
+  request sent again unchanged is answered as the first (the Idempotency-Key rule);
+- with `fences=True`, a call whose `Undolog-Fence` is lower than one already seen for its
+  `Undolog-Shard` is refused 409 (the check uses a shard of its own, `<random>/1000000`, which no
+  operator runs, so a participant's real fences are left alone).
 
     from undolog.testing import Participant
 
@@ -61,6 +64,7 @@ class Participant:
     # Whether the forward call under this Idempotency-Key made its effect (the participant's own
     # records), where a test can tell: the late forward's effect must not have been made.
     applied: Callable[[str], bool] | None = None
+    fences: bool = False  # check that an older fence of a shard is refused (rule 6)
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,8 @@ def problems(participant: Participant) -> list[str]:
     found += late_forward_applied(participant, saga, never_seen)
     if participant.signing_secret is not None:
         found.extend(forgeries_accepted(participant, saga, unknown_args))
+    if participant.fences:
+        found.extend(older_fence_accepted(participant, saga, unknown_args))
     return found
 
 
@@ -207,6 +213,34 @@ def forgeries_accepted(participant: Participant, saga: str, args: Mapping[str, A
         if 200 <= answer.status < 300:
             found.append(f"a compensation with {what} was accepted ({answer.status}): it must be refused (4xx)")
     return found
+
+
+def older_fence_accepted(participant: Participant, saga: str, args: Mapping[str, Any]) -> list[str]:
+    """A compensation carrying a fence lower than one its shard has seen: it must be refused 409."""
+    shard = f"{uuid.uuid4().int % 1_000_000}/1000000"
+    answers = []
+    for fence in (2, 1):
+        key = compensation_key(str(uuid.uuid4()))
+        headers = protocol.headers(
+            idempotency_key=key,
+            saga=saga,
+            step=participant.step,
+            org=None,
+            attempt=1,
+            forward=forward_key(str(uuid.uuid4()), participant.step),
+        )
+        headers |= {protocol.FENCE_HEADER: str(fence), protocol.SHARD_HEADER: shard}
+        headers |= signed_headers(participant.signing_secret, key, json.dumps(args).encode())
+        answers.append(post(participant.compensation_url, args, headers, participant.timeout_seconds + 1))
+    newer, older = answers
+    if not 200 <= newer.status < 300:
+        return [f"a compensation with Undolog-Fence 2 on a new shard answered {newer.status} {newer.body}"]
+    if older.status != 409:
+        return [
+            f"a compensation with Undolog-Fence 1 after 2 on shard {shard} answered {older.status}: an older fence "
+            "must be refused 409 (it comes from an operator replaced while it was frozen)"
+        ]
+    return []
 
 
 def check(participant: Participant) -> None:

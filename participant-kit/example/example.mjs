@@ -1,15 +1,15 @@
 // An example participant written with the kit, on Node's own http: charges in PostgreSQL,
 // refunded by the forward call's first answer.
-//   node example/example.mjs <port> <postgres url>
+//   node example/example.mjs <port> <postgres url> [<signing secret>]
 import http from "node:http";
 import pg from "pg";
 import { Barrier, createTables, handler } from "../dist/index.js";
 
-const [port, url] = process.argv.slice(2);
+const [port, url, secret = process.env.UNDOLOG_SIGNING_SECRET] = process.argv.slice(2);
 const pool = new pg.Pool({ connectionString: url, max: 4 });
 await createTables(pool);
 await pool.query("CREATE TABLE IF NOT EXISTS charges (key text PRIMARY KEY, amount integer)");
-const barrier = new Barrier(pool, process.env.UNDOLOG_SIGNING_SECRET ? [process.env.UNDOLOG_SIGNING_SECRET] : []);
+const barrier = new Barrier(pool, secret ? [secret] : []);
 
 const charge = handler(barrier, {
   forward: async (args, client) => {

@@ -1,10 +1,13 @@
-"""The participant kit (undolog.participant) in a real participant process: the contract kit
-passes against it on SQLite and PostgreSQL, under aiohttp and ASGI, late forward included; and
+"""The participant kits (undolog.participant; participant-kit/ for Node) in real participant
+processes: the contract kit, signatures and fences included, passes against each (Python on
+SQLite and PostgreSQL, under aiohttp and ASGI; TypeScript on PostgreSQL) and names each rule a
+participant without the barrier breaks; and
 a participant killed (SIGKILL) between its effect and its answer, again and again, leaves every
 effect made once: the effect and the barrier's record commit together or not at all."""
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import sqlite3
@@ -12,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -81,16 +84,8 @@ def test_a_kit_participant_keeps_the_whole_contract(
     store: str, web: str, tmp_path: Path, postgres: LocalPostgres
 ) -> None:
     database = ["--sqlite", str(tmp_path / "shop.db")] if store == "sqlite" else ["--postgres", postgres.dsn]
-    with kit_participant(database, "--web", web) as base:
-        found = problems(
-            Participant(
-                compensation_url=f"{base}/refund",
-                forward_url=f"{base}/charge",
-                forward_args={"order": "o-1", "amount": 10},
-                timeout_seconds=5,
-                applied=lambda key: charged_under(database, key),
-            )
-        )
+    with kit_participant(database, "--web", web, "--secret", SECRET) as base:
+        found = problems(contract(base, lambda key: charged_under(database, key)))
     assert found == []
     assert list(charges(database).values()) == []  # charged once, refunded once
 
@@ -133,16 +128,44 @@ def test_killed_between_its_effect_and_its_answer_every_effect_is_made_once(
 
 
 KIT = REPO / "participant-kit"
+SECRET = "whsec_" + base64.b64encode(b"the-contract-kit-signing-key-32b").decode()
+
+
+@contextmanager
+def node_participant(script: str, url: str, *extra: str) -> Iterator[str]:
+    """A participant of participant-kit/ (built by `make participant-kit`) run by Node."""
+    node = shutil.which("node")
+    assert node is not None, "Node is not installed"
+    port = free_port()
+    process = subprocess.Popen([node, script, str(port), url, *extra], cwd=KIT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("listening"), f"{script} did not start"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def contract(base: str, applied: Callable[[str], bool] | None) -> Participant:
+    """The whole contract, with signatures and fences."""
+    return Participant(
+        compensation_url=f"{base}/refund",
+        forward_url=f"{base}/charge",
+        forward_args={"order": "o-1", "amount": 10},
+        timeout_seconds=5,
+        applied=applied,
+        signing_secret=SECRET,
+        fences=True,
+    )
 
 
 def test_the_typescript_kit_keeps_the_same_contract(postgres: LocalPostgres) -> None:
-    """The TypeScript kit (participant-kit/, built by `make participant-kit`): its own tests with
-    Node's test runner on this PostgreSQL, then the contract kit against its example participant."""
-    node = shutil.which("node")
-    assert node is not None
+    """The TypeScript kit: its own tests with Node's test runner on this PostgreSQL, then the
+    contract kit against its example participant."""
     url = f"postgresql://undolog:{PASSWORD}@127.0.0.1:{postgres.port}/undolog"
     ran = subprocess.run(
-        [node, "--test", "test/barrier.test.mjs"],
+        ["node", "--test", "test/barrier.test.mjs"],
         cwd=KIT,
         env={**os.environ, "UNDOLOG_TEST_POSTGRES": url},
         capture_output=True,
@@ -152,31 +175,31 @@ def test_the_typescript_kit_keeps_the_same_contract(postgres: LocalPostgres) -> 
     )
     print(f"\n{ran.stdout.strip().splitlines()[-8:]}")
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    port = free_port()
-    example = subprocess.Popen(
-        [node, "example/example.mjs", str(port), url], cwd=KIT, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert example.stdout is not None
-        assert example.stdout.readline().startswith("listening"), "the example participant did not start"
-        base = f"http://127.0.0.1:{port}"
-        with psycopg.connect(postgres.dsn) as connection:
-            found = problems(
-                Participant(
-                    compensation_url=f"{base}/refund",
-                    forward_url=f"{base}/charge",
-                    forward_args={"order": "o-1", "amount": 10},
-                    timeout_seconds=5,
-                    applied=lambda key: bool(
-                        connection.execute(
-                            "SELECT count(*) FROM undolog_barrier WHERE key = %s AND kind = 'forward'", (key,)
-                        ).fetchone()[0]  # type: ignore[index]
-                    ),
-                )
-            )
-            left = connection.execute("SELECT count(*) FROM charges").fetchone()
-    finally:
-        example.kill()
-        example.wait(10)
+    database = ["--postgres", postgres.dsn]
+    with node_participant("example/example.mjs", url, SECRET) as base:
+        found = problems(contract(base, lambda key: charged_under(database, key)))
     assert found == []
-    assert left == (0,)
+    assert charges(database) == {}  # charged once, refunded once
+
+
+@pytest.mark.parametrize("language", ["python", "typescript"])
+def test_a_participant_without_the_barrier_is_named_for_each_rule_it_breaks(
+    language: str, postgres: LocalPostgres
+) -> None:
+    """The same participants with the Idempotency-Key's answers kept by hand and nothing else."""
+    url = f"postgresql://undolog:{PASSWORD}@127.0.0.1:{postgres.port}/undolog"
+    with (
+        kit_participant(["--postgres", postgres.dsn], "--naive")
+        if language == "python"
+        else node_participant("test/keys-only.mjs", url)
+    ) as base:
+        found = problems(contract(base, None))
+    print("\n" + "\n".join(found))
+    named = [
+        "arriving after its compensation",
+        "a changed body was accepted",
+        "another key was accepted",
+        "10 minutes old was accepted",
+        "an older fence must be refused 409",
+    ]
+    assert [any(rule in problem for problem in found) for rule in named] == [True] * len(named), found
