@@ -214,5 +214,5 @@ bench: venv tools-control-plane postgres participant-kit bin/undolog-bench-ceili
 	$(PY) -m bench.plot
 	$(PY) -m bench.summary
 
-chaos: venv tools-control-plane postgres
+chaos: venv tools-control-plane postgres participant-kit
 	UNDOLOG_CHAOS=full $(VENV)/bin/pytest -m fault -s

@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 from devtools.control_plane.local import free_port
-from devtools.postgres import LocalPostgres
+from devtools.postgres import PASSWORD, LocalPostgres
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -630,7 +630,7 @@ class HoldingProxy:
         return web.Response(status=status, body=payload, content_type="application/json")
 
 
-@pytest.mark.parametrize("participant", ["keys-only", "kit-sqlite", "kit-postgres"])
+@pytest.mark.parametrize("participant", ["keys-only", "kit-sqlite", "kit-postgres", "kit-typescript"])
 async def test_late_forward_calls_leave_no_effect_under_a_compensated_saga_with_the_kit(
     participant: str, kube: Kube, namespace: str, cluster: Cluster, tmp_path: Path, postgres: LocalPostgres
 ) -> None:
@@ -640,14 +640,18 @@ async def test_late_forward_calls_leave_no_effect_under_a_compensated_saga_with_
     Compensated. With the kit's barrier, each is refused 410 and nothing is charged."""
     from aiohttp import web
 
-    from tests.cluster.test_participant_kit import charges, kit_participant
+    from tests.cluster.test_participant_kit import charges, kit_participant, node_participant
 
     sagas = 100 if FULL else 10
-    database = (
-        ["--sqlite", str(tmp_path / "shop.db")] if participant != "kit-postgres" else ["--postgres", postgres.dsn]
-    )
+    on_postgres = participant in ("kit-postgres", "kit-typescript")
+    database = ["--postgres", postgres.dsn] if on_postgres else ["--sqlite", str(tmp_path / "shop.db")]
     extra = ("--naive",) if participant == "keys-only" else ()
-    with kit_participant(database, *extra) as base:
+    url = f"postgresql://undolog:{PASSWORD}@127.0.0.1:{postgres.port}/undolog"
+    with (
+        node_participant("example/example.mjs", url)
+        if participant == "kit-typescript"
+        else kit_participant(database, *extra)
+    ) as base:
         proxy = HoldingProxy(base)
         app = web.Application()
         app.router.add_post("/{path:.*}", proxy.forward)
