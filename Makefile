@@ -12,7 +12,7 @@ PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: help venv venv-demo screenshots tools tools-control-plane tools-helm dist browser faketime postgres crds lock lint test unit demo bench chaos traces cluster-up cluster-down cluster-reset clean \
-	image image-deps mcp-agent participant-kit node-deps node-up node-down e2e demo-helm alerts
+	image image-deps mcp-agent mcp-servers participant-kit node-deps node-up node-down e2e demo-helm alerts
 
 help:
 	@echo "make demo          run the onboarding saga on a local control plane (builds what it needs)"
@@ -79,6 +79,11 @@ browser: /usr/bin/chromium
 mcp-agent: tests/mcp_agent/node_modules/.package-lock.json
 tests/mcp_agent/node_modules/.package-lock.json: tests/mcp_agent/package-lock.json
 	cd tests/mcp_agent && npm ci --no-audit --no-fund --loglevel=error
+
+# Real MCP servers from the npm registry, the peers of the gateway's catalog tests (stdio).
+mcp-servers: tests/mcp_servers/node_modules/.package-lock.json
+tests/mcp_servers/node_modules/.package-lock.json: tests/mcp_servers/package-lock.json
+	cd tests/mcp_servers && npm ci --no-audit --no-fund --loglevel=error
 
 # The TypeScript participant kit: its npm dependencies as its lock pins them, compiled to dist/.
 participant-kit: participant-kit/dist/index.js
@@ -159,7 +164,7 @@ lint: venv tools-helm
 	bin/helm template undolog charts/undolog --kube-version 1.37.2 --set watchNamespaces='{team-a,team-b}' \
 		--set metrics.serviceMonitor.enabled=true > /dev/null
 
-test: venv tools-control-plane tools-helm browser faketime postgres mcp-agent participant-kit lint
+test: venv tools-control-plane tools-helm browser faketime postgres mcp-agent mcp-servers participant-kit lint
 	$(VENV)/bin/pytest -m "not fault" --durations=15
 
 # The browser suite, its screenshots written over docs/ (make test leaves them in build/screenshots/).

@@ -21,7 +21,7 @@ from undolog.decisions.tool_calls import (
     decide,
     expression_problems,
 )
-from undolog.decisions.undo_expressions import COMPUTED, ExpressionError, computed
+from undolog.decisions.undo_expressions import COMPUTED, ExpressionError, computed, expressions_in
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 
@@ -101,6 +101,21 @@ def test_a_projection_of_the_output_is_computed_once_the_result_is_back() -> Non
     values, failed = computed(filled.deferred, {"output": {"entities": [{"name": "a"}, {"name": "b"}]}})
     assert (values, failed) == ({"e0": ["a", "b"]}, [])
     assert resolve(call.args, {"create-entities-1": {COMPUTED: values}}) == {"entityNames": ["a", "b"]}
+
+
+def test_an_expression_with_braces_of_its_own_ends_where_they_balance() -> None:
+    """CEL's map literals and strings hold braces: the undo of "add these observations" renames
+    the keys of each item it added."""
+    template = {
+        "deletions": "${output.results.map(r, {'entityName': r.entityName, 'observations': r.added})}",
+        "note": "undo of ${args.title} ('}' and \"{\" are text) by ${'{' + args.who + '}'}",
+    }
+    rule = ToolRule.model_validate({"compensation": {"function": "undo", "args": template}})
+    call, filled = compensation_call(rule, {"args": {"title": "t", "who": "ada"}}, "add-1")
+    assert call.args["note"] == "undo of t ('}' and \"{\" are text) by {ada}"
+    output = {"results": [{"entityName": "a", "added": ["x"]}]}
+    assert computed(filled.deferred, {"output": output}) == ({"e0": [{"entityName": "a", "observations": ["x"]}]}, [])
+    assert expressions_in("${unclosed {") == []
 
 
 def test_an_expression_that_does_not_compile_or_reads_what_it_has_not_is_refused_at_load() -> None:

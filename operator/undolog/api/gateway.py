@@ -108,6 +108,17 @@ class ToolRule(Strict):
         return self
 
 
+class OperatorCalls(Strict):
+    """The operator's calls of the compensation tools of stdio upstreams, which have no URL of
+    their own: the gateway serves them at /upstreams/<upstream>/mcp (its HTTP port)."""
+
+    signing_secrets_dir: str | None = Field(
+        default=None,
+        description="The Webhooks' signing Secret (spec.signing), mounted: a call not signed with one of its keys "
+        "is refused 401. Without it any client that reaches the port can call those tools.",
+    )
+
+
 class GatewayConfig(Strict):
     namespace: str = Field(max_length=63, pattern=DNS_LABEL, description="Where sessions' sagas are created.")
     org: str | None = Field(default=None, max_length=63, description="spec.orgId of the sagas.")
@@ -119,6 +130,7 @@ class GatewayConfig(Strict):
     idle_seconds: float = Field(default=1800, gt=0, description="A session with no request for this long ends.")
     upstreams: dict[str, Upstream] = Field(min_length=1)
     tools: dict[str, ToolRule] = Field(default_factory=dict, description="Keyed <upstream>.<tool>.")
+    operator_calls: OperatorCalls = Field(default_factory=OperatorCalls)
 
     @model_validator(mode="after")
     def known_upstreams(self) -> Self:

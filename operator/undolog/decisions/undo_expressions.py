@@ -22,7 +22,6 @@ from typing import Any
 
 from cel_expr_python import cel
 
-EXPRESSION = re.compile(r"\$\{([^}]*)\}")
 VARIABLES = ("args", "output", "before")
 OUTPUT_PATH = re.compile(r"output(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _PATH = re.compile(r"(args|output|before)(\.[A-Za-z0-9_]+)*")
@@ -61,10 +60,45 @@ def _indexed(source: str) -> str:
     return source
 
 
+def spans(text: str) -> list[tuple[int, int, str]]:
+    """Each `${...}` in `text`: (start, end, the expression). Scanned, not matched by a pattern,
+    because CEL has braces of its own (map literals) and in strings: the expression ends at the
+    `}` that balances its `${`, outside quotes. An unclosed `${` is left as text."""
+    found, at = [], text.find("${")
+    while at != -1:
+        end = _closing(text, at + 2)
+        if end is None:
+            break
+        found.append((at, end + 1, text[at + 2 : end]))
+        at = text.find("${", end + 1)
+    return found
+
+
+def _closing(text: str, start: int) -> int | None:
+    depth, quote, i = 0, "", start
+    while i < len(text):
+        char = text[i]
+        if quote:
+            if char == "\\":
+                i += 1
+            elif char == quote:
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        elif char == "{":
+            depth += 1
+        elif char == "}":
+            if depth == 0:
+                return i
+            depth -= 1
+        i += 1
+    return None
+
+
 def expressions_in(value: Any) -> list[str]:
     """Every `${...}` in a JSON value, in document order."""
     if isinstance(value, str):
-        return EXPRESSION.findall(value)
+        return [source for _, _, source in spans(value)]
     if isinstance(value, Mapping):
         return [e for v in value.values() for e in expressions_in(v)]
     if isinstance(value, list):
@@ -118,10 +152,14 @@ def _fill(value: Any, variables: Mapping[str, Any], step: str, filled: Filled, d
         return [_fill(v, variables, step, filled, defer) for v in value]
     if not isinstance(value, str):
         return value
-    whole = EXPRESSION.fullmatch(value)
-    if whole:
-        return _value(whole.group(1), variables, step, filled, defer)
-    return EXPRESSION.sub(lambda m: _text(_value(m.group(1), variables, step, filled, defer)), value)
+    found = spans(value)
+    if len(found) == 1 and found[0][:2] == (0, len(value)):
+        return _value(found[0][2], variables, step, filled, defer)
+    text, done = [], 0
+    for start, end, source in found:
+        text += [value[done:start], _text(_value(source, variables, step, filled, defer))]
+        done = end
+    return "".join([*text, value[done:]])
 
 
 def _value(source: str, variables: Mapping[str, Any], step: str, filled: Filled, defer: bool) -> Any:

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from undolog.api.gateway import GatewayConfig
 from undolog.decisions.tool_calls import expression_problems
+from undolog.gateway.operator_calls import OperatorCalls
 from undolog.gateway.server import SESSION_HEADER, STDIO_SESSION, Gateway
 from undolog.gateway.upstreams import Upstreams, mapping_problems
 from undolog.kube import Kube
@@ -103,17 +104,23 @@ async def serve_http(
             async def healthz(_: Request) -> Response:
                 return PlainTextResponse("ok")
 
+            operator_calls = OperatorCalls(config, upstreams)
             app = gateway.server.streamable_http_app(
                 streamable_http_path=MCP_PATH,
                 host=host,
                 session_idle_timeout=config.idle_seconds,
-                custom_starlette_routes=[Route("/metrics", metrics), Route("/healthz", healthz)],
+                custom_starlette_routes=[
+                    Route("/metrics", metrics),
+                    Route("/healthz", healthz),
+                    operator_calls.route(),
+                ],
             )
             wrapped = ending_sessions(app, lambda key: gateway.close_session(key, "the client ended it"))
             server = Serving(uvicorn.Config(wrapped, host=host, port=port, log_level="warning", lifespan="on"))
             reaper = asyncio.create_task(gateway.reap_idle())
             try:
-                await server.serve()
+                async with operator_calls.running():
+                    await server.serve()
             finally:
                 reaper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -55,7 +55,12 @@ class Call:
         return json.loads(self.body or b"null")
 
 
-class Ledger(Protocol):
+class Fences(Protocol):
+    async def fence(self, shard: str, fence: int) -> int:
+        """Record the fence if it is the highest of its shard; the highest after."""
+
+
+class Ledger(Fences, Protocol):
     """The barrier's two tables in the participant's open transaction (store.py: PostgreSQL
     through psycopg, SQLite)."""
 
@@ -65,9 +70,6 @@ class Ledger(Protocol):
     async def answered(self, key: str, answer: Answer) -> None: ...
 
     async def find(self, key: str) -> tuple[str, Answer | None] | None: ...
-
-    async def fence(self, shard: str, fence: int) -> int:
-        """Record the fence if it is the highest of its shard; the highest after."""
 
 
 Apply = Callable[[Any], Awaitable[Answer]]  # a forward call's effect, in the transaction
@@ -90,11 +92,12 @@ class Barrier:
                 continue
         return Answer(401, {"error": "the call is not signed as the operator signs it"})
 
-    async def stale(self, ledger: Ledger, call: Call) -> Answer | None:
+    async def stale(self, fences: Fences, call: Call) -> Answer | None:
+        """A call whose fence is lower than the highest its shard has seen (recorded in `fences`)."""
         fence, shard = call.header(FENCE), call.header(SHARD) or "0/1"
         if fence is None or not fence.isdigit():
             return None
-        highest = await ledger.fence(shard, int(fence))
+        highest = await fences.fence(shard, int(fence))
         if highest > int(fence):
             return Answer(409, {"error": f"stale fence {fence}: shard {shard} has seen {highest}"})
         return None

@@ -1,0 +1,223 @@
+"""The catalog (charts/undolog/catalog/): the mappings of three MCP servers from the npm
+registry, each run as the catalog runs it (a stdio command of the gateway, installed by `make
+mcp-servers`), proven against the real server: every step an agent on today's client makes
+undone, newest first, by the operator calling the servers' own tools through the gateway
+(/upstreams/<name>/mcp, signed and fenced as any call)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+import yaml
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from tests.cluster.test_mcp_gateway import only_saga
+from tests.cluster.test_mcp_stateless import HANDLE, handle_of
+from tests.conftest import REPO, Cluster
+from tests.support.gateway_process import GatewayProcess
+from tests.support.manifests import webhook
+from tests.support.waiting import saga_phase
+from undolog.calls import protocol
+from undolog.calls.signing import webhook_headers
+from undolog.kube import Kube
+
+pytestmark = pytest.mark.cluster
+CATALOG = REPO / "charts" / "undolog" / "catalog"
+SERVERS = REPO / "tests" / "mcp_servers" / "node_modules" / ".bin"
+BINARIES = {  # the npm package of each catalog command, and the command it installs
+    "@modelcontextprotocol/server-memory": "mcp-server-memory",
+    "@modelcontextprotocol/server-filesystem": "mcp-server-filesystem",
+    "mcp-sqlite": "mcp-sqlite-server",
+}
+SIGNING = "whsec_" + base64.b64encode(b"the-gateway-operator-calls-key-!").decode()
+
+
+def catalog(tmp_path: Path) -> dict[str, Any]:
+    """Every catalog file's gateway configuration, merged, its commands the installed servers'
+    and its /data the test's own folder."""
+    upstreams: dict[str, Any] = {}
+    tools: dict[str, Any] = {}
+    for path in sorted(CATALOG.glob("*.yaml")):
+        config = yaml.safe_load(path.read_text())["gateway"]["config"]
+        for name, upstream in config["upstreams"].items():
+            npx, _, package, *args = upstream["command"]
+            assert npx == "npx", path
+            binary = BINARIES[package.rsplit("@", 1)[0]]
+            local = [str(SERVERS / binary), *(a.replace("/data", str(tmp_path / "data")) for a in args)]
+            upstreams[name] = {"command": local, "env": {"MEMORY_FILE_PATH": str(tmp_path / "memory.jsonl")}}
+        tools |= config["tools"]
+    return {"upstreams": upstreams, "tools": tools}
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    """What the agent works on: two files, and a users table with one row."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("first draft\n")
+    (folder / "todo.txt").write_text("a\nb\n")
+    with sqlite3.connect(folder / "app.db") as db:
+        db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, email TEXT, plan TEXT)")
+        db.execute("INSERT INTO users (email, plan) VALUES ('ada@example.com', 'free')")
+        db.execute("INSERT INTO users (email, plan) VALUES ('bob@example.com', 'free')")
+    return folder
+
+
+@pytest.fixture
+def gateway(cluster: Cluster, namespace: str, tmp_path: Path, data: Path) -> Iterator[GatewayProcess]:
+    keys = tmp_path / "signing"
+    keys.mkdir()
+    (keys / "key").write_text(SIGNING + "\n")
+    config = {"namespace": namespace, **catalog(tmp_path), "operatorCalls": {"signingSecretsDir": str(keys)}}
+    process = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+    yield process
+    process.stop()
+
+
+@pytest_asyncio.fixture
+async def undo_webhooks(kube: Kube, namespace: str, gateway: GatewayProcess, tmp_path: Path) -> None:
+    """The Webhooks the chart makes for the catalog: each compensation tool at the gateway's
+    /upstreams/<name>/mcp, signed with the key the gateway verifies."""
+    secret = {"metadata": {"name": "signing", "labels": {"undolog.io/webhook-headers": "true"}}}
+    await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret | {"stringData": {"key": SIGNING}})
+    undone = {r["compensation"]["tool"] for r in catalog(tmp_path)["tools"].values() if "compensation" in r}
+    for qualified in sorted(undone):
+        upstream, tool = qualified.split(".", 1)
+        hook = webhook(qualified.lower().replace("_", "-"), url=f"{gateway.base}/upstreams/{upstream}/mcp")
+        hook["spec"]["versions"][0]["mcp"] = {"tool": tool}
+        hook["spec"]["signing"] = {"secretRef": {"name": "signing"}}
+        await kube.create("webhooks", namespace, hook)
+
+
+def users(data: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(data / "app.db") as db:
+        return db.execute("SELECT id, email, plan FROM users ORDER BY id").fetchall()
+
+
+def graph(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "memory.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+STEPS: list[tuple[str, dict[str, Any]]] = [
+    (
+        "create_entities",
+        {
+            "entities": [
+                {"name": "ada", "entityType": "person", "observations": ["likes tea"]},
+                {"name": "bob", "entityType": "person", "observations": []},
+            ]
+        },
+    ),
+    ("add_observations", {"observations": [{"entityName": "ada", "contents": ["writes code"]}]}),
+    ("create_relations", {"relations": [{"from": "ada", "to": "bob", "relationType": "knows"}]}),
+    ("write_file", {"path": "notes.txt", "content": "second draft\n"}),
+    ("edit_file", {"path": "todo.txt", "edits": [{"oldText": "a", "newText": "A"}]}),
+    ("move_file", {"source": "todo.txt", "destination": "done.txt"}),
+    ("create_record", {"table": "users", "data": {"email": "cy@example.com", "plan": "free"}}),
+    ("update_records", {"table": "users", "data": {"plan": "pro"}, "conditions": {"id": 1}}),
+]
+
+
+def in_data(args: dict[str, Any], data: Path) -> dict[str, Any]:
+    """The filesystem server's paths are absolute: the test's data folder."""
+    return {k: str(data / v) if k in ("path", "source", "destination") else v for k, v in args.items()}
+
+
+@pytest.mark.usefixtures("undo_webhooks", "operator")
+async def test_every_catalog_server_s_steps_are_undone_newest_first(
+    kube: Kube, namespace: str, gateway: GatewayProcess, data: Path, tmp_path: Path
+) -> None:
+    async with Client(gateway.url) as agent:  # today's client: the stateless revision
+        handle = None
+        for tool, args in STEPS:
+            called = await agent.call_tool(tool, in_data(args, data) | ({HANDLE: handle} if handle else {}))
+            assert not called.is_error, (tool, called)
+            handle = handle_of(called)
+        assert len(graph(tmp_path)) == 3  # two entities and a relation
+        assert (data / "notes.txt").read_text() == "second draft\n"
+        assert (data / "done.txt").read_text() == "A\nb\n"
+        assert users(data) == [
+            (1, "ada@example.com", "pro"),
+            (2, "bob@example.com", "free"),
+            (3, "cy@example.com", "free"),
+        ]
+        await agent.call_tool("undolog_abort", {HANDLE: handle, "reason": "undo the lot"})
+    name = await only_saga(kube, namespace)
+    await saga_phase(kube, namespace, name, "Compensated", within=60)
+    entries = sorted(await kube.list("undoentries", namespace), key=lambda e: e["spec"]["stackPosition"])
+    print("\n" + "\n".join(f"{e['spec']['step']}: {e['spec']['compensation']['args']}" for e in entries))
+    assert graph(tmp_path) == []
+    assert (data / "notes.txt").read_text() == "first draft\n"
+    assert (data / "todo.txt").read_text() == "a\nb\n"
+    assert not (data / "done.txt").exists()
+    assert users(data) == [(1, "ada@example.com", "free"), (2, "bob@example.com", "free")]
+
+
+@pytest.mark.usefixtures("undo_webhooks", "operator")
+async def test_what_the_catalog_cannot_undo_is_refused_before_anything_is_done(
+    gateway: GatewayProcess, data: Path
+) -> None:
+    async with Client(gateway.url) as agent:
+        with pytest.raises(MCPError, match=r"not called: the state before it could not be read"):
+            await agent.call_tool("write_file", {"path": str(data / "new.txt"), "content": "x"})  # no tool deletes it
+        with pytest.raises(MCPError, match=r"refused: the update matches more than one row"):
+            await agent.call_tool("update_records", {"table": "users", "data": {"plan": "pro"}, "conditions": {}})
+    assert not (data / "new.txt").exists()
+    assert users(data) == [(1, "ada@example.com", "free"), (2, "bob@example.com", "free")]
+
+
+def operator_call(gateway: GatewayProcess, upstream: str, body: dict[str, Any], **headers: str) -> httpx.Response:
+    return httpx.post(
+        f"{gateway.base}/upstreams/{upstream}/mcp",
+        json=body,
+        headers={"Accept": "application/json, text/event-stream", **headers},
+        timeout=10,
+    )
+
+
+def test_the_operator_s_door_refuses_what_the_operator_did_not_send(gateway: GatewayProcess) -> None:
+    """/upstreams/<name>/mcp serves only the compensation tools, only to signed calls with a
+    fence no older than its shard has seen."""
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    payload = json.dumps(listing, separators=(",", ":")).encode()
+    from datetime import UTC, datetime
+
+    def signed(key: str, fence: int) -> dict[str, str]:
+        sent = protocol.headers(idempotency_key=key, saga="t/s", step="s", org=None, attempt=1)
+        return (
+            sent
+            | webhook_headers(key, payload, [SIGNING], datetime.now(UTC))
+            | {
+                protocol.FENCE_HEADER: str(fence),
+                protocol.SHARD_HEADER: "0/1",
+                "MCP-Protocol-Version": "2025-11-25",
+            }
+        )
+
+    def post(headers: dict[str, str]) -> httpx.Response:
+        return httpx.post(
+            f"{gateway.base}/upstreams/memory/mcp",
+            content=payload,
+            headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream", **headers},
+            timeout=10,
+        )
+
+    assert post({}).status_code == 401  # not signed
+    listed = post(signed("undo-1", 7))
+    assert listed.status_code == 200, listed.text
+    names = sorted(t["name"] for t in listed.json()["result"]["tools"])
+    assert names == ["delete_entities", "delete_observations", "delete_relations"]  # the compensations only
+    older = post(signed("undo-2", 6))
+    assert older.status_code == 409, older.text  # an operator replaced while it was frozen
+    assert post(signed("undo-3", 7)).status_code == 200
+    assert operator_call(gateway, "nothing", listing).status_code == 404
