@@ -9,7 +9,8 @@ from __future__ import annotations
 import base64
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import httpx
 import pytest
 import pytest_asyncio
 import yaml
+from devtools.control_plane.local import free_port
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
@@ -24,7 +26,6 @@ from tests.cluster.test_mcp_gateway import only_saga
 from tests.cluster.test_mcp_stateless import HANDLE, handle_of
 from tests.conftest import REPO, Cluster
 from tests.support.gateway_process import GatewayProcess
-from tests.support.manifests import webhook
 from tests.support.waiting import saga_phase
 from undolog.calls import protocol
 from undolog.calls.signing import webhook_headers
@@ -72,30 +73,20 @@ def data(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.fixture
-def gateway(cluster: Cluster, namespace: str, tmp_path: Path, data: Path) -> Iterator[GatewayProcess]:
-    keys = tmp_path / "signing"
-    keys.mkdir()
-    (keys / "key").write_text(SIGNING + "\n")
-    config = {"namespace": namespace, **catalog(tmp_path), "operatorCalls": {"signingSecretsDir": str(keys)}}
-    process = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+@pytest_asyncio.fixture
+async def gateway(
+    cluster: Cluster, kube: Kube, namespace: str, tmp_path: Path, data: Path
+) -> AsyncIterator[GatewayProcess]:
+    """The gateway with the catalog, serving its stdio servers' compensations to the operator:
+    it makes their Webhooks at start, signed with the Secret it checks the calls against."""
+    secret = {"metadata": {"name": "operator-calls", "labels": {"undolog.io/webhook-headers": "true"}}}
+    await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret | {"stringData": {"key": SIGNING}})
+    port = free_port()
+    calls = {"url": f"http://127.0.0.1:{port}", "signingSecret": "operator-calls"}
+    config = {"namespace": namespace, **catalog(tmp_path), "operatorCalls": calls}
+    process = GatewayProcess(cluster.kubeconfig, config, tmp_path, port=port)
     yield process
     process.stop()
-
-
-@pytest_asyncio.fixture
-async def undo_webhooks(kube: Kube, namespace: str, gateway: GatewayProcess, tmp_path: Path) -> None:
-    """The Webhooks the chart makes for the catalog: each compensation tool at the gateway's
-    /upstreams/<name>/mcp, signed with the key the gateway verifies."""
-    secret = {"metadata": {"name": "signing", "labels": {"undolog.io/webhook-headers": "true"}}}
-    await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret | {"stringData": {"key": SIGNING}})
-    undone = {r["compensation"]["tool"] for r in catalog(tmp_path)["tools"].values() if "compensation" in r}
-    for qualified in sorted(undone):
-        upstream, tool = qualified.split(".", 1)
-        hook = webhook(qualified.lower().replace("_", "-"), url=f"{gateway.base}/upstreams/{upstream}/mcp")
-        hook["spec"]["versions"][0]["mcp"] = {"tool": tool}
-        hook["spec"]["signing"] = {"secretRef": {"name": "signing"}}
-        await kube.create("webhooks", namespace, hook)
 
 
 def users(data: Path) -> list[tuple[Any, ...]]:
@@ -133,10 +124,14 @@ def in_data(args: dict[str, Any], data: Path) -> dict[str, Any]:
     return {k: str(data / v) if k in ("path", "source", "destination") else v for k, v in args.items()}
 
 
-@pytest.mark.usefixtures("undo_webhooks", "operator")
+@pytest.mark.usefixtures("operator")
 async def test_every_catalog_server_s_steps_are_undone_newest_first(
     kube: Kube, namespace: str, gateway: GatewayProcess, data: Path, tmp_path: Path
 ) -> None:
+    hooks = {h["metadata"]["name"]: h["spec"]["versions"][0] for h in await kube.list("webhooks", namespace)}
+    undone = {r["compensation"]["tool"] for r in catalog(tmp_path)["tools"].values() if "compensation" in r}
+    assert sorted(hooks) == sorted(tool.lower().replace("_", "-") for tool in undone)  # made by the gateway
+    assert hooks["memory.delete-entities"]["url"] == f"{gateway.base}/upstreams/memory/mcp"
     async with Client(gateway.url) as agent:  # today's client: the stateless revision
         handle = None
         for tool, args in STEPS:
@@ -163,7 +158,7 @@ async def test_every_catalog_server_s_steps_are_undone_newest_first(
     assert users(data) == [(1, "ada@example.com", "free"), (2, "bob@example.com", "free")]
 
 
-@pytest.mark.usefixtures("undo_webhooks", "operator")
+@pytest.mark.usefixtures("operator")
 async def test_what_the_catalog_cannot_undo_is_refused_before_anything_is_done(
     gateway: GatewayProcess, data: Path
 ) -> None:
@@ -176,21 +171,11 @@ async def test_what_the_catalog_cannot_undo_is_refused_before_anything_is_done(
     assert users(data) == [(1, "ada@example.com", "free"), (2, "bob@example.com", "free")]
 
 
-def operator_call(gateway: GatewayProcess, upstream: str, body: dict[str, Any], **headers: str) -> httpx.Response:
-    return httpx.post(
-        f"{gateway.base}/upstreams/{upstream}/mcp",
-        json=body,
-        headers={"Accept": "application/json, text/event-stream", **headers},
-        timeout=10,
-    )
-
-
-def test_the_operator_s_door_refuses_what_the_operator_did_not_send(gateway: GatewayProcess) -> None:
+async def test_the_operator_s_door_refuses_what_the_operator_did_not_send(gateway: GatewayProcess) -> None:
     """/upstreams/<name>/mcp serves only the compensation tools, only to signed calls with a
     fence no older than its shard has seen."""
     listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     payload = json.dumps(listing, separators=(",", ":")).encode()
-    from datetime import UTC, datetime
 
     def signed(key: str, fence: int) -> dict[str, str]:
         sent = protocol.headers(idempotency_key=key, saga="t/s", step="s", org=None, attempt=1)
@@ -204,9 +189,9 @@ def test_the_operator_s_door_refuses_what_the_operator_did_not_send(gateway: Gat
             }
         )
 
-    def post(headers: dict[str, str]) -> httpx.Response:
+    def post(headers: dict[str, str], upstream: str = "memory") -> httpx.Response:
         return httpx.post(
-            f"{gateway.base}/upstreams/memory/mcp",
+            f"{gateway.base}/upstreams/{upstream}/mcp",
             content=payload,
             headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream", **headers},
             timeout=10,
@@ -220,4 +205,4 @@ def test_the_operator_s_door_refuses_what_the_operator_did_not_send(gateway: Gat
     older = post(signed("undo-2", 6))
     assert older.status_code == 409, older.text  # an operator replaced while it was frozen
     assert post(signed("undo-3", 7)).status_code == 200
-    assert operator_call(gateway, "nothing", listing).status_code == 404
+    assert post(signed("undo-4", 7), upstream="nothing").status_code == 404

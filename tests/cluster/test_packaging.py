@@ -4,6 +4,7 @@ operator as the chart's ServiceAccount, tenancy, HA hand-over and metrics."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from tests.support.manifests import call, saga, webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Reply
 from tests.support.waiting import eventually, saga_phase
+from undolog.gateway.run import load
 from undolog.kube import Kube
 
 pytestmark = pytest.mark.cluster
@@ -424,6 +426,33 @@ def test_the_chart_as_a_subchart_with_global_values_and_the_naming_conventions(t
     for pod in pods:
         assert pod["imagePullSecrets"] == [{"name": "mirror-pull"}]
         assert {c["image"] for c in pod["containers"]} == {f"registry.example/undolog/undolog:{version}"}
+
+
+def test_the_catalog_as_chart_values_gives_the_gateway_a_configuration_it_loads(tmp_path: Path) -> None:
+    """Each catalog file (-f, and all of them at once) renders a gateway.yaml that `undolog mcp`
+    loads (schema and expressions), with the chart's operatorCalls and a signing Secret it names."""
+    catalog = sorted((CHART / "catalog").glob("*.yaml"))
+    for files in [[f] for f in catalog] + [catalog]:
+        args = [str(BIN / "helm"), "template", "undolog", str(CHART), "--kube-version", "1.37.2", "-n", "agents"]
+        args += ["--set", "gateway.enabled=true", *(a for f in files for a in ("-f", str(f)))]
+        documents = [
+            d for d in yaml.safe_load_all(subprocess.run(args, capture_output=True, text=True, check=True).stdout) if d
+        ]
+        configmap = next(
+            d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "undolog-gateway"
+        )
+        path = tmp_path / "gateway.yaml"
+        path.write_text(configmap["data"]["gateway.yaml"])
+        config = load(str(path))
+        assert {u for f in files for u in yaml.safe_load(f.read_text())["gateway"]["config"]["upstreams"]} == set(
+            config.upstreams
+        )
+        assert config.operator_calls.url == "http://undolog-gateway.agents.svc:80"
+        secret = next(
+            d for d in documents if d["kind"] == "Secret" and d["metadata"]["name"] == "undolog-gateway-operator-calls"
+        )
+        assert secret["metadata"]["labels"]["undolog.io/webhook-headers"] == "true"
+        assert base64.b64decode(secret["data"]["key"]).startswith(b"whsec_")
 
 
 def test_every_alert_links_its_section_of_the_runbook() -> None:

@@ -34,9 +34,15 @@ HANDLE_KEY = "the-test-gateways-handle-key"  # every replica of a test shares it
 
 class GatewayProcess:
     def __init__(
-        self, kubeconfig: Path, config: dict[str, Any], tmp_path: Path, *extra: str, handle_key: str = HANDLE_KEY
+        self,
+        kubeconfig: Path,
+        config: dict[str, Any],
+        tmp_path: Path,
+        *extra: str,
+        handle_key: str = HANDLE_KEY,
+        port: int | None = None,
     ) -> None:
-        self.port = free_port()
+        self.port = port or free_port()
         path = tmp_path / f"gateway-{self.port}.yaml"
         path.write_text(yaml.safe_dump(config))
         self.log_path = tmp_path / f"gateway-{self.port}.log"

@@ -110,12 +110,19 @@ class ToolRule(Strict):
 
 class OperatorCalls(Strict):
     """The operator's calls of the compensation tools of stdio upstreams, which have no URL of
-    their own: the gateway serves them at /upstreams/<upstream>/mcp (its HTTP port)."""
+    their own: the gateway serves them at <url>/upstreams/<upstream>/mcp (its HTTP port) and
+    keeps a Webhook for each, named as the compensation names it."""
 
-    signing_secrets_dir: str | None = Field(
+    url: str | None = Field(
+        default=None, pattern=r"^https?://", description="Where the operator reaches this gateway (its Service)."
+    )
+    signing_secret: str | None = Field(
         default=None,
-        description="The Webhooks' signing Secret (spec.signing), mounted: a call not signed with one of its keys "
-        "is refused 401. Without it any client that reaches the port can call those tools.",
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description="A Secret in `namespace` (labelled undolog.io/webhook-headers=true) whose keys sign the "
+        "operator's calls (the Webhooks' spec.signing); a call not signed with one is refused 401. Without it any "
+        "client that reaches the port can call those tools.",
     )
 
 

@@ -1,21 +1,24 @@
 """The compensation tools of stdio upstreams, served to the operator at
-/upstreams/<upstream>/mcp: the operator calls an MCP tool at a URL, and a server the gateway
-starts as a command has none. The operator's Webhook points there (`url:
-http://<gateway>:8090/upstreams/files/mcp`, `mcp: {tool: write_file}`), and its call meets the
-operator's own egress policy, timeouts, retries and signing as any call does.
+<operatorCalls.url>/upstreams/<upstream>/mcp: the operator calls an MCP tool at a URL, and a
+server the gateway starts as a command has none. At start the gateway keeps a Webhook for each
+such tool (named as the compensation names it, `mcp: {tool: ...}`, signed with
+`operatorCalls.signingSecret`), so the operator's call meets its own egress policy, timeouts,
+retries and signing as any call does.
 
 Here each request is checked as a participant checks the operator's calls (the participant
-kit's barrier): its Standard Webhooks signature, with the keys of the Webhooks' signing Secret
-(`operatorCalls.signingSecretsDir`), and its fence (`Undolog-Fence`, refused when lower than the
-highest this replica has seen for its shard). Only the tools the configuration names as
-compensations are listed and called; the call's Idempotency-Key reaches the tool in `_meta`.
+kit's barrier): its Standard Webhooks signature, with that Secret's keys, and its fence
+(`Undolog-Fence`, refused when lower than the highest this replica has seen for its shard). Only
+the tools the configuration names as compensations are listed and called; the call's
+Idempotency-Key reaches the tool in `_meta`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from collections.abc import AsyncIterator
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
@@ -26,25 +29,39 @@ from mcp.shared.exceptions import MCPError
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from undolog.api.common import API_VERSION
 from undolog.api.gateway import GatewayConfig
 from undolog.calls.mcp import KEY_META
+from undolog.errors import AlreadyExists, KubeError, NotFound
 from undolog.gateway.upstreams import Upstreams, UpstreamTool
+from undolog.kube import Kube
 from undolog.participant.barrier import Answer, Barrier, Call
 
 PATH = "/upstreams/{upstream}/mcp"
 MAX_BODY_BYTES = 1024 * 1024  # the operator's arguments are capped far below this
+KEYS_FOR_SECONDS = 10.0  # the signing Secret read again at most this often (a rotation shows within it)
+MANAGED_BY = ("app.kubernetes.io/managed-by", "undolog-gateway")
+log = logging.getLogger("undolog.gateway")
 
 
-def compensation_tools(config: GatewayConfig, upstreams: Upstreams) -> dict[str, dict[str, UpstreamTool]]:
-    """By stdio upstream, the tools the configuration names as compensations (or before-images
-    are not: the operator never calls those)."""
-    served: dict[str, dict[str, UpstreamTool]] = {}
+@dataclass(frozen=True)
+class Served:
+    """A compensation tool of a stdio upstream, and the Webhook version the operator calls it by."""
+
+    found: UpstreamTool
+    webhook: str
+    version: str
+
+
+def compensation_tools(config: GatewayConfig, upstreams: Upstreams) -> dict[str, dict[str, Served]]:
+    """By stdio upstream and tool name, the tools the configuration names as compensations."""
+    served: dict[str, dict[str, Served]] = {}
     for rule in config.tools.values():
-        named = rule.compensation.tool if rule.compensation else None
-        if named is None or config.upstreams[named.split(".", 1)[0]].command is None:
+        undo = rule.compensation
+        if undo is None or undo.tool is None or config.upstreams[undo.tool.split(".", 1)[0]].command is None:
             continue
-        found = upstreams.qualified(named)
-        served.setdefault(found.upstream, {})[found.tool.name] = found
+        found = upstreams.qualified(undo.tool)
+        served.setdefault(found.upstream, {})[found.tool.name] = Served(found, undo.webhook, undo.version)
     return served
 
 
@@ -60,20 +77,32 @@ class MemoryFences:
         return self.highest[shard]
 
 
-def signing_keys(folder: str | None) -> list[str]:
-    """Every key of the mounted Secret, read again on each call (the operator rotates them)."""
-    if folder is None:
-        return []
-    return [p.read_text().strip() for p in sorted(Path(folder).iterdir()) if p.is_file() and not p.name.startswith(".")]
+class SigningKeys:
+    """The signing Secret's keys, read through the API at most every KEYS_FOR_SECONDS."""
+
+    def __init__(self, kube: Kube, namespace: str, secret: str | None) -> None:
+        self.kube, self.namespace, self.secret = kube, namespace, secret
+        self.keys: list[str] = []
+        self.read_at = float("-inf")
+
+    async def current(self) -> list[str]:
+        if self.secret is None or time.monotonic() - self.read_at < KEYS_FOR_SECONDS:
+            return self.keys
+        _, data = await self.kube.secret(self.namespace, self.secret)
+        self.keys = [value.decode().strip() for _, value in sorted(data.items())]
+        self.read_at = time.monotonic()
+        return self.keys
 
 
 class OperatorCalls:
-    """The ASGI route and the MCP server behind it; `running()` for the lifetime of the app."""
+    """The ASGI route (the instance itself) and the MCP server behind it; `running()` for the
+    lifetime of the app, `publish()` once at start."""
 
-    def __init__(self, config: GatewayConfig, upstreams: Upstreams) -> None:
-        self.config, self.upstreams = config, upstreams
+    def __init__(self, config: GatewayConfig, upstreams: Upstreams, kube: Kube) -> None:
+        self.config, self.upstreams, self.kube = config, upstreams, kube
         self.tools = compensation_tools(config, upstreams)
         self.fences = MemoryFences()
+        self.keys = SigningKeys(kube, config.namespace, config.operator_calls.signing_secret)
         server: Server[Any] = Server("undolog-gateway-operator-calls", on_list_tools=self.list, on_call_tool=self.call)
         self.manager = StreamableHTTPSessionManager(app=server, stateless=True, json_response=True)
 
@@ -85,23 +114,61 @@ class OperatorCalls:
     def route(self) -> Route:
         return Route(PATH, endpoint=self, methods=["GET", "POST", "DELETE"])  # an instance: served as ASGI
 
-    def _served(self, ctx: ServerRequestContext[Any]) -> dict[str, UpstreamTool]:
-        request = ctx.request
-        path = str(getattr(request, "url", "")).split("/upstreams/", 1)[-1]
+    async def publish(self) -> None:
+        """A Webhook for each compensation served here, pointing at this gateway; one that exists
+        and is not the gateway's is left as it is (said in the log)."""
+        url = self.config.operator_calls.url
+        if url is None:
+            if self.tools:
+                log.warning("operatorCalls.url is not set: make the Webhooks of %s yourself", self._names())
+            return
+        for upstream, tools in self.tools.items():
+            for tool, served in tools.items():
+                await self._keep(
+                    served.webhook, self._webhook(f"{url.rstrip('/')}/upstreams/{upstream}/mcp", tool, served)
+                )
+
+    def _names(self) -> str:
+        return ", ".join(sorted(s.webhook for tools in self.tools.values() for s in tools.values()))
+
+    def _webhook(self, url: str, tool: str, served: Served) -> dict[str, Any]:
+        spec: dict[str, Any] = {"versions": [{"name": served.version, "url": url, "mcp": {"tool": tool}}]}
+        if self.config.operator_calls.signing_secret:
+            spec["signing"] = {"secretRef": {"name": self.config.operator_calls.signing_secret}}
+        metadata = {"name": served.webhook, "labels": dict([MANAGED_BY])}
+        return {"apiVersion": API_VERSION, "kind": "Webhook", "metadata": metadata, "spec": spec}
+
+    async def _keep(self, name: str, body: dict[str, Any]) -> None:
+        namespace = self.config.namespace
+        try:
+            existing = await self.kube.get("webhooks", namespace, name)
+        except NotFound:
+            with contextlib.suppress(AlreadyExists):  # another replica made it first
+                await self.kube.create("webhooks", namespace, body)
+            return
+        labels = existing["metadata"].get("labels") or {}
+        if labels.get(MANAGED_BY[0]) != MANAGED_BY[1]:
+            log.warning("Webhook %s/%s exists and is not the gateway's: left as it is", namespace, name)
+            return
+        await self.kube.patch("webhooks", namespace, name, {"spec": body["spec"]})
+
+    def _served(self, ctx: ServerRequestContext[Any]) -> dict[str, Served]:
+        path = str(getattr(ctx.request, "url", "")).split("/upstreams/", 1)[-1]
         return self.tools.get(path.split("/", 1)[0], {})
 
     async def list(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[found.tool for found in self._served(ctx).values()])
+        return types.ListToolsResult(tools=[served.found.tool for served in self._served(ctx).values()])
 
     async def call(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        found = self._served(ctx).get(params.name)
-        if found is None:
+        served = self._served(ctx).get(params.name)
+        if served is None:
             raise MCPError(types.INVALID_PARAMS, f"{params.name!r} is not a compensation the gateway serves here")
-        meta = dict(params.meta or {})
-        key = meta.get(KEY_META)
-        return await self.upstreams.call(found, dict(params.arguments or {}), key if isinstance(key, str) else None)
+        key = dict(params.meta or {}).get(KEY_META)
+        return await self.upstreams.call(
+            served.found, dict(params.arguments or {}), key if isinstance(key, str) else None
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         upstream = scope.get("path_params", {}).get("upstream")
@@ -110,9 +177,15 @@ class OperatorCalls:
         body = await read_body(receive)
         if body is None:
             return await answer(send, Answer(413, {"error": f"a request over {MAX_BODY_BYTES} bytes"}))
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        call = Call(headers, body)
-        barrier = Barrier(signing_keys(self.config.operator_calls.signing_secrets_dir))
+        secret = self.config.operator_calls.signing_secret
+        try:
+            keys = await self.keys.current()
+        except KubeError as error:
+            return await answer(send, Answer(503, {"error": f"the signing Secret {secret} could not be read: {error}"}))
+        if secret and not keys:
+            return await answer(send, Answer(503, {"error": f"the signing Secret {secret} holds no key"}))
+        barrier = Barrier(keys)
+        call = Call({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}, body)
         refused = barrier.refused(call) or await barrier.stale(self.fences, call)
         if refused is not None:
             return await answer(send, refused)

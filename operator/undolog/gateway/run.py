@@ -104,7 +104,8 @@ async def serve_http(
             async def healthz(_: Request) -> Response:
                 return PlainTextResponse("ok")
 
-            operator_calls = OperatorCalls(config, upstreams)
+            operator_calls = OperatorCalls(config, upstreams, kube)
+            await operator_calls.publish()
             app = gateway.server.streamable_http_app(
                 streamable_http_path=MCP_PATH,
                 host=host,
