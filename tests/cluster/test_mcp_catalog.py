@@ -73,18 +73,25 @@ def data(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest_asyncio.fixture
-async def gateway(
-    cluster: Cluster, kube: Kube, namespace: str, tmp_path: Path, data: Path
-) -> AsyncIterator[GatewayProcess]:
-    """The gateway with the catalog, serving its stdio servers' compensations to the operator:
-    it makes their Webhooks at start, signed with the Secret it checks the calls against."""
+async def serving_operator_calls(
+    cluster: Cluster, kube: Kube, namespace: str, tmp_path: Path, config: dict[str, Any]
+) -> GatewayProcess:
+    """The gateway serving its stdio servers' compensations to the operator: it makes their
+    Webhooks at start, signed with the Secret it checks the calls against."""
     secret = {"metadata": {"name": "operator-calls", "labels": {"undolog.io/webhook-headers": "true"}}}
     await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret | {"stringData": {"key": SIGNING}})
     port = free_port()
     calls = {"url": f"http://127.0.0.1:{port}", "signingSecret": "operator-calls"}
-    config = {"namespace": namespace, **catalog(tmp_path), "operatorCalls": calls}
-    process = GatewayProcess(cluster.kubeconfig, config, tmp_path, port=port)
+    return GatewayProcess(
+        cluster.kubeconfig, {"namespace": namespace, **config, "operatorCalls": calls}, tmp_path, port=port
+    )
+
+
+@pytest_asyncio.fixture
+async def gateway(
+    cluster: Cluster, kube: Kube, namespace: str, tmp_path: Path, data: Path
+) -> AsyncIterator[GatewayProcess]:
+    process = await serving_operator_calls(cluster, kube, namespace, tmp_path, catalog(tmp_path))
     yield process
     process.stop()
 

@@ -40,6 +40,13 @@ class Unmapped(StrEnum):
     CONFIRM = "confirm"  # the user is asked first (it will not be undone); declined: not called
 
 
+class Compensations(StrEnum):
+    """Where tools' undo comes from besides the configuration's own mappings."""
+
+    CONFIGURED = "configured"  # only the configuration
+    FROM_ANNOTATIONS = "fromAnnotations"  # also what servers advertise (SEP-3172 recovery, x-compensation-pair)
+
+
 class Upstream(Strict):
     """An MCP server the gateway fronts: a streamable HTTP `url`, or a stdio `command`."""
 
@@ -134,6 +141,7 @@ class GatewayConfig(Strict):
     )
     on_close: OnClose = OnClose.ABORT
     unmapped: Unmapped = Unmapped.REFUSE
+    compensations: Compensations = Compensations.CONFIGURED
     idle_seconds: float = Field(default=1800, gt=0, description="A session with no request for this long ends.")
     upstreams: dict[str, Upstream] = Field(min_length=1)
     tools: dict[str, ToolRule] = Field(default_factory=dict, description="Keyed <upstream>.<tool>.")

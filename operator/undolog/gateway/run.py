@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from undolog.api.gateway import GatewayConfig
+from undolog.api.gateway import Compensations, GatewayConfig
+from undolog.decisions.advertised_undo import with_advertised
 from undolog.decisions.tool_calls import expression_problems
 from undolog.gateway.operator_calls import OperatorCalls
 from undolog.gateway.server import SESSION_HEADER, STDIO_SESSION, Gateway
@@ -28,6 +30,7 @@ from undolog.gateway.upstreams import Upstreams, mapping_problems
 from undolog.kube import Kube
 
 MCP_PATH = "/mcp"
+log = logging.getLogger("undolog.gateway")
 
 
 def load(path: str) -> GatewayConfig:
@@ -48,11 +51,17 @@ def load(path: str) -> GatewayConfig:
     return config
 
 
-def checked(config: GatewayConfig, upstreams: Upstreams) -> None:
-    """The mappings against what the servers list (tools, schemas); MappingRefused naming each problem."""
-    problems = mapping_problems(config, upstreams)
+async def checked(config: GatewayConfig, upstreams: Upstreams) -> GatewayConfig:
+    """The configuration with what the servers advertise (`compensations: fromAnnotations`),
+    checked against what they list (tools, schemas): MappingRefused naming each problem."""
+    if config.compensations == Compensations.FROM_ANNOTATIONS:
+        config, said = with_advertised(config, await upstreams.listed())
+        for line in said:
+            log.info("%s", line)
+    problems = mapping_problems(config, upstreams) + expression_problems(config)
     if problems:
         raise MappingRefused("the gateway's mappings do not fit its servers: " + "; ".join(problems))
+    return config
 
 
 class MappingRefused(ValueError):
@@ -95,7 +104,7 @@ async def serve_http(
     kube = await connect()
     try:
         async with Upstreams(config.upstreams) as upstreams:
-            checked(config, upstreams)
+            config = await checked(config, upstreams)
             gateway = Gateway(config, kube, upstreams, handle_key)
 
             async def metrics(_: Request) -> Response:
@@ -135,7 +144,7 @@ async def serve_stdio(config: GatewayConfig, connect: Callable[[], Awaitable[Kub
     kube = await connect()
     try:
         async with Upstreams(config.upstreams) as upstreams:
-            checked(config, upstreams)
+            config = await checked(config, upstreams)
             gateway = Gateway(config, kube, upstreams, handle_key)
             try:
                 async with stdio_server() as (read, write):

@@ -8,15 +8,18 @@ import json
 import os
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from typing import Any
 
 import httpx2
 import mcp_types as types
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from pydantic import BaseModel, ConfigDict, Field
 
 from undolog.api.gateway import GatewayConfig, Upstream
 from undolog.calls.mcp import KEY_META, keyed_meta
+from undolog.decisions.advertised_undo import ListedTool
 from undolog.decisions.undo_expressions import expressions_in, unknown_fields
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -51,6 +54,14 @@ async def keyed(request: httpx2.Request) -> None:
     meta = params.get("_meta") if isinstance(params, dict) else None
     if isinstance(meta, dict) and isinstance(key := meta.get(KEY_META), str):
         request.headers[IDEMPOTENCY_HEADER] = key
+
+
+class RawListing(BaseModel):
+    """A tools/list page with each tool as the JSON the server sent."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    tools: list[dict[str, Any]]
+    next_cursor: str | None = Field(default=None, alias="nextCursor")
 
 
 class Upstreams:
@@ -100,6 +111,29 @@ class Upstreams:
         for found in listed:
             counts[found.tool.name] = counts.get(found.tool.name, 0) + 1
         self.tools = {(t.tool.name if counts[t.tool.name] == 1 else t.qualified): t for t in listed}
+
+    async def listed(self) -> dict[str, dict[str, ListedTool]]:
+        """Every upstream's tools as the server sent them, annotations' unknown fields kept (the
+        SDK's types drop them): by upstream, by tool name."""
+        listed: dict[str, dict[str, ListedTool]] = {}
+        for name, client in self.clients.items():
+            tools: dict[str, ListedTool] = listed.setdefault(name, {})
+            cursor: str | None = None
+            while True:
+                request = types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor))
+                page = await client.session.send_request(request, RawListing)
+                for raw in page.tools:
+                    tool = ListedTool(
+                        name=str(raw.get("name")),
+                        annotations=raw.get("annotations") or {},
+                        input_schema=raw.get("inputSchema") or {},
+                        output_schema=raw.get("outputSchema"),
+                    )
+                    tools[tool.name] = tool
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+        return listed
 
     def qualified(self, name: str) -> UpstreamTool:
         """The tool the configuration names `<upstream>.<tool>`; KeyError when no server lists it."""
