@@ -42,7 +42,8 @@ async def gateway(cluster: Cluster, kube: Kube, namespace: str, tmp_path: Path) 
 
 async def stock(agent: Client) -> dict[str, Any]:
     result = await agent.call_tool("stock", {})
-    return json.loads("".join(c.text for c in result.content if isinstance(c, types.TextContent)))
+    held: dict[str, Any] = json.loads("".join(c.text for c in result.content if isinstance(c, types.TextContent)))
+    return held
 
 
 @pytest.mark.usefixtures("operator")

@@ -79,7 +79,9 @@ def test_a_runtime_expression_the_gateway_cannot_follow_is_named(expression: str
 
 
 # NUL is left out: the CEL bindings pass map keys to C++ as C strings, which end at it.
-KEYS = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",), exclude_characters="\x00"), min_size=1, max_size=8)
+KEYS = st.text(
+    st.characters(codec="utf-8", exclude_categories=["Cs"], exclude_characters="\x00"), min_size=1, max_size=8
+)
 
 
 @given(st.lists(st.one_of(KEYS, st.integers(0, 3)), min_size=1, max_size=4), st.integers(-(2**63), 2**63 - 1))
