@@ -48,13 +48,15 @@ def config(**tools: Any) -> GatewayConfig:
 def test_recovery_and_pairs_become_mappings_and_what_cannot_be_followed_is_left_unmapped_saying_why() -> None:
     merged, said = with_advertised(config(), {"shop": SERVER})
     reserve, tag = merged.tools["shop.reserve"].compensation, merged.tools["shop.tag"].compensation
-    assert reserve is not None and tag is not None
+    assert reserve is not None
+    assert tag is not None
     assert (reserve.tool, reserve.args) == (
         "shop.release",
         {"reservationId": "${output.reservation.id}", "sku": "${args.sku}", "why": "undo"},
     )
     assert (tag.tool, tag.args) == ("shop.untag", {"tagId": "${output.tagId}", "item": "${args.item}"})
-    assert "shop.charge" not in merged.tools and "shop.orphan" not in merged.tools
+    assert "shop.charge" not in merged.tools
+    assert "shop.orphan" not in merged.tools
     assert (
         "shop.charge left unmapped: shop.charge's annotation x-compensation-pair: refund requires 'chargeId', which "
         "neither the call's output schema nor its arguments declare: map tools.shop.charge in the configuration"
@@ -66,7 +68,8 @@ def test_the_configuration_wins_over_an_annotation() -> None:
     own = {"compensation": {"tool": "shop.release", "args": {"reservationId": "${output.id}"}}}
     merged, said = with_advertised(config(**{"shop.reserve": own}), {"shop": SERVER})
     compensation = merged.tools["shop.reserve"].compensation
-    assert compensation is not None and compensation.args == {"reservationId": "${output.id}"}
+    assert compensation is not None
+    assert compensation.args == {"reservationId": "${output.id}"}
     assert "shop.reserve: the configuration's mapping wins over its annotation" in said
 
 
@@ -74,7 +77,7 @@ def test_the_configuration_wins_over_an_annotation() -> None:
     "expression", ["$response.header.Location", "$statusCode", "$request.path.id", "$response.body#id"]
 )
 def test_a_runtime_expression_the_gateway_cannot_follow_is_named(expression: str) -> None:
-    with pytest.raises(ValueError, match="can be followed|not a JSON pointer"):
+    with pytest.raises(ValueError, match=r"can be followed|not a JSON pointer"):
         runtime_expression(expression)
 
 
