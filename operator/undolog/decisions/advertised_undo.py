@@ -27,8 +27,29 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _INDEX = re.compile(r"0|[1-9][0-9]*")  # RFC 6901's array index (no leading zeros)
 # CEL's reserved words, which cannot follow a dot (a key named so is indexed instead).
 _RESERVED = frozenset(
-    "as break const continue else false for function if import in let loop package namespace null return true "
-    "var void while".split()
+    [
+        "as",
+        "break",
+        "const",
+        "continue",
+        "else",
+        "false",
+        "for",
+        "function",
+        "if",
+        "import",
+        "in",
+        "let",
+        "loop",
+        "package",
+        "namespace",
+        "null",
+        "return",
+        "true",
+        "var",
+        "void",
+        "while",
+    ]
 )
 _SOURCES = {"$response.body": "output", "$request.body": "args"}
 
