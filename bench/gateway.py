@@ -1,9 +1,11 @@
 """What `undolog mcp` adds to a tool call: N mapped calls (the tracker's create_issue, undone by
 close_issue) through the gateway, each beside the same call made directly to the tracker, one
-after the other in the same run, so both meet the same box. Reported: p50 and p99 of each, what
-the gateway adds (the difference), and the API writes per call (the apiserver's own counts).
-The session's first call, which opens its saga, is left out, as is the client's handshake; a
-read-only tool (passed through, nothing written) shows the hop alone.
+after the other in the same run, so both meet the same box; first on today's stateless revision
+(2026-07-28: the `mcp` package's Client with its defaults, the saga handle passed back, each
+call resuming the saga from the ledger), then on the session era (2025-11-25). Reported: p50
+and p99 of each, what the gateway adds (the difference), and the API writes per call (the
+apiserver's own counts). The first calls, which open the saga, are left out, as is the
+client's handshake; a read-only tool (passed through, nothing written) shows the hop alone.
 
     python -m bench.gateway --calls 200
 """
@@ -14,7 +16,7 @@ import argparse
 import asyncio
 import time
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, Literal
 
 from mcp import Client
 from tests.support.gateway_process import GatewayProcess, gateway_config
@@ -41,37 +43,35 @@ def difference(through: list[float], direct: list[float]) -> dict[str, float]:
     return {k: round(figures(through)[k] - figures(direct)[k], 2) for k in ("p50_ms", "p99_ms")}
 
 
-async def measure(calls: int) -> dict[str, Any]:
-    tracker = Tracker()
-    try:
-        async with bench_cluster() as bench:
-            namespace = await bench.namespace("gateway")
-            gateway = GatewayProcess(bench.kubeconfig, gateway_config(namespace, tracker), bench.work)
-            try:
-                async with Client(tracker.url, mode="legacy") as upstream, Client(gateway.url, mode="legacy") as agent:
-                    direct, through, read_direct, read_through = [], [], [], []
-                    for title in ("warm", "up"):  # the saga is opened by the session's first mapped call
-                        await upstream.call_tool("create_issue", {"title": title})
-                        await agent.call_tool("create_issue", {"title": title})
-                    before = await bench.writes()
-                    for n in range(calls):
-                        direct.append(await timed(upstream.call_tool("create_issue", {"title": f"d{n}"})))
-                        through.append(await timed(agent.call_tool("create_issue", {"title": f"g{n}"})))
-                    writes = delta(await bench.writes(), before)
-                    for _ in range(calls):  # a read-only tool passes straight through: the hop alone
-                        read_direct.append(await timed(upstream.call_tool("list_issues", {})))
-                        read_through.append(await timed(agent.call_tool("list_issues", {})))
-                    await agent.call_tool("undolog_commit", {})
-            finally:
-                gateway.stop()
-    finally:
-        tracker.stop()
-    added = difference(through, direct)
+HANDLE = "undolog_saga"
+
+
+async def era(
+    bench: Any, gateway: GatewayProcess, tracker: Tracker, calls: int, mode: Literal["auto", "legacy"]
+) -> dict[str, Any]:
+    """The figures of one protocol era: `auto` is today's stateless revision (the saga handle
+    passed back), `legacy` the session's."""
+    async with Client(tracker.url, mode=mode) as upstream, Client(gateway.url, mode=mode) as agent:
+        direct, through, read_direct, read_through = [], [], [], []
+        handle: dict[str, str] = {}
+        for title in ("warm", "up"):  # the saga is opened by the first mapped call
+            await upstream.call_tool("create_issue", {"title": title})
+            opened = await agent.call_tool("create_issue", {"title": title} | handle)
+            if mode == "auto":
+                handle = {HANDLE: str((opened.meta or {})["io.undolog/saga-handle"])}
+        before = await bench.writes()
+        for n in range(calls):
+            direct.append(await timed(upstream.call_tool("create_issue", {"title": f"d{n}"})))
+            through.append(await timed(agent.call_tool("create_issue", {"title": f"g{n}"} | handle)))
+        writes = delta(await bench.writes(), before)
+        for _ in range(calls):  # a read-only tool passes straight through: the hop alone
+            read_direct.append(await timed(upstream.call_tool("list_issues", {})))
+            read_through.append(await timed(agent.call_tool("list_issues", {})))
+        await agent.call_tool("undolog_commit", handle)
     return {
-        "calls": calls,
         "direct": figures(direct),
         "through_gateway": figures(through),
-        "added": added,
+        "added": difference(through, direct),
         "read_only_added": difference(read_through, read_direct),
         "api_writes": writes,
         "entry_writes_per_call": round(writes.get("undoentries", 0) / calls, 2),
@@ -79,21 +79,41 @@ async def measure(calls: int) -> dict[str, Any]:
     }
 
 
+async def measure(calls: int) -> dict[str, Any]:
+    tracker = Tracker()
+    try:
+        async with bench_cluster() as bench:
+            namespace = await bench.namespace("gateway")
+            gateway = GatewayProcess(bench.kubeconfig, gateway_config(namespace, tracker), bench.work)
+            try:
+                stateless = await era(bench, gateway, tracker, calls, "auto")
+                session = await era(bench, gateway, tracker, calls, "legacy")
+            finally:
+                gateway.stop()
+    finally:
+        tracker.stop()
+    return {"calls": calls, **stateless, "session": session}
+
+
 def ms(figure: dict[str, float]) -> list[str]:
     return [f"{figure['p50_ms']} ms", f"{figure['p99_ms']} ms"]
 
 
+def rows(calls: int, era: str, result: dict[str, Any]) -> list[list[Any]]:
+    writes = [result["entry_writes_per_call"], result["saga_writes_per_call"]]
+    return [
+        [calls, era, "direct to the tracker", *ms(result["direct"]), "-", "-"],
+        [calls, era, "through undolog mcp", *ms(result["through_gateway"]), *writes],
+        [calls, era, "added by the gateway", *ms(result["added"]), "", ""],
+        [calls, era, "added to a read-only call (passed through)", *ms(result["read_only_added"]), 0, 0],
+    ]
+
+
 def main(calls: int) -> None:
     result = asyncio.run(measure(calls))
-    writes = [result["entry_writes_per_call"], result["saga_writes_per_call"]]
     print_table(
-        ["tool calls", "", "p50", "p99", "entry writes/call", "saga writes/call"],
-        [
-            [calls, "direct to the tracker", *ms(result["direct"]), "-", "-"],
-            [calls, "through undolog mcp", *ms(result["through_gateway"]), *writes],
-            [calls, "added by the gateway", *ms(result["added"]), "", ""],
-            [calls, "added to a read-only call (passed through)", *ms(result["read_only_added"]), 0, 0],
-        ],
+        ["tool calls", "protocol", "", "p50", "p99", "entry writes/call", "saga writes/call"],
+        rows(calls, "2026-07-28 (handle)", result) + rows(calls, "2025-11-25 (session)", result["session"]),
     )
     save("gateway", result)
 

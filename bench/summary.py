@@ -47,6 +47,8 @@ KEYS = (
     "mcp_gateway_added_p50_ms",
     "mcp_gateway_added_p99_ms",
     "mcp_gateway_entry_writes_per_call",
+    "mcp_gateway_session_added_p50_ms",
+    "mcp_gateway_session_added_p99_ms",
 )
 
 
@@ -159,10 +161,14 @@ def summarize() -> dict[str, Any]:
         figures["wave_seconds_after_return"] = wave["results"]["seconds_after_return"]
 
     if gateway := sources["gateway"]:
-        # 200 mapped tool calls through `undolog mcp`, each beside the same call made directly.
+        # 200 mapped tool calls through `undolog mcp`, each beside the same call made directly,
+        # on today's stateless revision (the handle); then on the session era.
         figures["mcp_gateway_added_p50_ms"] = gateway["results"]["added"]["p50_ms"]
         figures["mcp_gateway_added_p99_ms"] = gateway["results"]["added"]["p99_ms"]
         figures["mcp_gateway_entry_writes_per_call"] = gateway["results"]["entry_writes_per_call"]
+        if session := gateway["results"].get("session"):  # the same on the session era (2025-11-25)
+            figures["mcp_gateway_session_added_p50_ms"] = session["added"]["p50_ms"]
+            figures["mcp_gateway_session_added_p99_ms"] = session["added"]["p99_ms"]
 
     for key, value in figures.items():
         if value is None:

@@ -6,6 +6,7 @@ of text the model reads) and removed from the arguments before the call goes ups
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import mcp_types as types
@@ -18,6 +19,7 @@ from undolog.gateway.sessions import NotCalled, call_as_step, plan_text
 from undolog.gateway.upstreams import Upstreams, UpstreamTool
 from undolog.kube import Kube
 from undolog.sdk import SagaRun, open_saga
+from undolog.sdk.saga import resumed_saga
 
 HANDLE_ARG = "undolog_saga"  # the argument an agent passes the handle in
 HANDLE_META = "io.undolog/saga-handle"
@@ -29,6 +31,7 @@ HANDLE_PROPERTY = {
     ),
 }
 REGISTER_TRIES = 3  # another replica took the same position at once: read the saga again
+KNOWN_SAGAS = 10_000  # sagas whose last position this replica remembers (the oldest forgotten first)
 
 
 class HandleRefused(UndoLogError):
@@ -51,6 +54,15 @@ def said_handle(handle: str) -> types.TextContent:
 class HandleSagas:
     def __init__(self, config: GatewayConfig, kube: Kube, upstreams: Upstreams, key: bytes) -> None:
         self.config, self.kube, self.upstreams, self.key = config, kube, upstreams, key
+        # The last position this replica registered in each saga, so a call needs no LIST of its
+        # entries; a position another replica took since shows as AlreadyExists, and is re-read.
+        self.positions: OrderedDict[str, int] = OrderedDict()
+
+    def _remember(self, run: SagaRun) -> None:
+        self.positions[run.uid] = run.last_position
+        self.positions.move_to_end(run.uid)
+        while len(self.positions) > KNOWN_SAGAS:
+            self.positions.popitem(last=False)
 
     def handle_of(self, run: SagaRun, identity: str | None) -> str:
         return saga_handles.mint(self.key, SagaHandle(run.namespace, run.name, run.uid), identity)
@@ -62,7 +74,9 @@ class HandleSagas:
             raise HandleRefused(f"{HANDLE_ARG}: {found.message}; nothing was called")
         saga = f"saga {found.namespace}/{found.name}"
         try:
-            run = await open_saga(found.name, namespace=found.namespace, kube=self.kube, resume=True)
+            run = await resumed_saga(
+                self.kube, found.namespace, found.name, last_position=self.positions.get(found.uid)
+            )
         except NotFound:
             raise HandleRefused(f"{HANDLE_ARG}: {saga} is gone; nothing was called") from None
         except SagaEnded as ended:
@@ -108,9 +122,11 @@ class HandleSagas:
                     run, self.upstreams, tool, arguments, rule, run.last_position + 1, {HANDLE_META: handle}
                 )
             except NotCalled as refused:
+                self.positions.pop(run.uid, None)
                 if isinstance(refused.__cause__, AlreadyExists) and text is not None and tries < REGISTER_TRIES:
                     continue
                 raise
+            self._remember(run)
             result.content = [*result.content, said_handle(handle)]
             return result
         raise AssertionError("unreachable")  # the loop returns or raises

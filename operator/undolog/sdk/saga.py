@@ -458,7 +458,7 @@ async def open_saga(
                     status=exists.status,
                     reason=exists.reason,
                 ) from None
-            return await _resumed(client, namespace, str(name), owns, kubeconfig)
+            return await resumed_saga(client, namespace, str(name), owns=owns, kubeconfig=kubeconfig)
     except BaseException:
         if owns:
             await client.close()
@@ -466,7 +466,18 @@ async def open_saga(
     return SagaRun(client, created, owns_client=owns, kubeconfig=kubeconfig)
 
 
-async def _resumed(kube: Kube, namespace: str, name: str, owns: bool, kubeconfig: str | None) -> SagaRun:
+async def resumed_saga(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    *,
+    owns: bool = False,
+    kubeconfig: str | None = None,
+    last_position: int | None = None,
+) -> SagaRun:
+    """An Active external saga that exists, carried on with; SagaEnded if it ended. Its entries
+    are listed for the last position unless the caller knows it (`last_position`: a position
+    taken since by another writer shows as AlreadyExists when the next step registers)."""
     ledger = Ledger(kube)
     saga = await ledger.saga(namespace, name)
     if saga.spec.steps is not None:
@@ -474,6 +485,8 @@ async def _resumed(kube: Kube, namespace: str, name: str, owns: bool, kubeconfig
     if saga.status.phase not in (None, SagaPhase.ACTIVE) or saga.spec.outcome:
         asked = f" (outcome {saga.spec.outcome})" if saga.spec.outcome else ""
         raise SagaEnded(f"saga {namespace}/{name} is {saga.status.phase or 'Active'}{asked}: it cannot be resumed")
+    if last_position is not None:
+        return SagaRun(kube, saga, owns_client=owns, kubeconfig=kubeconfig, _positions=last_position)
     entries = (await ledger.entries_of(saga)).entries
     return SagaRun(
         kube,
