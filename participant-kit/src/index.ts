@@ -170,9 +170,10 @@ function send(response: ServerResponse, answer: Answer): void {
 }
 
 /**
- * A handler for Node's http, express and fastify alike (`(req, res)`): with express, mount it
- * before any body parser (it reads the raw body, which the signature covers); with fastify, use
- * `reply.raw`/`request.raw` or register it through @fastify/middie.
+ * A handler for Node's http and express (`(req, res)`): with express, mount it before any body
+ * parser (it reads the raw body, which the signature covers). With fastify, parse JSON bodies as
+ * strings and call the barrier from the route: `barrier.forward(request, apply)` (a fastify
+ * request has the `headers` and `body` a Call needs).
  */
 export function handler(
   barrier: Barrier,
