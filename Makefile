@@ -12,7 +12,7 @@ PYTHON_SOURCES := operator tests bench examples devtools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: help venv venv-demo screenshots tools tools-control-plane tools-helm dist browser faketime postgres crds lock lint test unit demo bench chaos traces cluster-up cluster-down cluster-reset clean \
-	image image-deps mcp-agent mcp-servers participant-kit node-deps node-up node-down e2e demo-helm alerts
+	image image-deps mcp-agent mcp-servers mcp-conformance participant-kit node-deps node-up node-down e2e demo-helm alerts
 
 help:
 	@echo "make demo          run the onboarding saga on a local control plane (builds what it needs)"
@@ -84,6 +84,11 @@ tests/mcp_agent/node_modules/.package-lock.json: tests/mcp_agent/package-lock.js
 mcp-servers: tests/mcp_servers/node_modules/.package-lock.json
 tests/mcp_servers/node_modules/.package-lock.json: tests/mcp_servers/package-lock.json
 	cd tests/mcp_servers && npm ci --no-audit --no-fund --loglevel=error
+
+# The MCP conformance suite (its server scenarios judge the gateway), on Node 22 from npm.
+mcp-conformance: tests/conformance/node_modules/.package-lock.json
+tests/conformance/node_modules/.package-lock.json: tests/conformance/package-lock.json
+	cd tests/conformance && npm ci --no-audit --no-fund --loglevel=error
 
 # The TypeScript participant kit: its npm dependencies as its lock pins them, compiled to dist/.
 participant-kit: participant-kit/dist/index.js
@@ -164,7 +169,7 @@ lint: venv tools-helm
 	bin/helm template undolog charts/undolog --kube-version 1.37.2 --set watchNamespaces='{team-a,team-b}' \
 		--set metrics.serviceMonitor.enabled=true > /dev/null
 
-test: venv tools-control-plane tools-helm browser faketime postgres mcp-agent mcp-servers participant-kit lint
+test: venv tools-control-plane tools-helm browser faketime postgres mcp-agent mcp-servers mcp-conformance participant-kit lint
 	$(VENV)/bin/pytest -m "not fault" --durations=15
 
 # The browser suite, its screenshots written over docs/ (make test leaves them in build/screenshots/).
@@ -202,7 +207,7 @@ bin/.temporal-$(TEMPORAL_CLI):
 	GOBIN=$(CURDIR)/bin go install github.com/temporalio/cli/cmd/temporal@$(TEMPORAL_CLI)
 	touch $@
 
-bench: venv tools-control-plane postgres participant-kit bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.temporal-$(TEMPORAL_CLI)
+bench: venv tools-control-plane postgres participant-kit mcp-conformance bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.temporal-$(TEMPORAL_CLI)
 	$(PY) -m pip install -q --require-hashes -r requirements/bench.txt
 	$(PY) -m bench.compensation --sizes 1 10 100 1000
 	$(PY) -m bench.forward --concurrency 1 100
@@ -216,6 +221,7 @@ bench: venv tools-control-plane postgres participant-kit bin/undolog-bench-ceili
 	$(PY) -m bench.wave --sagas 500 --down 60 --limit 50
 	$(PY) -m bench.gateway --calls 200
 	$(PY) -m bench.participant_kit --calls 500
+	$(PY) -m bench.conformance
 	$(PY) -m bench.plot
 	$(PY) -m bench.summary
 

@@ -49,6 +49,10 @@ KEYS = (
     "mcp_gateway_entry_writes_per_call",
     "mcp_gateway_session_added_p50_ms",
     "mcp_gateway_session_added_p99_ms",
+    "mcp_conformance_scenarios_direct",
+    "mcp_conformance_scenarios_through_gateway",
+    "mcp_conformance_scenarios_direct_2026",
+    "mcp_conformance_scenarios_through_gateway_2026",
 )
 
 
@@ -86,6 +90,7 @@ def summarize() -> dict[str, Any]:
         "deep",
         "wave",
         "gateway",
+        "conformance",
     )
     sources = {name: load(name) for name in names}
     fsync = {name: data.get("etcd_fsync") for name, data in sources.items() if data is not None}
@@ -169,6 +174,15 @@ def summarize() -> dict[str, Any]:
         if session := gateway["results"].get("session"):  # the same on the session era (2025-11-25)
             figures["mcp_gateway_session_added_p50_ms"] = session["added"]["p50_ms"]
             figures["mcp_gateway_session_added_p99_ms"] = session["added"]["p99_ms"]
+
+    if conformance := sources["conformance"]:
+        # The suite's server scenarios: 0.1.16's (the session era), and 2026-07-28's requirements.
+        for era, suffix in (("2025-11-25", ""), ("2026-07-28", "_2026")):
+            if found := conformance["results"].get(era):
+                figures[f"mcp_conformance_scenarios_direct{suffix}"] = f"{len(found['direct'])}/{found['scenarios']}"
+                figures[f"mcp_conformance_scenarios_through_gateway{suffix}"] = (
+                    f"{len(found['through_gateway'])}/{found['scenarios']}"
+                )
 
     for key, value in figures.items():
         if value is None:

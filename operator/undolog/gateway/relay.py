@@ -1,8 +1,9 @@
 """What the upstream servers offer besides tools, passed through as they answer it: resources
-(listed, their templates, read), prompts (listed, got), completion and the logging level. Lists
-are every upstream's, merged (each one's pages read through); a resource or a prompt goes to the
-upstream that listed it (else to each in turn, until one answers). An upstream that does not
-offer a feature answers nothing for it."""
+(listed, their templates, read, subscribed to), prompts (listed, got), completion and the
+logging level. Lists are every upstream's, merged (each one's pages read through); a resource
+or a prompt goes to the upstream that listed it (else to each in turn, until one answers). An
+upstream that does not offer a feature answers nothing for it. Each goes over the agent
+session's own connection (connections.py), so what the server sends back reaches that session."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from mcp import Client
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
+from undolog.gateway.agent_requests import serving
 from undolog.gateway.upstreams import Upstreams
 
 T = TypeVar("T")
@@ -27,24 +29,29 @@ class Relay:
         self.prompts: dict[str, str] = {}  # name -> the upstream that listed it
 
     def handlers(self) -> dict[str, Any]:
-        """The lowlevel Server's handlers (it advertises the capabilities they give)."""
-        return {
+        """The lowlevel Server's handlers (it advertises the capabilities they give), each with its
+        request as the current one."""
+        handlers: dict[str, Callable[[ServerRequestContext[Any], Any], Awaitable[Any]]] = {
             "on_list_resources": self.list_resources,
             "on_list_resource_templates": self.list_resource_templates,
             "on_read_resource": self.read_resource,
             "on_list_prompts": self.list_prompts,
             "on_get_prompt": self.get_prompt,
+            "on_subscribe_resource": self.subscribe,
+            "on_unsubscribe_resource": self.unsubscribe,
             "on_completion": self.complete,
             "on_set_logging_level": self.set_logging_level,
         }
+        return {name: serving(handler) for name, handler in handlers.items()}
 
     async def _pages(self, fetch: Callable[[Client, str | None], Awaitable[Any]], field: str) -> list[tuple[str, Any]]:
         found: list[tuple[str, Any]] = []
-        for name, client in self.upstreams.clients.items():
+        for name in self.upstreams.config:
             cursor: str | None = None
             for _ in range(MAX_PAGES):
                 try:
-                    page = await fetch(client, cursor)
+                    async with self.upstreams.serving(name) as client:
+                        page = await fetch(client, cursor)
                 except MCPError:  # this upstream does not offer it
                     break
                 found += [(name, item) for item in getattr(page, field)]
@@ -96,23 +103,41 @@ class Relay:
         context = params.context.arguments if params.context else None
         return await self._first(owner, lambda c: c.complete(ref, argument, context), "completion")
 
+    async def subscribe(
+        self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        uri = str(params.uri)
+        await self._first(self.resources.get(uri), lambda c: c.subscribe_resource(uri), uri)
+        self.upstreams.subscribed(uri, True)
+        return types.EmptyResult()
+
+    async def unsubscribe(
+        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        uri = str(params.uri)
+        self.upstreams.subscribed(uri, False)
+        await self._first(self.resources.get(uri), lambda c: c.unsubscribe_resource(uri), uri)
+        return types.EmptyResult()
+
     async def set_logging_level(
         self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
     ) -> types.EmptyResult:
-        for client in self.upstreams.clients.values():
+        for name in self.upstreams.config:
             try:
-                await client.set_logging_level(params.level)
+                async with self.upstreams.serving(name) as client:
+                    await client.set_logging_level(params.level)
             except MCPError:
                 continue
         return types.EmptyResult()
 
     async def _first(self, owner: str | None, ask: Callable[[Client], Awaitable[T]], what: str) -> T:
         """The owner's answer, else the first upstream's that answers; the last refusal when none does."""
-        names = [owner] if owner is not None else list(self.upstreams.clients)
+        names = [owner] if owner is not None else list(self.upstreams.config)
         refused: MCPError | None = None
         for name in names:
             try:
-                return await ask(self.upstreams.clients[name])
+                async with self.upstreams.serving(name) as client:
+                    return await ask(client)
             except MCPError as error:
                 refused = error
         raise refused or MCPError(types.INVALID_PARAMS, f"no upstream offers {what}")

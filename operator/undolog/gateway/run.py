@@ -24,8 +24,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from undolog.api.gateway import Compensations, GatewayConfig
 from undolog.decisions.advertised_undo import with_advertised
 from undolog.decisions.tool_calls import expression_problems
+from undolog.gateway.agent_requests import SESSION_HEADER, STDIO_SESSION
 from undolog.gateway.operator_calls import OperatorCalls
-from undolog.gateway.server import SESSION_HEADER, STDIO_SESSION, Gateway
+from undolog.gateway.server import Gateway
 from undolog.gateway.upstreams import Upstreams, mapping_problems
 from undolog.kube import Kube
 

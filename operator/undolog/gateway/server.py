@@ -26,15 +26,12 @@ from prometheus_client import Counter
 from undolog.api.gateway import GatewayConfig, OnClose
 from undolog.decisions.tool_calls import PassThrough, Refuse, Register, ToolDecision, decide
 from undolog.errors import UndoLogError
-from undolog.gateway import confirmations
+from undolog.gateway import agent_requests, confirmations
 from undolog.gateway.handles import HANDLE_ARG, HANDLE_META, HandleSagas, advertised
 from undolog.gateway.relay import Relay
 from undolog.gateway.sessions import SAGA_META, NotCalled, SessionSaga
 from undolog.gateway.upstreams import Upstreams, UpstreamTool
 from undolog.kube import Kube
-
-STDIO_SESSION = "stdio"
-SESSION_HEADER = "mcp-session-id"
 
 tool_calls = Counter(
     "undolog_gateway_tool_calls",
@@ -90,8 +87,12 @@ class Gateway:
         self.sessions: dict[str, SessionSaga] = {}
         self.handles = HandleSagas(config, kube, upstreams, handle_key)
         self.relay = Relay(upstreams)  # resources, prompts, completion, logging: passed through
+        # Each handler with its request as the current one: what an upstream sends during it comes back to it.
         self.server: Server[Any] = Server(
-            "undolog-gateway", on_list_tools=self.list_tools, on_call_tool=self.call_tool, **self.relay.handlers()
+            "undolog-gateway",
+            on_list_tools=agent_requests.serving(self.list_tools),
+            on_call_tool=agent_requests.serving(self.call_tool),
+            **self.relay.handlers(),
         )
         self._own: dict[str, Callable[[SessionSaga, dict[str, Any]], Awaitable[str]]] = {
             "undolog_commit": lambda s, _: self._end(s, OnClose.COMMIT, "committed by the agent"),
@@ -189,9 +190,7 @@ class Gateway:
         return confirmations.declined(found, answer, {**meta, SAGA_META: f"{run.namespace}/{run.name}"})
 
     def _session(self, ctx: ServerRequestContext[Any], tool: str) -> SessionSaga:
-        request = ctx.request
-        headers = getattr(request, "headers", None)
-        key = STDIO_SESSION if request is None else headers.get(SESSION_HEADER) if headers is not None else None
+        key = agent_requests.session_key(ctx)
         if key is None:
             raise MCPError(
                 types.INVALID_REQUEST,
@@ -213,6 +212,7 @@ class Gateway:
 
     async def close_session(self, key: str, why: str) -> None:
         """The session ended (DELETE, idle, the gateway stopping): its open saga as onClose says."""
+        self.upstreams.close_session(key)
         session = self.sessions.pop(key, None)
         if session is not None and session.run is not None:
             await self._end(session, self.config.on_close, f"the agent's session ended without a commit ({why})")

@@ -4,25 +4,35 @@ on streamable HTTP)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import httpx2
 import mcp_types as types
+from anyio.abc import TaskGroup, TaskStatus
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.server.session import ServerSession
+from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field
 
 from undolog.api.gateway import GatewayConfig, Upstream
 from undolog.calls.mcp import KEY_META, keyed_meta
 from undolog.decisions.advertised_undo import ListedTool
 from undolog.decisions.undo_expressions import expressions_in, unknown_fields
+from undolog.gateway import agent_requests
+from undolog.gateway.connections import Connection, progress_of
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+log = logging.getLogger("undolog.gateway")
 
 
 @dataclass(frozen=True)
@@ -66,18 +76,28 @@ class RawListing(BaseModel):
 
 class Upstreams:
     """Connected at start, closed at the end; `tools` lists every upstream's tools under the name
-    the agent sees (the tool's own, `<upstream>.<tool>` where two upstreams share one)."""
+    the agent sees (the tool's own, `<upstream>.<tool>` where two upstreams share one). Each agent
+    session gets connections of its own to the HTTP upstreams (connections.py says why), opened
+    on its first request that needs one and closed with the session."""
 
     def __init__(self, upstreams: dict[str, Upstream]) -> None:
         self.config = upstreams
-        self.clients: dict[str, Client] = {}
+        self.shared: dict[str, Connection] = {}
+        self.sessions: dict[str, dict[str, Connection]] = {}
+        self.subscribers: dict[str, dict[str, ServerSession]] = {}  # URI -> agent sessions subscribed to it
         self.tools: dict[str, UpstreamTool] = {}
+        self._closing: dict[str, anyio.Event] = {}
+        self._opening = anyio.Lock()
         self._stack = AsyncExitStack()
+        self._tasks: TaskGroup | None = None
 
     async def __aenter__(self) -> Upstreams:
         try:
+            self._tasks = await self._stack.enter_async_context(anyio.create_task_group())
+            self._stack.callback(self._close_all)
             for name, upstream in self.config.items():
-                self.clients[name] = await self._stack.enter_async_context(self._client(upstream))
+                connection = self.shared[name] = Connection(name, None, self._updated)
+                connection.client = await self._stack.enter_async_context(self._connected(upstream, connection))
             await self.list_tools()
         except BaseException:
             await self._stack.aclose()
@@ -87,15 +107,98 @@ class Upstreams:
     async def __aexit__(self, *_: object) -> None:
         await self._stack.aclose()
 
-    def _client(self, upstream: Upstream) -> Client:
+    @property
+    def clients(self) -> dict[str, Client]:
+        """The shared connections' clients, by upstream."""
+        return {name: connection.ready for name, connection in self.shared.items()}
+
+    @contextlib.asynccontextmanager
+    async def _connected(self, upstream: Upstream, connection: Connection) -> AsyncIterator[Client]:
+        callbacks = connection.callbacks()
         if upstream.url is not None:
-            http = httpx2.AsyncClient(event_hooks={"request": [keyed]}, trust_env=False, timeout=None)
-            self._stack.push_async_callback(http.aclose)
-            return Client(streamable_http_client(upstream.url, http_client=http), mode="legacy", cache=None)
+            async with (
+                httpx2.AsyncClient(event_hooks={"request": [keyed]}, trust_env=False, timeout=None) as http,
+                Client(
+                    streamable_http_client(upstream.url, http_client=http), mode="legacy", cache=None, **callbacks
+                ) as client,
+            ):
+                yield client
+            return
         assert upstream.command is not None
         command, *args = upstream.command
         parameters = StdioServerParameters(command=command, args=args, env={**os.environ, **upstream.env})
-        return Client(stdio_client(parameters), mode="legacy", cache=None)
+        async with Client(stdio_client(parameters), mode="legacy", cache=None, **callbacks) as client:
+            yield client
+
+    async def connection(self, upstream: str) -> Connection:
+        """The current agent session's own connection to an HTTP upstream, else the shared one."""
+        request = agent_requests.current.get()
+        key = request.session_key if request is not None else None
+        if key is None or self.config[upstream].url is None:
+            return self.shared[upstream]
+        async with self._opening:
+            own = self.sessions.setdefault(key, {})
+            if upstream not in own:
+                assert self._tasks is not None
+                own[upstream] = await self._tasks.start(self._held, key, upstream)
+            return own[upstream]
+
+    async def _held(self, key: str, upstream: str, *, task_status: TaskStatus[Connection]) -> None:
+        """One session's connection, open until the session ends (a task of its own: the client's
+        task group must end in the task that began it)."""
+        connection = Connection(upstream, key, self._updated)
+        closing = self._closing.setdefault(key, anyio.Event())
+        try:
+            async with self._connected(self.config[upstream], connection) as client:
+                connection.client = client
+                task_status.started(connection)
+                await closing.wait()
+        except Exception as error:  # the server went away: the session gets a new connection next time
+            if connection.client is None:
+                raise
+            log.warning("the connection of session %s to %s ended: %s", key, upstream, error)
+        finally:
+            if self.sessions.get(key, {}).get(upstream) is connection:
+                del self.sessions[key][upstream]
+
+    def close_session(self, key: str) -> None:
+        """The session's own connections closed, its subscriptions forgotten."""
+        closing = self._closing.pop(key, None)
+        if closing is not None:
+            closing.set()
+        self.sessions.pop(key, None)
+        for subscribed in self.subscribers.values():
+            subscribed.pop(key, None)
+
+    def _close_all(self) -> None:
+        for key in list(self._closing):
+            self.close_session(key)
+
+    @contextlib.asynccontextmanager
+    async def serving(self, upstream: str) -> AsyncIterator[Client]:
+        """A client of the upstream for the current agent request, which it is serving meanwhile."""
+        connection = await self.connection(upstream)
+        async with connection.serving() as client:
+            yield client
+
+    def subscribed(self, uri: str, on: bool) -> None:
+        """The current agent session subscribed to (or unsubscribed from) a resource."""
+        request = agent_requests.current.get()
+        if request is None or request.session_key is None:
+            return
+        sessions = self.subscribers.setdefault(uri, {})
+        if on:
+            sessions[request.session_key] = request.session
+        else:
+            sessions.pop(request.session_key, None)
+
+    async def _updated(self, uri: str, connection: Connection) -> None:
+        """A resource's update: to its subscribers (on a session's own connection, only that session)."""
+        sessions = self.subscribers.get(uri, {})
+        for key, session in list(sessions.items()):
+            if connection.owner is None or connection.owner == key:
+                with contextlib.suppress(MCPError, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    await session.send_resource_updated(uri)
 
     async def list_tools(self) -> None:
         listed: list[UpstreamTool] = []
@@ -143,8 +246,11 @@ class Upstreams:
         raise KeyError(f"no upstream lists {name}")
 
     async def call(self, tool: UpstreamTool, arguments: dict[str, object], key: str | None) -> types.CallToolResult:
+        """The tool called for the current agent request (its progress passed back to it)."""
         meta = keyed_meta(key) if key else None
-        return await self.clients[tool.upstream].call_tool(tool.tool.name, arguments, meta=meta)
+        progress = progress_of(agent_requests.current.get())
+        async with self.serving(tool.upstream) as client:
+            return await client.call_tool(tool.tool.name, arguments, meta=meta, progress_callback=progress)
 
 
 def mapping_problems(config: GatewayConfig, upstreams: Upstreams) -> list[str]:

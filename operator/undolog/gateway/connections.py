@@ -1,0 +1,126 @@
+"""Connections to an upstream and what comes back on them besides answers: a server's log
+messages, progress, requests to the user (sampling, elicitation) and resource updates, passed to
+the agent whose request the server is serving.
+
+A server says nothing of which of its client's requests a message belongs to, so the gateway
+gives each agent session a connection of its own to each HTTP upstream: what arrives on it
+belongs to that session, and within it to the request the session is waiting on (the latest,
+when it waits on several). A stdio upstream is one process with one connection, shared: what
+arrives goes to the latest request in flight on it. A request to the user that reaches no
+agent able to answer (the stateless revision has no way back) is refused to the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import mcp_types as types
+from mcp import Client
+from mcp.client.session import ClientRequestContext, IncomingMessage
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ServerMessageMetadata
+
+from undolog.gateway import agent_requests
+from undolog.gateway.agent_requests import AgentRequest
+
+log = logging.getLogger("undolog.gateway")
+A = TypeVar("A", types.CreateMessageResult, types.ElicitResult)
+Updated = Callable[[str, "Connection"], Awaitable[None]]  # a resource's update, from this connection
+
+
+class Connection:
+    """One MCP client of one upstream, and the agent requests it is serving now."""
+
+    def __init__(self, upstream: str, owner: str | None, updated: Updated) -> None:
+        self.upstream, self.owner, self.updated = upstream, owner, updated  # owner: the agent session, if its own
+        self.client: Client | None = None
+        self.in_flight: list[AgentRequest] = []
+        self.last: AgentRequest | None = None  # the owner's latest request: its session, when none is in flight
+
+    @property
+    def ready(self) -> Client:
+        assert self.client is not None, f"the connection to {self.upstream} is not open"
+        return self.client
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[Client]:
+        """The client, with the current agent request in flight on it meanwhile."""
+        request = agent_requests.current.get()
+        if request is not None:
+            self.in_flight.append(request)
+            self.last = request
+        try:
+            yield self.ready
+        finally:
+            if request is not None:
+                self.in_flight.remove(request)
+
+    def target(self) -> AgentRequest | None:
+        if self.in_flight:
+            return self.in_flight[-1]
+        if self.last is not None and self.owner is not None:
+            return AgentRequest(self.last.session, None, self.owner, None)
+        return None
+
+    def callbacks(self) -> dict[str, Any]:
+        """The upstream client's callbacks (they also declare its sampling and elicitation)."""
+        return {
+            "sampling_callback": self.sampling,
+            "elicitation_callback": self.elicitation,
+            "logging_callback": self.logged,
+            "message_handler": self.notified,
+        }
+
+    async def sampling(
+        self, context: ClientRequestContext, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult | types.ErrorData:
+        return await self._ask(types.CreateMessageRequest(params=params), types.CreateMessageResult)
+
+    async def elicitation(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        return await self._ask(types.ElicitRequest(params=params), types.ElicitResult)
+
+    async def _ask(self, request: types.ServerRequest, answer: type[A]) -> A | types.ErrorData:
+        target = self.target()
+        if target is None:
+            return types.ErrorData(
+                code=types.INVALID_REQUEST, message="no agent session of the gateway can answer this"
+            )
+        try:
+            related = ServerMessageMetadata(related_request_id=target.request_id)
+            return await target.session.send_request(request, answer, metadata=related)
+        except MCPError as refused:
+            return refused.error
+
+    async def logged(self, params: types.LoggingMessageNotificationParams) -> None:
+        target = self.target()
+        if target is not None:
+            with contextlib.suppress(MCPError):  # the agent's stream is gone: the message with it
+                await target.session.send_log_message(
+                    params.level, params.data, params.logger, related_request_id=target.request_id
+                )
+
+    async def notified(self, message: IncomingMessage) -> None:
+        """A resource's update: to the agent sessions subscribed to it through this connection."""
+        if isinstance(message, types.ResourceUpdatedNotification):
+            await self.updated(str(message.params.uri), self)
+
+
+def progress_of(target: AgentRequest | None) -> ProgressFnT | None:
+    """The upstream call's progress, passed on under the agent's own token (when it gave one)."""
+    if target is None or target.progress_token is None:
+        return None
+    token = target.progress_token
+
+    async def progressed(progress: float, total: float | None, message: str | None) -> None:
+        with contextlib.suppress(MCPError):  # the agent's stream is gone: its progress with it
+            await target.session.send_progress_notification(
+                token, progress, total, message, related_request_id=str(target.request_id)
+            )
+
+    return progressed

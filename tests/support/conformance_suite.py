@@ -1,0 +1,52 @@
+"""The MCP conformance suite's server scenarios, run from its own packages (tests/conformance,
+`make mcp-conformance`) on Node 22: the latest release for the session era, the alpha that
+carries the requirements of the stateless revision for 2026-07-28."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from devtools.control_plane.local import free_port
+
+from tests.conftest import REPO
+from tests.support.waiting import serving
+
+MODULES = REPO / "tests" / "conformance" / "node_modules"
+NODE = MODULES / ".bin" / "node"
+ERAS = {  # the suite's package, and how it is asked for the era's scenarios
+    "2025-11-25": (MODULES / "@modelcontextprotocol" / "conformance", ()),
+    "2026-07-28": (MODULES / "conformance-2026", ("--requirements", "2026-07-28")),
+}
+SCENARIO = re.compile(r"^[✓✗] ([a-z0-9-]+): (\d+) passed, (\d+) failed", re.MULTILINE)
+
+
+def scenarios(url: str, era: str, work: Path) -> dict[str, bool]:
+    """Each server scenario the suite runs for `era`: whether every one of its checks passed."""
+    package, chosen = ERAS[era]
+    command = [str(NODE), str(package / "dist" / "index.js"), "server", "--url", url, *chosen]
+    ran = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=900, check=False)
+    found = {name: int(failed) == 0 for name, _, failed in SCENARIO.findall(ran.stdout)}
+    assert found, ran.stdout[-3000:] + ran.stderr[-3000:]
+    return found
+
+
+@contextmanager
+def upstream(work: Path) -> Iterator[str]:
+    """The server written to the suite's specification (tests/support/conformance_server.py)."""
+    port = free_port()
+    log = work / f"conformance-upstream-{port}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.conformance_server", "--port", str(port)], stdout=out, stderr=out
+        )
+    try:
+        serving(f"http://127.0.0.1:{port}/healthz", process, log, 30)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(10)
