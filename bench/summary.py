@@ -23,6 +23,8 @@ KEYS = (
     "floor_abort_first_call_p99_ms",
     "floor_abort_first_call_p50_ms_10",
     "floor_abort_first_call_p99_ms_10",
+    "operator_cpu_ms_per_compensated_saga",
+    "floor_cpu_ms_per_compensated_saga",
     "writes_per_compensated_saga",
     "writes_per_forward_step",
     "entry_writes_per_forward_step",
@@ -73,6 +75,8 @@ def abort_first_call(figures: dict[str, Any], prefix: str, idle: dict[str, Any])
     if bursts := idle.get("bursts_of_10"):
         figures[f"{prefix}abort_first_call_p50_ms_10"] = bursts["abort_to_first_call_p50_ms"]
         figures[f"{prefix}abort_first_call_p99_ms_10"] = bursts["abort_to_first_call_p99_ms"]
+        # The controller's CPU per compensated saga over those bursts (the operator's, or the floor's).
+        figures[f"{prefix or 'operator_'}cpu_ms_per_compensated_saga"] = bursts["driver_cpu_ms_per_saga"]
 
 
 def summarize() -> dict[str, Any]:

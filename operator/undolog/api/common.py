@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from datetime import datetime
 from enum import StrEnum
@@ -122,9 +123,15 @@ class UserFacing(Model):
     def _note_unknown(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         made = handler(data)
         if isinstance(data, dict) and isinstance(made, UserFacing):
-            known = {name for name in cls.model_fields} | {f.alias for f in cls.model_fields.values() if f.alias}
+            known = _known_keys(cls)
             made._unknown = tuple(str(key) for key in data if key not in known)
         return made
+
+
+@functools.cache
+def _known_keys(model: type[BaseModel]) -> frozenset[str]:
+    """A model's field names and aliases, once per class: asked on every validation of it."""
+    return frozenset(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
 
 
 def unknown_fields(model: BaseModel) -> list[str]:
