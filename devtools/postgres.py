@@ -111,10 +111,12 @@ class LocalPostgres:
         if not pid_file.exists():
             return
         postmaster = int(pid_file.read_text().split()[0])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(postmaster, signal.SIGSTOP)  # it forks no backend while its children are listed
         children = [
             int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat") if _parent_of(stat) == postmaster
         ]
-        for pid in (postmaster, *children):
+        for pid in (*children, postmaster):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + START_TIMEOUT
@@ -122,6 +124,10 @@ class LocalPostgres:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"PostgreSQL's processes outlived SIGKILL for {START_TIMEOUT:.0f} s")
             time.sleep(0.05)
+        # As after a host's crash: killed processes left unreaped (zombies, where PID 1 is slow to
+        # reap) still answer kill(pid, 0), and their lock files would refuse the next start.
+        for lock in (pid_file, *self.directory.glob(".s.PGSQL.*.lock")):
+            lock.unlink(missing_ok=True)
 
     def down(self) -> None:
         self._run(str(server_binaries() / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop", check=False)
