@@ -186,6 +186,15 @@ def signed_headers(secret: str | None, message_id: str, payload: bytes, at: date
     return webhook_headers(message_id, payload, [secret], at or datetime.now(UTC))
 
 
+def unseen_compensation(participant: Participant, saga: str) -> tuple[str, dict[str, str]]:
+    """A new compensation key and the headers of its call, undoing a forward call never made."""
+    key = compensation_key(str(uuid.uuid4()))
+    forward = forward_key(str(uuid.uuid4()), participant.step)
+    return key, protocol.headers(
+        idempotency_key=key, saga=saga, step=participant.step, org=None, attempt=1, forward=forward
+    )
+
+
 def forgeries_accepted(participant: Participant, saga: str, args: Mapping[str, Any]) -> list[str]:
     """Calls that are not what the operator signed, each of which the participant must refuse."""
     secret = participant.signing_secret
@@ -199,15 +208,7 @@ def forgeries_accepted(participant: Participant, saga: str, args: Mapping[str, A
     }
     found = []
     for what, (signed, sent, key, at) in forgeries.items():
-        message_id = compensation_key(str(uuid.uuid4()))
-        headers = protocol.headers(
-            idempotency_key=message_id,
-            saga=saga,
-            step=participant.step,
-            org=None,
-            attempt=1,
-            forward=forward_key(str(uuid.uuid4()), participant.step),
-        )
+        message_id, headers = unseen_compensation(participant, saga)
         headers |= signed_headers(key, message_id, signed, at)
         answer = post(participant.compensation_url, sent, headers, participant.timeout_seconds + 1)
         if 200 <= answer.status < 300:
@@ -220,15 +221,7 @@ def older_fence_accepted(participant: Participant, saga: str, args: Mapping[str,
     shard = f"{uuid.uuid4().int % 1_000_000}/1000000"
     answers = []
     for fence in (2, 1):
-        key = compensation_key(str(uuid.uuid4()))
-        headers = protocol.headers(
-            idempotency_key=key,
-            saga=saga,
-            step=participant.step,
-            org=None,
-            attempt=1,
-            forward=forward_key(str(uuid.uuid4()), participant.step),
-        )
+        key, headers = unseen_compensation(participant, saga)
         headers |= {protocol.FENCE_HEADER: str(fence), protocol.SHARD_HEADER: shard}
         headers |= signed_headers(participant.signing_secret, key, json.dumps(args).encode())
         answers.append(post(participant.compensation_url, args, headers, participant.timeout_seconds + 1))
