@@ -98,13 +98,15 @@ def check(sagas: Sequence[Body], entries: Sequence[Body], forward: Iterable[Call
                 report.violations.append(
                     f"{ref}: entry {entry['metadata']['name']} of a Completed saga was compensated"
                 )
-            if phase == "Compensated" and happened:
+            # A saga halted for entries not its own has settled every entry it owns first.
+            settled_all = phase == "Compensated" or (phase == "Halted" and status.get("reason") == "UnownedEntries")
+            if settled_all and happened:
                 state = entry.get("status", {}).get("state")
                 succeeded = [c for c in calls if 200 <= c.replied < 300]
                 if state == "Compensated" and not succeeded:
                     report.violations.append(f"{ref}: {entry['metadata']['name']} is Compensated but no call succeeded")
                 if state not in ("Compensated", "Skipped"):
-                    report.violations.append(f"{ref}: {entry['metadata']['name']} is {state} in a Compensated saga")
+                    report.violations.append(f"{ref}: {entry['metadata']['name']} is {state} in a {phase} saga")
                 report.compensations_checked += 1
         report.violations.extend(order_violations(ref, stack, undo_by_key))
     for key, calls in undo_by_key.items():

@@ -91,11 +91,13 @@ class Workload:
 
     async def report(self, sagas: list[dict[str, Any]]) -> Report:
         entries = await self.kube.list("undoentries", self.namespace)
+        return check(sagas, entries, *participant_calls(self.participant))
 
-        def calls(path: str) -> list[Call]:
-            return [as_call(r) for r in self.participant.received(path)]
 
-        return check(sagas, entries, calls("/do"), calls("/undo"))
+def participant_calls(participant: Participant) -> tuple[list[Call], list[Call]]:
+    """The forward and compensation calls that reached the workload's participant."""
+    forward, undo = ([as_call(r) for r in participant.received(path)] for path in ("/do", "/undo"))
+    return forward, undo
 
 
 def as_call(request: Received) -> Call:
