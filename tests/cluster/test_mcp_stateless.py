@@ -24,6 +24,7 @@ from tests.support.gateway_process import GatewayProcess, gateway_config
 from tests.support.mcp_tracker import Tracker
 from tests.support.round_robin import RoundRobin
 from tests.support.waiting import saga_phase
+from undolog.conventions import forward_key
 from undolog.kube import Kube
 
 pytestmark = pytest.mark.cluster
@@ -276,3 +277,109 @@ async def test_resources_templates_and_prompts_pass_through_in_both_eras(
         assert [p.name for p in prompts.prompts] == ["triage"]
         got = await agent.get_prompt("triage", {"number": "3"})
         assert "Triage issue #3" in got.messages[0].content.text  # type: ignore[union-attr]
+
+
+def naming(who: str, asked: list[str]) -> Any:
+    """An agent's elicitation callback: allows what UndoLog asks about, names `who` for the server."""
+
+    async def callback(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        if "UndoLog cannot undo" in params.message:
+            return types.ElicitResult(action="accept")
+        return types.ElicitResult(action="accept", content={"name": who})
+
+    return callback
+
+
+async def assigned(gateway: GatewayProcess, mode: str, asked: list[str], undo: bool) -> types.CallToolResult:
+    """create_assigned_issue called once by the agent (its SDK answers the server's questions),
+    then its saga aborted (undo) or committed."""
+    async with Client(gateway.url, mode=mode, elicitation_callback=naming("ada", asked)) as agent:
+        result = await agent.call_tool("create_assigned_issue", {"title": "owned"})
+        assert not result.is_error, text(result)
+        extra = {HANDLE: handle_of(result)} if mode == "auto" else {}
+        ended = await agent.call_tool("undolog_abort" if undo else "undolog_commit", extra)
+        assert not ended.is_error, text(ended)
+    return result
+
+
+@pytest.mark.usefixtures("close_issue_webhook", "operator")
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_server_s_question_reaches_the_agent_and_the_answered_call_is_one_step_undone_on_abort(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,  # noqa: F811
+    tmp_path: Path,
+    mode: str,
+) -> None:
+    """create_assigned_issue asks who owns the issue before it opens one. On 2026-07-28 its
+    input_required result reaches the agent as it came, and the agent's retry (its answer, and
+    the requestState naming the step left open) is recorded on that step, under the same
+    Idempotency-Key, in the saga the first round opened; on a session the question is
+    elicitation mid-call. Either way: one step, one issue, closed on abort."""
+    config = gateway_config(namespace, tracker)
+    close = {"tool": "tracker.close_issue", "args": {"number": "${output.number}"}}
+    config["tools"]["tracker.create_assigned_issue"] = {"compensation": close}
+    gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+    asked: list[str] = []
+    try:
+        result = await assigned(gateway, mode, asked, undo=True)
+    finally:
+        gateway.stop()
+    assert result.meta is not None
+    assert result.meta["io.undolog/step"] == "create_assigned_issue-1"
+    assert asked == ["Who should own this issue?"]
+    assert [(n, i["assignee"]) for n, i in tracker.issues.opened.items()] == [(1, "ada")]
+    name = await only_saga(kube, namespace)
+    await saga_phase(kube, namespace, name, "Compensated")
+    entries = await kube.list("undoentries", namespace)
+    assert [(e["spec"]["step"], e["status"]["effect"]) for e in entries] == [("create_assigned_issue-1", "Committed")]
+    assert [c.number for c in tracker.issues.closes] == [1]
+    uid = entries[0]["metadata"]["ownerReferences"][0]["uid"]
+    assert tracker.issues.created_keys == [forward_key(uid, "create_assigned_issue-1")]
+
+
+@pytest.mark.usefixtures("operator")
+async def test_a_call_the_user_allowed_is_not_asked_about_again_when_its_server_asks_a_question(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """confirm: true, then the server's own question: the user allows the call once (recorded
+    once), the retry that answers the server carries that on, and a requestState altered by the
+    agent is refused with nothing called."""
+    config = gateway_config(namespace, tracker)
+    config["tools"]["tracker.create_assigned_issue"] = {"confirm": True}
+    gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+    asked: list[str] = []
+    try:
+        await assigned(gateway, "auto", asked, undo=False)
+        async with Client(gateway.url) as agent:
+            first = await agent.session.call_tool(
+                "create_assigned_issue", {"title": "forged"}, allow_input_required=True
+            )
+            assert isinstance(first, types.InputRequiredResult)  # UndoLog asks first: no state of its own yet
+            with pytest.raises(MCPError, match="requestState is not signed by this gateway's key"):
+                await agent.session.call_tool(
+                    "create_assigned_issue",
+                    {"title": "forged"},
+                    request_state="ulr1.e30.forged",
+                    allow_input_required=True,
+                )
+    finally:
+        gateway.stop()
+    assert len(asked) == 2
+    assert "UndoLog cannot undo" in asked[0]
+    assert asked[1] == "Who should own this issue?"
+    assert [i["title"] for i in tracker.issues.opened.values()] == ["owned"]
+    sagas = await kube.list("sagas", namespace)
+    recorded = [
+        json.loads(v)["answer"]
+        for s in sagas
+        for k, v in s["metadata"].get("annotations", {}).items()
+        if k.startswith("undolog.io/confirmation-")
+    ]
+    assert recorded == ["accept"]

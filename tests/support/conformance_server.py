@@ -1,7 +1,8 @@
 """An MCP server written to the conformance suite's server specification
 (@modelcontextprotocol/conformance 0.1.16: each server scenario's "Server Implementation
-Requirements"), with the `mcp` package's low-level server over streamable HTTP. The suite run
-against it directly is the baseline the gateway in front of it is held to.
+Requirements"; 0.2.0-alpha.12 for the stateless revision's, conformance_rounds.py), with the
+`mcp` package's low-level server over streamable HTTP. The suite run against it directly is the
+baseline the gateway in front of it is held to.
 
     python -m tests.support.conformance_server --port N
 """
@@ -24,11 +25,14 @@ import mcp_types as types
 import uvicorn
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp.shared.exceptions import MCPError
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
+
+from tests.support import conformance_rounds
 
 Ctx = ServerRequestContext[Any]
 
@@ -179,12 +183,20 @@ class Conformance:
             on_completion=self.complete,
             on_set_logging_level=self.set_level,
         )
+        # The requestState of an input_required round sealed, so a tampered one is refused.
+        self.server.middleware.append(
+            RequestStateBoundary(RequestStateSecurity.ephemeral(), default_audience="undolog-conformance-upstream")
+        )
 
     async def list_tools(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=TOOLS)
+        return types.ListToolsResult(tools=[*TOOLS, *conformance_rounds.TOOLS])
 
-    async def call_tool(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(
+        self, ctx: Ctx, params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
         name, args = params.name, dict(params.arguments or {})
+        if any(name == t.name for t in conformance_rounds.TOOLS):
+            return await conformance_rounds.call(ctx, params)
         simple = {
             "test_simple_text": [text("This is a simple text response for testing.")],
             "test_image_content": [types.ImageContent(type="image", data=IMAGE, mime_type="image/png")],
@@ -316,10 +328,15 @@ class Conformance:
                     arguments=[argument("resourceUri", "URI of the resource to embed")],
                 ),
                 types.Prompt(name="test_prompt_with_image", description="A prompt with an image"),
+                conformance_rounds.PROMPT,
             ]
         )
 
-    async def get_prompt(self, ctx: Ctx, params: types.GetPromptRequestParams) -> types.GetPromptResult:
+    async def get_prompt(
+        self, ctx: Ctx, params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult | types.InputRequiredResult:
+        if params.name == conformance_rounds.PROMPT.name:
+            return await conformance_rounds.prompt(params)
         args = params.arguments or {}
 
         def user(content: Any) -> types.PromptMessage:

@@ -15,6 +15,9 @@ in a thread of the test process): tools whose effects a test can inspect.
   read-only get_issue(number): an undo that needs the title from before the call.
 - label_issue(number, label): changes state, mapped by no test configuration (refused).
 - list_issues(): read-only (`readOnlyHint`).
+- create_assigned_issue(title): opens an issue owned by whoever the user names when asked (on
+  2026-07-28 an `input_required` result, then the client's retry; on a session, elicitation
+  mid-call); nothing is opened before the answer.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import mcp_types as types
 import uvicorn
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 from pydantic import BaseModel
 
 KEY_META = "io.undolog/idempotency-key"
@@ -43,6 +46,14 @@ class FiledIssue(BaseModel):
 
 class FiledIssues(BaseModel):
     issues: list[FiledIssue]
+
+
+class Assignee(BaseModel):
+    name: str
+
+
+def ask_assignee() -> Elicit[Assignee]:
+    return Elicit("Who should own this issue?", Assignee)
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,17 @@ def tracker(issues: Issues) -> MCPServer:
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=text)], structured_content={"number": number}, is_error=fail
         )
+
+    @server.tool()
+    def create_assigned_issue(
+        title: str, assignee: Annotated[Assignee, Resolve(ask_assignee)], ctx: Context
+    ) -> types.CallToolResult:
+        """Open an issue owned by whoever the user names."""
+        number = issues.open(title)
+        with issues.lock:
+            issues.opened[number]["assignee"] = assignee.name
+            issues.created_keys.append(keys_of(ctx)[0])
+        return said(f"opened #{number} for {assignee.name}", number=number)
 
     @server.tool()
     async def close_issue(number: int, ctx: Context) -> types.CallToolResult:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from undolog.decisions.saga_handles import HandleRefusal, SagaHandle, mint, opened
+from undolog.decisions.saga_handles import HandleRefusal, OpenRound, SagaHandle, mint, opened, opened_round, seal_round
 
 KEY = b"k" * 32
 SAGA = SagaHandle("agents", "mcp-x7k2p", "6f1c0e7e-2a4b-4c5d-9e8f-0a1b2c3d4e5f")
+HANDLE_TEXT = mint(KEY, SAGA, "alice")
 
 
 def test_a_handle_opens_its_saga_for_the_client_it_was_minted_for() -> None:
@@ -39,3 +40,34 @@ def test_no_single_character_changed_opens_a_handle(index: int, replacement: str
     changed = handle[:position] + replacement + handle[position + 1 :]
     if changed != handle:
         assert isinstance(opened(KEY, changed, "alice", "agents"), HandleRefusal)
+
+
+OPEN = OpenRound(HANDLE_TEXT, 4, "the server's own state", confirmed=True)
+
+
+def test_an_open_round_comes_back_whole_and_a_server_s_own_state_is_not_one() -> None:
+    sealed = seal_round(KEY, OPEN)
+    assert opened_round(KEY, sealed) == OPEN
+    assert opened_round(KEY, seal_round(KEY, OpenRound(HANDLE_TEXT, 1, None, confirmed=False))) == OpenRound(
+        HANDLE_TEXT, 1, None, False
+    )
+    assert opened_round(KEY, "the server's own state") is None  # passed through to the server as it is
+    assert opened_round(KEY, None) is None
+
+
+def test_a_round_sealed_under_another_key_or_as_a_handle_is_refused() -> None:
+    refused = opened_round(b"another key", seal_round(KEY, OPEN))
+    assert isinstance(refused, HandleRefusal)
+    assert refused.kind == "forged"
+    handle_shaped = "ulr1." + HANDLE_TEXT.split(".", 1)[1]  # a handle's payload and MAC under the round's prefix
+    assert isinstance(opened_round(KEY, handle_shaped), HandleRefusal)
+
+
+@given(st.integers(min_value=0), st.sampled_from("AQgz_-0."))
+def test_no_single_character_changed_opens_another_round(index: int, replacement: str) -> None:
+    """An agent cannot move a retry to another step nor claim a confirmation it was not given."""
+    sealed = seal_round(KEY, OPEN)
+    at = index % len(sealed)
+    changed = sealed[:at] + replacement + sealed[at + 1 :]
+    if changed != sealed:
+        assert not isinstance(opened_round(KEY, changed), OpenRound)

@@ -86,3 +86,44 @@ def opened(key: bytes, text: str, identity: str | None, namespace: str) -> SagaH
 def _shown(text: object) -> str:
     shown = repr(text)
     return shown if len(shown) <= 60 else shown[:57] + "…'"
+
+
+# A mapped call the server answered `input_required`: its step stays registered and open, and the
+# agent's retry (which carries this as its requestState) is recorded on it, under the same
+# Idempotency-Key. The server's own state rides inside; signed, so an agent cannot move a retry
+# to another step or claim a confirmation the user never gave.
+ROUND_PREFIX = "ulr1"
+
+
+@dataclass(frozen=True)
+class OpenRound:
+    handle: str  # the saga's handle
+    position: int  # the step registered for the call
+    state: str | None  # the server's requestState, passed back to it
+    confirmed: bool  # the user allowed the call (confirm: true) before the server asked
+
+
+def _round_mac(key: bytes, payload: str) -> str:
+    return _b64(hmac.new(key, f"{ROUND_PREFIX}.{payload}".encode(), hashlib.sha256).digest())
+
+
+def seal_round(key: bytes, round_: OpenRound) -> str:
+    body = {"h": round_.handle, "p": round_.position, "s": round_.state, "c": round_.confirmed}
+    payload = _b64(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
+    return f"{ROUND_PREFIX}.{payload}.{_round_mac(key, payload)}"
+
+
+def opened_round(key: bytes, text: str | None) -> OpenRound | HandleRefusal | None:
+    """The open round a retry's requestState stands for; None when it is not one the gateway
+    sealed (a server's own state, passed through as it is)."""
+    parts = text.split(".") if isinstance(text, str) else []
+    if len(parts) != 3 or parts[0] != ROUND_PREFIX:
+        return None
+    if not hmac.compare_digest(_round_mac(key, parts[1]), parts[2]):
+        return HandleRefusal("forged", "requestState is not signed by this gateway's key: refused")
+    try:
+        body = json.loads(_unb64(parts[1]))
+        state = body["s"]
+        return OpenRound(str(body["h"]), int(body["p"]), None if state is None else str(state), body["c"] is True)
+    except (binascii.Error, ValueError, KeyError, TypeError):
+        return HandleRefusal("malformed", "requestState does not hold an open round")

@@ -8,7 +8,7 @@ import contextvars
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
@@ -21,12 +21,19 @@ P = TypeVar("P")
 R = TypeVar("R")
 
 
+LOG_LEVEL_META = "io.modelcontextprotocol/logLevel"  # a stateless request's opt-in to log messages
+ASKABLE = ("sampling", "elicitation", "roots")  # what a client can be asked, if it declares it
+
+
 @dataclass(frozen=True)
 class AgentRequest:
     session: ServerSession
     request_id: types.RequestId | None
     session_key: str | None  # the Mcp-Session-Id, STDIO_SESSION, or None on the stateless revision
     progress_token: types.ProgressToken | None
+    stateless: bool = False
+    declared: frozenset[str] = frozenset()  # of ASKABLE, what the agent declared it can be asked
+    log_level: types.LoggingLevel | None = None
 
 
 current: contextvars.ContextVar[AgentRequest | None] = contextvars.ContextVar("undolog_agent_request", default=None)
@@ -45,8 +52,21 @@ def session_key(ctx: ServerRequestContext[Any]) -> str | None:
 
 
 def of(ctx: ServerRequestContext[Any]) -> AgentRequest:
-    token = (ctx.meta or {}).get("progress_token")
-    return AgentRequest(ctx.session, ctx.request_id, session_key(ctx), token if isinstance(token, str | int) else None)
+    meta = ctx.meta or {}
+    token = meta.get("progress_token")
+    capabilities = ctx.session.client_capabilities
+    declared = frozenset(c for c in ASKABLE if capabilities is not None and getattr(capabilities, c) is not None)
+    level = meta.get(LOG_LEVEL_META)
+    levels: tuple[types.LoggingLevel, ...] = get_args(types.LoggingLevel)
+    return AgentRequest(
+        ctx.session,
+        ctx.request_id,
+        session_key(ctx),
+        token if isinstance(token, str | int) else None,
+        stateless=ctx.protocol_version in MODERN_PROTOCOL_VERSIONS,
+        declared=declared,
+        log_level=next((known for known in levels if known == level), None),
+    )
 
 
 def serving(

@@ -7,7 +7,12 @@ gives each agent session a connection of its own to each HTTP upstream: what arr
 belongs to that session, and within it to the request the session is waiting on (the latest,
 when it waits on several). A stdio upstream is one process with one connection, shared: what
 arrives goes to the latest request in flight on it. A request to the user that reaches no
-agent able to answer (the stateless revision has no way back) is refused to the server.
+agent able to answer is refused to the server.
+
+A stateless agent's request (2026-07-28) to an upstream that speaks that revision goes over a
+client declaring what the agent declared it can be asked (upstreams.py): the server asks through
+an `input_required` result, which goes back to the agent as it came, and the agent's answers go
+to the server on its retry.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from undolog.gateway import agent_requests
 from undolog.gateway.agent_requests import AgentRequest
 
 log = logging.getLogger("undolog.gateway")
-A = TypeVar("A", types.CreateMessageResult, types.ElicitResult)
+A = TypeVar("A", types.CreateMessageResult, types.ElicitResult, types.ListRootsResult)
 Updated = Callable[[str, "Connection"], Awaitable[None]]  # a resource's update, from this connection
+SHARED_ASKABLE = frozenset({"sampling", "elicitation"})
 
 
 class Connection:
@@ -66,14 +72,18 @@ class Connection:
             return AgentRequest(self.last.session, None, self.owner, None)
         return None
 
-    def callbacks(self) -> dict[str, Any]:
-        """The upstream client's callbacks (they also declare its sampling and elicitation)."""
-        return {
-            "sampling_callback": self.sampling,
-            "elicitation_callback": self.elicitation,
-            "logging_callback": self.logged,
-            "message_handler": self.notified,
+    def callbacks(self, declared: frozenset[str] = SHARED_ASKABLE) -> dict[str, Any]:
+        """The upstream client's callbacks; they also declare what it can be asked: sampling and
+        elicitation on a session's connection (not roots: the filesystem server asks for them as
+        soon as it is connected, before any agent could answer), what the agent declared on a
+        request's own."""
+        askable = {
+            "sampling_callback": ("sampling", self.sampling),
+            "elicitation_callback": ("elicitation", self.elicitation),
+            "list_roots_callback": ("roots", self.list_roots),
         }
+        asked = {name: f for name, (can, f) in askable.items() if can in declared}
+        return {**asked, "logging_callback": self.logged, "message_handler": self.notified}
 
     async def sampling(
         self, context: ClientRequestContext, params: types.CreateMessageRequestParams
@@ -84,6 +94,9 @@ class Connection:
         self, context: ClientRequestContext, params: types.ElicitRequestParams
     ) -> types.ElicitResult | types.ErrorData:
         return await self._ask(types.ElicitRequest(params=params), types.ElicitResult)
+
+    async def list_roots(self, context: ClientRequestContext) -> types.ListRootsResult | types.ErrorData:
+        return await self._ask(types.ListRootsRequest(), types.ListRootsResult)
 
     async def _ask(self, request: types.ServerRequest, answer: type[A]) -> A | types.ErrorData:
         target = self.target()

@@ -13,10 +13,10 @@ import mcp_types as types
 
 from undolog.api.gateway import GatewayConfig, ToolRule
 from undolog.decisions import saga_handles
-from undolog.decisions.saga_handles import HandleRefusal, SagaHandle
+from undolog.decisions.saga_handles import HandleRefusal, OpenRound, SagaHandle
 from undolog.errors import AlreadyExists, NotFound, SagaEnded, UndoLogError
 from undolog.gateway.sessions import NotCalled, call_as_step, plan_text
-from undolog.gateway.upstreams import Upstreams, UpstreamTool
+from undolog.gateway.upstreams import Rounds, Upstreams, UpstreamTool
 from undolog.kube import Kube
 from undolog.sdk import SagaRun, open_saga
 from undolog.sdk.saga import resumed_saga
@@ -107,19 +107,31 @@ class HandleSagas:
         return run
 
     async def call(
-        self, tool: UpstreamTool, arguments: dict[str, Any], rule: ToolRule | None, identity: str | None
-    ) -> types.CallToolResult:
-        """The call as a step of the handle's saga (a new one without a handle)."""
-        text = arguments.pop(HANDLE_ARG, None)
+        self,
+        tool: UpstreamTool,
+        arguments: dict[str, Any],
+        rule: ToolRule | None,
+        identity: str | None,
+        rounds: Rounds,
+        carried: OpenRound | None = None,
+        confirmed: bool = False,
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """The call as a step of the handle's saga (a new one without a handle), or, when it is
+        the retry of one whose server asked for input first (`carried`), recorded on its step.
+        `confirmed`: the user allowed it, which a question of the server's carries on."""
+        text = carried.handle if carried is not None else arguments.get(HANDLE_ARG)
+        arguments.pop(HANDLE_ARG, None)
         for tries in range(1, REGISTER_TRIES + 1):
             try:
                 run = await self.resumed(str(text), identity) if text is not None else await self.opened()
             except (ValueError, UndoLogError) as error:
                 raise NotCalled(f"tool {tool.qualified} was not called: {error}") from error
             handle = self.handle_of(run, identity)
+            position = carried.position if carried is not None else run.last_position + 1
+            meta = {HANDLE_META: handle}
             try:
                 result = await call_as_step(
-                    run, self.upstreams, tool, arguments, rule, run.last_position + 1, {HANDLE_META: handle}
+                    run, self.upstreams, tool, arguments, rule, position, meta, rounds, carried is not None
                 )
             except NotCalled as refused:
                 self.positions.pop(run.uid, None)
@@ -127,8 +139,14 @@ class HandleSagas:
                     continue
                 raise
             self._remember(run)
-            result.content = [*result.content, said_handle(handle)]
-            return result
+            if isinstance(result, types.CallToolResult):
+                result.content = [*result.content, said_handle(handle)]
+                return result
+            # The server asks first: its question goes to the agent, the open step in its state.
+            state = saga_handles.seal_round(self.key, OpenRound(handle, position, result.request_state, confirmed))
+            return types.InputRequiredResult(
+                input_requests=result.input_requests, request_state=state, meta=result.meta
+            )
         raise AssertionError("unreachable")  # the loop returns or raises
 
     async def own(self, tool: str, arguments: dict[str, Any], identity: str | None) -> str:

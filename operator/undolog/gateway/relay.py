@@ -3,7 +3,9 @@
 logging level. Lists are every upstream's, merged (each one's pages read through); a resource
 or a prompt goes to the upstream that listed it (else to each in turn, until one answers). An
 upstream that does not offer a feature answers nothing for it. Each goes over the agent
-session's own connection (connections.py), so what the server sends back reaches that session."""
+session's own connection (connections.py), so what the server sends back reaches that session;
+a stateless agent's, over a client of its own, so a server's question (`input_required`) comes
+back to it as it came and its answers go on with its retry."""
 
 from __future__ import annotations
 
@@ -14,12 +16,20 @@ import mcp_types as types
 from mcp import Client
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from undolog.gateway.agent_requests import serving
-from undolog.gateway.upstreams import Upstreams
+from undolog.gateway.upstreams import Rounds, Upstreams, modern
 
 T = TypeVar("T")
 MAX_PAGES = 100  # of one upstream's list: a server whose cursor never ends is not followed for ever
+
+
+def _rounds(
+    ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams | types.GetPromptRequestParams
+) -> Rounds | None:
+    """A stateless agent's answers to a server's question, passed on (the server may ask again)."""
+    return Rounds.of(params) if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS else None
 
 
 class Relay:
@@ -77,9 +87,17 @@ class Relay:
 
     async def read_resource(
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
-    ) -> types.ReadResourceResult:
-        uri = str(params.uri)
-        return await self._first(self.resources.get(uri), lambda c: c.read_resource(uri, cache_mode="bypass"), uri)
+    ) -> types.ReadResourceResult | types.InputRequiredResult:
+        uri, rounds = str(params.uri), _rounds(ctx, params)
+
+        async def read(c: Client) -> types.ReadResourceResult | types.InputRequiredResult:
+            if rounds is None or not modern(c):
+                return await c.read_resource(uri, cache_mode="bypass")
+            return await c.session.read_resource(
+                uri, input_responses=rounds.responses, request_state=rounds.state, allow_input_required=True
+            )
+
+        return await self._first(self.resources.get(uri), read, uri)
 
     async def list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -90,9 +108,17 @@ class Relay:
 
     async def get_prompt(
         self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
-    ) -> types.GetPromptResult:
-        name, arguments = params.name, params.arguments
-        return await self._first(self.prompts.get(name), lambda c: c.get_prompt(name, arguments), name)
+    ) -> types.GetPromptResult | types.InputRequiredResult:
+        name, arguments, rounds = params.name, params.arguments, _rounds(ctx, params)
+
+        async def get(c: Client) -> types.GetPromptResult | types.InputRequiredResult:
+            if rounds is None or not modern(c):
+                return await c.get_prompt(name, arguments)
+            return await c.session.get_prompt(
+                name, arguments, input_responses=rounds.responses, request_state=rounds.state, allow_input_required=True
+            )
+
+        return await self._first(self.prompts.get(name), get, name)
 
     async def complete(
         self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams

@@ -24,13 +24,15 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from prometheus_client import Counter
 
 from undolog.api.gateway import GatewayConfig, OnClose
+from undolog.decisions import saga_handles
+from undolog.decisions.saga_handles import HandleRefusal
 from undolog.decisions.tool_calls import PassThrough, Refuse, Register, ToolDecision, decide
 from undolog.errors import UndoLogError
 from undolog.gateway import agent_requests, confirmations
 from undolog.gateway.handles import HANDLE_ARG, HANDLE_META, HandleSagas, advertised
 from undolog.gateway.relay import Relay
 from undolog.gateway.sessions import SAGA_META, NotCalled, SessionSaga
-from undolog.gateway.upstreams import Upstreams, UpstreamTool
+from undolog.gateway.upstreams import Rounds, Upstreams, UpstreamTool
 from undolog.kube import Kube
 
 tool_calls = Counter(
@@ -140,25 +142,52 @@ class Gateway:
         if isinstance(decision, PassThrough):
             tool_calls.labels(found.qualified, "passed").inc()
             arguments.pop(HANDLE_ARG, None)
+            if stateless(ctx):  # a server's question and the agent's answers pass as they are
+                return await self.upstreams.call(found, arguments, None, Rounds.of(params))
             return await self.upstreams.call(found, arguments, None)
         if isinstance(decision, Refuse):
             tool_calls.labels(found.qualified, "refused").inc()
             raise MCPError(types.INVALID_PARAMS, decision.message)
         try:
-            if decision.confirm:
-                asking = await self._confirmed(ctx, params, found, arguments, identity)
-                if asking is not None:
-                    tool_calls.labels(found.qualified, "refused").inc()
-                    return asking
-            if stateless(ctx):
-                result = await self.handles.call(found, arguments, decision.rule, identity)
-            else:
-                result = await self._session(ctx, name).call(found, arguments, decision.rule)
+            result = await self._step(ctx, params, found, arguments, decision, identity)
         except NotCalled as refused:
             tool_calls.labels(found.qualified, "refused").inc()
             raise MCPError(types.INVALID_PARAMS, str(refused)) from None
-        tool_calls.labels(found.qualified, "failed" if result.is_error else "registered").inc()
+        if isinstance(result, types.InputRequiredResult):
+            tool_calls.labels(found.qualified, "asked").inc()
+        else:
+            tool_calls.labels(found.qualified, "failed" if result.is_error else "registered").inc()
         return result
+
+    async def _step(
+        self,
+        ctx: ServerRequestContext[Any],
+        params: types.CallToolRequestParams,
+        found: UpstreamTool,
+        arguments: dict[str, Any],
+        decision: Register,
+        identity: str | None,
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """The call as a step of the session's saga, or of the handle's (stateless); there, the
+        retry of one whose server asked for input first carries on the step its requestState
+        names (the user's allowance with it)."""
+        if not stateless(ctx):
+            declined = await self._confirmed(ctx, params, found, arguments, None) if decision.confirm else None
+            if declined is not None:
+                return declined
+            return await self._session(ctx, found.qualified).call(found, arguments, decision.rule)
+        carried = saga_handles.opened_round(self.handles.key, params.request_state)
+        if isinstance(carried, HandleRefusal):
+            raise NotCalled(f"tool {found.qualified} was not called: {carried.message}")
+        answers = {k: v for k, v in (params.input_responses or {}).items() if k != confirmations.CONFIRM_INPUT}
+        rounds = Rounds(answers or None, carried.state if carried is not None else params.request_state)
+        confirmed = carried is not None and carried.confirmed
+        if decision.confirm and not confirmed:
+            asking = await self._confirmed(ctx, params, found, arguments, identity)
+            if asking is not None:
+                return asking
+            confirmed = True
+        return await self.handles.call(found, arguments, decision.rule, identity, rounds, carried, confirmed)
 
     async def _confirmed(
         self,

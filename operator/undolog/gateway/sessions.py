@@ -20,10 +20,11 @@ from undolog.decisions.arguments import within
 from undolog.decisions.tool_calls import before_arguments, compensation_call
 from undolog.decisions.undo_expressions import COMPUTED, Filled, computed
 from undolog.errors import UndoLogError
-from undolog.gateway.upstreams import Upstreams, UpstreamTool
+from undolog.gateway.upstreams import Rounds, Upstreams, UpstreamTool
 from undolog.inspect import Inspector, PlannedCompensation
 from undolog.kube import Kube
 from undolog.sdk import SagaRun, open_saga
+from undolog.sdk.saga import StepRun, unrecorded_step
 
 MAX_BEFORE_BYTES = 256 * 1024  # of a before-image: it goes into the compensation's arguments
 SAGA_META = "io.undolog/saga"
@@ -67,7 +68,9 @@ class SessionSaga:
                 self.steps = 0
             return self.run
 
-    async def call(self, tool: UpstreamTool, arguments: dict[str, Any], rule: ToolRule | None) -> types.CallToolResult:
+    async def call(
+        self, tool: UpstreamTool, arguments: dict[str, Any], rule: ToolRule | None
+    ) -> types.CallToolResult | types.InputRequiredResult:
         """The call as the session saga's next step (see `call_as_step`)."""
         try:
             run = await self.saga()
@@ -118,34 +121,66 @@ async def call_as_step(
     rule: ToolRule | None,
     position: int,
     meta: dict[str, Any] | None = None,
-) -> types.CallToolResult:
+    rounds: Rounds | None = None,
+    carried: bool = False,
+) -> types.CallToolResult | types.InputRequiredResult:
     """Register the step `<tool>-<position>` (its before-image read first, if the mapping has
     one; its compensation filled in from the arguments and that), call upstream, record the
-    result: an isError result or an exception is a failed step (its effect may be partial, so
-    it is compensated), its output kept with what the compensation computes from it."""
+    result (see `recorded_call`). `carried`: the retry of a call whose server asked for input
+    first, recorded on the step registered for it, which is still open, under the same
+    Idempotency-Key."""
     step = repeated_step(step_name_of(tool.tool.name), position)
-    variables: dict[str, Any] = {"args": arguments}
     try:
-        if rule is not None and rule.before is not None:
-            variables["before"] = await read_before(upstreams, rule, arguments)
+        variables = await _variables(upstreams, rule, arguments)
         compensation, filled = compensation_call(rule, variables, step) if rule and rule.compensation else (None, None)
-        registered = await run.register(step, compensation)
+        registered = await unrecorded_step(run, position) if carried else await run.register(step, compensation)
     except (ValueError, UndoLogError) as error:
         raise NotCalled(f"tool {tool.qualified} was not called: {error}") from error
+    return await recorded_call(run, upstreams, tool, arguments, registered, filled, variables, meta, rounds)
+
+
+async def _variables(upstreams: Upstreams, rule: ToolRule | None, arguments: dict[str, Any]) -> dict[str, Any]:
+    variables: dict[str, Any] = {"args": arguments}
+    if rule is not None and rule.before is not None:
+        variables["before"] = await read_before(upstreams, rule, arguments)
+    return variables
+
+
+async def recorded_call(
+    run: SagaRun,
+    upstreams: Upstreams,
+    tool: UpstreamTool,
+    arguments: dict[str, Any],
+    registered: StepRun,
+    filled: Filled | None,
+    variables: dict[str, Any],
+    meta: dict[str, Any] | None,
+    rounds: Rounds | None,
+) -> types.CallToolResult | types.InputRequiredResult:
+    """Call upstream and record the result: an isError result or an exception is a failed step
+    (its effect may be partial, so it is compensated), its output kept with what the
+    compensation computes from it. An `input_required` answer records nothing: the step stays
+    open (compensated, if the saga ends before the retry records it)."""
     try:
-        result = await upstreams.call(tool, arguments, registered.forward_key)
+        result = await upstreams.call(tool, arguments, registered.forward_key, rounds)
     except Exception as error:
         await run.finish(registered, error)
         raise
+    said = {SAGA_META: f"{run.namespace}/{run.name}", STEP_META: registered.name, **(meta or {})}
+    if isinstance(result, types.InputRequiredResult):
+        return types.InputRequiredResult(
+            input_requests=result.input_requests,
+            request_state=result.request_state,
+            meta={**(result.meta or {}), **said},
+        )
     outcome = answered(tool.tool.name, 200, result)
     registered.output = with_computed(outcome.output, filled, {**variables, "output": result_value(result)})
     await run.finish(registered, ToolFailed(outcome.error) if outcome.error else None)
-    said = {**(result.meta or {}), SAGA_META: f"{run.namespace}/{run.name}", STEP_META: registered.name}
     return types.CallToolResult(
         content=result.content,
         structured_content=result.structured_content,
         is_error=result.is_error,
-        meta={**said, **(meta or {})},
+        meta={**(result.meta or {}), **said},
     )
 
 

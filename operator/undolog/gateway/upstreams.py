@@ -11,7 +11,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import anyio
 import httpx2
@@ -22,6 +22,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, Field
 
 from undolog.api.gateway import GatewayConfig, Upstream
@@ -32,6 +33,7 @@ from undolog.gateway import agent_requests
 from undolog.gateway.connections import Connection, progress_of
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+STATELESS_CLIENTS = "stateless:"  # the key of the stateless agents' clients, by what they declare
 log = logging.getLogger("undolog.gateway")
 
 
@@ -66,6 +68,33 @@ async def keyed(request: httpx2.Request) -> None:
         request.headers[IDEMPOTENCY_HEADER] = key
 
 
+@dataclass(frozen=True)
+class Rounds:
+    """A stateless agent's retry of an interactive request (2026-07-28): its answers to what the
+    server asked in an `input_required` result, and the state that result carried, passed on."""
+
+    responses: types.InputResponses | None = None
+    state: str | None = None
+
+    @classmethod
+    def of(
+        cls, params: types.CallToolRequestParams | types.GetPromptRequestParams | types.ReadResourceRequestParams
+    ) -> Rounds:
+        return cls(params.input_responses, params.request_state)
+
+
+def lone(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception a group holds, however deep (the group itself when it holds more)."""
+    found: BaseException = group
+    while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
+        found = found.exceptions[0]
+    return found
+
+
+def modern(client: Client) -> bool:
+    return client.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
 class RawListing(BaseModel):
     """A tools/list page with each tool as the JSON the server sent."""
 
@@ -86,6 +115,8 @@ class Upstreams:
         self.sessions: dict[str, dict[str, Connection]] = {}
         self.subscribers: dict[str, dict[str, ServerSession]] = {}  # URI -> agent sessions subscribed to it
         self.tools: dict[str, UpstreamTool] = {}
+        self.discovered: dict[str, tuple[str, types.DiscoverResult]] = {}  # upstreams of the stateless revision
+        self._http: dict[str, httpx2.AsyncClient] = {}
         self._closing: dict[str, anyio.Event] = {}
         self._opening = anyio.Lock()
         self._stack = AsyncExitStack()
@@ -98,6 +129,8 @@ class Upstreams:
             for name, upstream in self.config.items():
                 connection = self.shared[name] = Connection(name, None, self._updated)
                 connection.client = await self._stack.enter_async_context(self._connected(upstream, connection))
+                if upstream.url is not None:
+                    await self._discover(name, upstream.url)
             await self.list_tools()
         except BaseException:
             await self._stack.aclose()
@@ -130,26 +163,68 @@ class Upstreams:
         async with Client(stdio_client(parameters), mode="legacy", cache=None, **callbacks) as client:
             yield client
 
+    async def _discover(self, name: str, url: str) -> None:
+        """Whether the upstream speaks the stateless revision: its discovery kept, so each
+        stateless agent request gets a client of its own without asking again."""
+        http = self._http[name] = await self._stack.enter_async_context(
+            httpx2.AsyncClient(event_hooks={"request": [keyed]}, trust_env=False, timeout=None)
+        )
+        async with Client(streamable_http_client(url, http_client=http), mode="auto", cache=None) as probe:
+            found = probe.session.discover_result
+            if found is not None and modern(probe):
+                self.discovered[name] = (probe.protocol_version, found)
+
+    @contextlib.asynccontextmanager
+    async def _stateless_client(
+        self, upstream: str, connection: Connection, declared: frozenset[str], log_level: types.LoggingLevel | None
+    ) -> AsyncIterator[Client]:
+        """A client of an upstream of the stateless revision, declaring what agents declared they
+        can be asked, and the log level one asked for."""
+        version, found = self.discovered[upstream]
+        url = self.config[upstream].url
+        assert url is not None
+        async with Client(
+            streamable_http_client(url, http_client=self._http[upstream]),
+            mode=version,
+            prior_discover=found,
+            cache=None,
+            log_level=log_level,
+            **connection.callbacks(declared),
+        ) as client:
+            yield client
+
     async def connection(self, upstream: str) -> Connection:
-        """The current agent session's own connection to an HTTP upstream, else the shared one."""
+        """The current agent session's own connection to an HTTP upstream, else the shared one; a
+        stateless agent's, one of those its upstream's clients that declare what it declared."""
         request = agent_requests.current.get()
         key = request.session_key if request is not None else None
+        declared = request.declared if request is not None and request.stateless else None
+        if declared is not None and upstream in self.discovered:
+            key = STATELESS_CLIENTS + ",".join(sorted(declared))
         if key is None or self.config[upstream].url is None:
             return self.shared[upstream]
         async with self._opening:
             own = self.sessions.setdefault(key, {})
             if upstream not in own:
                 assert self._tasks is not None
-                own[upstream] = await self._tasks.start(self._held, key, upstream)
+                own[upstream] = await self._tasks.start(self._held, key, upstream, declared)
             return own[upstream]
 
-    async def _held(self, key: str, upstream: str, *, task_status: TaskStatus[Connection]) -> None:
-        """One session's connection, open until the session ends (a task of its own: the client's
-        task group must end in the task that began it)."""
-        connection = Connection(upstream, key, self._updated)
+    async def _held(
+        self, key: str, upstream: str, declared: frozenset[str] | None, *, task_status: TaskStatus[Connection]
+    ) -> None:
+        """One session's connection (or stateless agents' declaring `declared`), open until the
+        session ends (a task of its own: the client's task group must end in the task that began
+        it)."""
+        connection = Connection(upstream, None if declared is not None else key, self._updated)
         closing = self._closing.setdefault(key, anyio.Event())
+        connected = (
+            self._connected(self.config[upstream], connection)
+            if declared is None
+            else self._stateless_client(upstream, connection, declared, None)
+        )
         try:
-            async with self._connected(self.config[upstream], connection) as client:
+            async with connected as client:
                 connection.client = client
                 task_status.started(connection)
                 await closing.wait()
@@ -176,7 +251,20 @@ class Upstreams:
 
     @contextlib.asynccontextmanager
     async def serving(self, upstream: str) -> AsyncIterator[Client]:
-        """A client of the upstream for the current agent request, which it is serving meanwhile."""
+        """A client of the upstream for the current agent request, which it is serving meanwhile.
+        A stateless request that asked for log messages gets a client of its own: what the server
+        logs comes back on the request's stream, which the SDK's client does not tell apart."""
+        request = agent_requests.current.get()
+        if request is not None and request.stateless and request.log_level and upstream in self.discovered:
+            own = Connection(upstream, None, self._updated)
+            try:
+                async with self._stateless_client(upstream, own, request.declared, request.log_level) as client:
+                    own.client = client
+                    async with own.serving() as serving:
+                        yield serving
+            except BaseExceptionGroup as group:  # the client's task group wraps what the server refused
+                raise lone(group) from None
+            return
         connection = await self.connection(upstream)
         async with connection.serving() as client:
             yield client
@@ -245,12 +333,36 @@ class Upstreams:
                 return found
         raise KeyError(f"no upstream lists {name}")
 
-    async def call(self, tool: UpstreamTool, arguments: dict[str, object], key: str | None) -> types.CallToolResult:
-        """The tool called for the current agent request (its progress passed back to it)."""
+    @overload
+    async def call(
+        self, tool: UpstreamTool, arguments: dict[str, object], key: str | None, rounds: None = None
+    ) -> types.CallToolResult: ...
+
+    @overload
+    async def call(
+        self, tool: UpstreamTool, arguments: dict[str, object], key: str | None, rounds: Rounds
+    ) -> types.CallToolResult | types.InputRequiredResult: ...
+
+    async def call(
+        self, tool: UpstreamTool, arguments: dict[str, object], key: str | None, rounds: Rounds | None = None
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """The tool called for the current agent request (its progress passed back to it). With
+        `rounds` (a stateless agent's), a server of that revision may answer `input_required`:
+        returned as it came, for the agent to answer."""
         meta = keyed_meta(key) if key else None
         progress = progress_of(agent_requests.current.get())
         async with self.serving(tool.upstream) as client:
-            return await client.call_tool(tool.tool.name, arguments, meta=meta, progress_callback=progress)
+            if rounds is None or not modern(client):
+                return await client.call_tool(tool.tool.name, arguments, meta=meta, progress_callback=progress)
+            return await client.session.call_tool(
+                tool.tool.name,
+                arguments,
+                progress_callback=progress,
+                input_responses=rounds.responses,
+                request_state=rounds.state,
+                meta=meta,
+                allow_input_required=True,
+            )
 
 
 def mapping_problems(config: GatewayConfig, upstreams: Upstreams) -> list[str]:

@@ -40,6 +40,7 @@ from undolog.conventions import (
     kept_output,
     new_undo_entry,
     now,
+    owned_by,
     repeated_step,
     step_name_of,
     step_name_refusal,
@@ -496,6 +497,19 @@ async def resumed_saga(
         _positions=max((e.spec.stack_position for e in entries), default=0),
         _names={e.spec.step for e in entries},
     )
+
+
+async def unrecorded_step(run: SagaRun, position: int) -> StepRun:
+    """The step `run` registered at `position` whose outcome is not recorded yet, to record it
+    in a later request (an MCP server that asked for input before doing the call). SagaEnded if
+    the saga ended meanwhile (its step is compensated as registered); ValueError if that step is
+    not this saga's or its outcome is recorded."""
+    ledger = await run._client()
+    entry = await ledger.entry(run.namespace, f"{run.name}-{position}")
+    effect = entry.status.effect
+    if not owned_by(entry, run.uid) or effect not in (EffectState.PENDING, EffectState.EXECUTING):
+        raise ValueError(f"step {position} of saga {run.namespace}/{run.name} is not open (effect {effect})")
+    return StepRun(run, entry.spec.step, position, entry)
 
 
 P = ParamSpec("P")
