@@ -27,7 +27,9 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import PromptsListChanged, ToolsListChanged
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
@@ -166,9 +168,18 @@ class MemoryEvents(EventStore):
         return stream
 
 
+TRIGGERS = [
+    tool("test_trigger_tool_change", "Adds a tool to the list (its listeners are told)"),
+    tool("test_trigger_prompt_change", "Adds a prompt to the list (its listeners are told)"),
+]
+
+
 class Conformance:
     def __init__(self) -> None:
         self.subscribed: set[str] = set()
+        self.added_tools: list[types.Tool] = []
+        self.added_prompts: list[types.Prompt] = []
+        self.bus = InMemorySubscriptionBus()  # list changes, to subscriptions/listen (2026-07-28)
         self.server: Server[Any] = Server(
             "undolog-conformance-upstream",
             on_list_tools=self.list_tools,
@@ -182,6 +193,7 @@ class Conformance:
             on_get_prompt=self.get_prompt,
             on_completion=self.complete,
             on_set_logging_level=self.set_level,
+            on_subscriptions_listen=ListenHandler(self.bus),
         )
         # The requestState of an input_required round sealed, so a tampered one is refused.
         self.server.middleware.append(
@@ -189,7 +201,7 @@ class Conformance:
         )
 
     async def list_tools(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[*TOOLS, *conformance_rounds.TOOLS])
+        return types.ListToolsResult(tools=[*TOOLS, *conformance_rounds.TOOLS, *TRIGGERS, *self.added_tools])
 
     async def call_tool(
         self, ctx: Ctx, params: types.CallToolRequestParams
@@ -197,6 +209,10 @@ class Conformance:
         name, args = params.name, dict(params.arguments or {})
         if any(name == t.name for t in conformance_rounds.TOOLS):
             return await conformance_rounds.call(ctx, params)
+        if name in ("test_trigger_tool_change", "test_trigger_prompt_change"):
+            return await self._trigger(ctx, name)
+        if any(name == t.name for t in self.added_tools):
+            return types.CallToolResult(content=[text(f"{name} was added")])
         simple = {
             "test_simple_text": [text("This is a simple text response for testing.")],
             "test_image_content": [types.ImageContent(type="image", data=IMAGE, mime_type="image/png")],
@@ -219,6 +235,17 @@ class Conformance:
         if name == "json_schema_2020_12_tool":
             return types.CallToolResult(content=[text(f"Received: {json.dumps(args)}")])
         return types.CallToolResult(content=[text(await self._interactive(ctx, name, args))])
+
+    async def _trigger(self, ctx: Ctx, name: str) -> types.CallToolResult:
+        """A tool or a prompt added: its listeners told (and the calling session, on sessions)."""
+        if name == "test_trigger_tool_change":
+            self.added_tools.append(tool(f"test_added_tool_{len(self.added_tools) + 1}", "Added by a trigger"))
+            await self.bus.publish(ToolsListChanged())
+        else:
+            number = len(self.added_prompts) + 1
+            self.added_prompts.append(types.Prompt(name=f"test_added_prompt_{number}", description="Added"))
+            await self.bus.publish(PromptsListChanged())
+        return types.CallToolResult(content=[text(f"{name}: done")])
 
     async def _interactive(self, ctx: Ctx, name: str, args: dict[str, Any]) -> str:
         session, related = ctx.session, ctx.request_id
@@ -329,6 +356,7 @@ class Conformance:
                 ),
                 types.Prompt(name="test_prompt_with_image", description="A prompt with an image"),
                 conformance_rounds.PROMPT,
+                *self.added_prompts,
             ]
         )
 

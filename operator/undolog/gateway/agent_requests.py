@@ -71,12 +71,15 @@ def of(ctx: ServerRequestContext[Any]) -> AgentRequest:
 
 def serving(
     handler: Callable[[ServerRequestContext[Any], P], Awaitable[R]],
+    seen: Callable[[AgentRequest], None] = lambda _: None,
 ) -> Callable[[ServerRequestContext[Any], P], Awaitable[R]]:
-    """The handler, with its request as the current one while it runs."""
+    """The handler, with its request as the current one while it runs (and `seen` first)."""
 
     @functools.wraps(handler)
     async def handled(ctx: ServerRequestContext[Any], params: P) -> R:
-        token = current.set(of(ctx))
+        request = of(ctx)
+        seen(request)
+        token = current.set(request)
         try:
             return await handler(ctx, params)
         finally:

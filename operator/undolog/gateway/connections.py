@@ -34,15 +34,21 @@ from undolog.gateway.agent_requests import AgentRequest
 
 log = logging.getLogger("undolog.gateway")
 A = TypeVar("A", types.CreateMessageResult, types.ElicitResult, types.ListRootsResult)
-Updated = Callable[[str, "Connection"], Awaitable[None]]  # a resource's update, from this connection
+Announced = Callable[[types.ServerNotification, "Connection"], Awaitable[None]]  # on this connection
 SHARED_ASKABLE = frozenset({"sampling", "elicitation"})
+ANNOUNCEMENTS = (
+    types.ResourceUpdatedNotification,
+    types.ToolListChangedNotification,
+    types.PromptListChangedNotification,
+    types.ResourceListChangedNotification,
+)
 
 
 class Connection:
     """One MCP client of one upstream, and the agent requests it is serving now."""
 
-    def __init__(self, upstream: str, owner: str | None, updated: Updated) -> None:
-        self.upstream, self.owner, self.updated = upstream, owner, updated  # owner: the agent session, if its own
+    def __init__(self, upstream: str, owner: str | None, announced: Announced) -> None:
+        self.upstream, self.owner, self.announced = upstream, owner, announced  # owner: the agent session, if its own
         self.client: Client | None = None
         self.in_flight: list[AgentRequest] = []
         self.last: AgentRequest | None = None  # the owner's latest request: its session, when none is in flight
@@ -119,9 +125,9 @@ class Connection:
                 )
 
     async def notified(self, message: IncomingMessage) -> None:
-        """A resource's update: to the agent sessions subscribed to it through this connection."""
-        if isinstance(message, types.ResourceUpdatedNotification):
-            await self.updated(str(message.params.uri), self)
+        """What the server announces besides answers (a resource's update, a list's change)."""
+        if isinstance(message, ANNOUNCEMENTS):
+            await self.announced(message, self)
 
 
 def progress_of(target: AgentRequest | None) -> ProgressFnT | None:

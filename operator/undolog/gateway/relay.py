@@ -18,7 +18,6 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from undolog.gateway.agent_requests import serving
 from undolog.gateway.upstreams import Rounds, Upstreams, modern
 
 T = TypeVar("T")
@@ -38,10 +37,9 @@ class Relay:
         self.resources: dict[str, str] = {}  # URI -> the upstream that listed it
         self.prompts: dict[str, str] = {}  # name -> the upstream that listed it
 
-    def handlers(self) -> dict[str, Any]:
-        """The lowlevel Server's handlers (it advertises the capabilities they give), each with its
-        request as the current one."""
-        handlers: dict[str, Callable[[ServerRequestContext[Any], Any], Awaitable[Any]]] = {
+    def handlers(self) -> dict[str, Callable[[ServerRequestContext[Any], Any], Awaitable[Any]]]:
+        """The lowlevel Server's handlers (it advertises the capabilities they give)."""
+        return {
             "on_list_resources": self.list_resources,
             "on_list_resource_templates": self.list_resource_templates,
             "on_read_resource": self.read_resource,
@@ -52,7 +50,6 @@ class Relay:
             "on_completion": self.complete,
             "on_set_logging_level": self.set_logging_level,
         }
-        return {name: serving(handler) for name, handler in handlers.items()}
 
     async def _pages(self, fetch: Callable[[Client, str | None], Awaitable[Any]], field: str) -> list[tuple[str, Any]]:
         found: list[tuple[str, Any]] = []

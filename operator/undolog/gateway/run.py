@@ -27,7 +27,7 @@ from undolog.decisions.tool_calls import expression_problems
 from undolog.gateway.agent_requests import SESSION_HEADER, STDIO_SESSION
 from undolog.gateway.operator_calls import OperatorCalls
 from undolog.gateway.server import Gateway
-from undolog.gateway.upstreams import Upstreams, mapping_problems
+from undolog.gateway.upstreams import Upstreams, listed_tools, mapping_problems
 from undolog.kube import Kube
 
 MCP_PATH = "/mcp"
@@ -56,7 +56,7 @@ async def checked(config: GatewayConfig, upstreams: Upstreams) -> GatewayConfig:
     """The configuration with what the servers advertise (`compensations: fromAnnotations`),
     checked against what they list (tools, schemas): MappingRefused naming each problem."""
     if config.compensations == Compensations.FROM_ANNOTATIONS:
-        config, said = with_advertised(config, await upstreams.listed())
+        config, said = with_advertised(config, await listed_tools(upstreams))
         for line in said:
             log.info("%s", line)
     problems = mapping_problems(config, upstreams) + expression_problems(config)

@@ -17,7 +17,7 @@ from typing import Any
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel import Server
+from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.request_state import authenticated_principal
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -30,6 +30,7 @@ from undolog.decisions.tool_calls import PassThrough, Refuse, Register, ToolDeci
 from undolog.errors import UndoLogError
 from undolog.gateway import agent_requests, confirmations
 from undolog.gateway.handles import HANDLE_ARG, HANDLE_META, HandleSagas, advertised
+from undolog.gateway.list_changes import ListChanges
 from undolog.gateway.relay import Relay
 from undolog.gateway.sessions import SAGA_META, NotCalled, SessionSaga
 from undolog.gateway.upstreams import Rounds, Upstreams, UpstreamTool
@@ -74,6 +75,28 @@ OWN_TOOLS = [
 ]
 
 
+class ListChangingServer(Server[Any]):
+    """The low-level server, saying on sessions too that its lists change (list_changes.py tells
+    them); on the stateless revision it says so by serving subscriptions/listen, where it
+    delivers list changes but not resource updates."""
+
+    def get_capabilities(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        *,
+        protocol_version: str | None = None,
+    ) -> types.ServerCapabilities:
+        changing = NotificationOptions(prompts_changed=True, resources_changed=True, tools_changed=True)
+        said = super().get_capabilities(
+            changing, experimental_capabilities, extensions, protocol_version=protocol_version
+        )
+        if protocol_version in MODERN_PROTOCOL_VERSIONS and said.resources is not None:
+            said.resources.subscribe = False
+        return said
+
+
 def stateless(ctx: ServerRequestContext[Any]) -> bool:
     """A request of the stateless revision (2026-07-28): no session, a saga handle instead."""
     return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
@@ -89,12 +112,17 @@ class Gateway:
         self.sessions: dict[str, SessionSaga] = {}
         self.handles = HandleSagas(config, kube, upstreams, handle_key)
         self.relay = Relay(upstreams)  # resources, prompts, completion, logging: passed through
-        # Each handler with its request as the current one: what an upstream sends during it comes back to it.
-        self.server: Server[Any] = Server(
-            "undolog-gateway",
-            on_list_tools=agent_requests.serving(self.list_tools),
-            on_call_tool=agent_requests.serving(self.call_tool),
+        self.changes = ListChanges(upstreams)
+        upstreams.watch_lists(self.changes.changed)
+        raw: dict[str, Any] = {
+            "on_list_tools": self.list_tools,
+            "on_call_tool": self.call_tool,
             **self.relay.handlers(),
+        }
+        # Each handler with its request as the current one: what an upstream sends during it comes back to it.
+        handlers: dict[str, Any] = {name: agent_requests.serving(h, self._seen) for name, h in raw.items()}
+        self.server: Server[Any] = ListChangingServer(
+            "undolog-gateway", on_subscriptions_listen=self.changes.listen, **handlers
         )
         self._own: dict[str, Callable[[SessionSaga, dict[str, Any]], Awaitable[str]]] = {
             "undolog_commit": lambda s, _: self._end(s, OnClose.COMMIT, "committed by the agent"),
@@ -239,9 +267,13 @@ class Gateway:
             sessions_ended.labels("committed" if outcome == OnClose.COMMIT else "aborted").inc()
         return text
 
+    def _seen(self, request: agent_requests.AgentRequest) -> None:
+        self.changes.seen(request.session_key, request.session)
+
     async def close_session(self, key: str, why: str) -> None:
         """The session ended (DELETE, idle, the gateway stopping): its open saga as onClose says."""
         self.upstreams.close_session(key)
+        self.changes.forget(key)
         session = self.sessions.pop(key, None)
         if session is not None and session.run is not None:
             await self._end(session, self.config.on_close, f"the agent's session ended without a commit ({why})")

@@ -8,7 +8,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, overload
@@ -22,6 +22,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +35,13 @@ from undolog.gateway.connections import Connection, progress_of
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 STATELESS_CLIENTS = "stateless:"  # the key of the stateless agents' clients, by what they declare
+RELISTEN_SECONDS = 2.0  # after an upstream's listen stream dropped
+LIST_CHANGES: dict[type[types.ServerNotification], ServerEvent] = {
+    types.ToolListChangedNotification: ToolsListChanged(),
+    types.PromptListChangedNotification: PromptsListChanged(),
+    types.ResourceListChangedNotification: ResourcesListChanged(),
+}
+Changed = Callable[[ServerEvent], Awaitable[None]]
 log = logging.getLogger("undolog.gateway")
 
 
@@ -117,6 +125,8 @@ class Upstreams:
         self.tools: dict[str, UpstreamTool] = {}
         self.discovered: dict[str, tuple[str, types.DiscoverResult]] = {}  # upstreams of the stateless revision
         self._http: dict[str, httpx2.AsyncClient] = {}
+        self.changed: Changed | None = None
+        self._listeners: list[anyio.CancelScope] = []
         self._closing: dict[str, anyio.Event] = {}
         self._opening = anyio.Lock()
         self._stack = AsyncExitStack()
@@ -127,7 +137,7 @@ class Upstreams:
             self._tasks = await self._stack.enter_async_context(anyio.create_task_group())
             self._stack.callback(self._close_all)
             for name, upstream in self.config.items():
-                connection = self.shared[name] = Connection(name, None, self._updated)
+                connection = self.shared[name] = Connection(name, None, self._announced)
                 connection.client = await self._stack.enter_async_context(self._connected(upstream, connection))
                 if upstream.url is not None:
                     await self._discover(name, upstream.url)
@@ -216,7 +226,7 @@ class Upstreams:
         """One session's connection (or stateless agents' declaring `declared`), open until the
         session ends (a task of its own: the client's task group must end in the task that began
         it)."""
-        connection = Connection(upstream, None if declared is not None else key, self._updated)
+        connection = Connection(upstream, None if declared is not None else key, self._announced)
         closing = self._closing.setdefault(key, anyio.Event())
         connected = (
             self._connected(self.config[upstream], connection)
@@ -246,6 +256,8 @@ class Upstreams:
             subscribed.pop(key, None)
 
     def _close_all(self) -> None:
+        for scope in self._listeners:
+            scope.cancel()
         for key in list(self._closing):
             self.close_session(key)
 
@@ -256,7 +268,7 @@ class Upstreams:
         logs comes back on the request's stream, which the SDK's client does not tell apart."""
         request = agent_requests.current.get()
         if request is not None and request.stateless and request.log_level and upstream in self.discovered:
-            own = Connection(upstream, None, self._updated)
+            own = Connection(upstream, None, self._announced)
             try:
                 async with self._stateless_client(upstream, own, request.declared, request.log_level) as client:
                     own.client = client
@@ -280,6 +292,52 @@ class Upstreams:
         else:
             sessions.pop(request.session_key, None)
 
+    async def _announced(self, message: types.ServerNotification, connection: Connection) -> None:
+        """A resource's update to its subscribers; a list's change to `changed`, from an upstream
+        on sessions only (one of the stateless revision announces them where it is listened to)."""
+        if isinstance(message, types.ResourceUpdatedNotification):
+            await self._updated(str(message.params.uri), connection)
+        change = LIST_CHANGES.get(type(message))
+        if change is not None and self.changed is not None and connection.upstream not in self.discovered:
+            await self.changed(change)
+
+    def watch_lists(self, changed: Changed) -> None:
+        """Each upstream's list changes passed to `changed`: announced on the shared connection,
+        or on a listen stream kept open to each upstream of the stateless revision."""
+        self.changed = changed
+        assert self._tasks is not None
+        for name in self.discovered:
+            self._tasks.start_soon(self._listening, name)
+
+    async def _listening(self, upstream: str) -> None:
+        """The upstream's listen stream, opened again (after RELISTEN_SECONDS) when it drops; no
+        change is replayed, so every list counts as changed after a drop."""
+        with anyio.CancelScope() as scope:
+            self._listeners.append(scope)
+            dropped = False
+            while True:
+                try:
+                    async with (
+                        self._stateless_client(
+                            upstream, Connection(upstream, None, self._announced), frozenset(), None
+                        ) as client,
+                        client.listen(
+                            tools_list_changed=True, prompts_list_changed=True, resources_list_changed=True
+                        ) as events,
+                    ):
+                        for change in LIST_CHANGES.values() if dropped else ():
+                            await self._changed(change)
+                        async for event in events:
+                            await self._changed(event)
+                except Exception as error:  # the upstream went away: listened to again
+                    log.warning("the list changes of %s could not be listened to: %s", upstream, error)
+                dropped = True
+                await anyio.sleep(RELISTEN_SECONDS)
+
+    async def _changed(self, event: ServerEvent) -> None:
+        if self.changed is not None:
+            await self.changed(event)
+
     async def _updated(self, uri: str, connection: Connection) -> None:
         """A resource's update: to its subscribers (on a session's own connection, only that session)."""
         sessions = self.subscribers.get(uri, {})
@@ -302,29 +360,6 @@ class Upstreams:
         for found in listed:
             counts[found.tool.name] = counts.get(found.tool.name, 0) + 1
         self.tools = {(t.tool.name if counts[t.tool.name] == 1 else t.qualified): t for t in listed}
-
-    async def listed(self) -> dict[str, dict[str, ListedTool]]:
-        """Every upstream's tools as the server sent them, annotations' unknown fields kept (the
-        SDK's types drop them): by upstream, by tool name."""
-        listed: dict[str, dict[str, ListedTool]] = {}
-        for name, client in self.clients.items():
-            tools: dict[str, ListedTool] = listed.setdefault(name, {})
-            cursor: str | None = None
-            while True:
-                request = types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor))
-                page = await client.session.send_request(request, RawListing)
-                for raw in page.tools:
-                    tool = ListedTool(
-                        name=str(raw.get("name")),
-                        annotations=raw.get("annotations") or {},
-                        input_schema=raw.get("inputSchema") or {},
-                        output_schema=raw.get("outputSchema"),
-                    )
-                    tools[tool.name] = tool
-                cursor = page.next_cursor
-                if not cursor:
-                    break
-        return listed
 
     def qualified(self, name: str) -> UpstreamTool:
         """The tool the configuration names `<upstream>.<tool>`; KeyError when no server lists it."""
@@ -363,6 +398,30 @@ class Upstreams:
                 meta=meta,
                 allow_input_required=True,
             )
+
+
+async def listed_tools(upstreams: Upstreams) -> dict[str, dict[str, ListedTool]]:
+    """Every upstream's tools as the server sent them, annotations' unknown fields kept (the
+    SDK's types drop them): by upstream, by tool name."""
+    listed: dict[str, dict[str, ListedTool]] = {}
+    for name, client in upstreams.clients.items():
+        tools: dict[str, ListedTool] = listed.setdefault(name, {})
+        cursor: str | None = None
+        while True:
+            request = types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor))
+            page = await client.session.send_request(request, RawListing)
+            for raw in page.tools:
+                tool = ListedTool(
+                    name=str(raw.get("name")),
+                    annotations=raw.get("annotations") or {},
+                    input_schema=raw.get("inputSchema") or {},
+                    output_schema=raw.get("outputSchema"),
+                )
+                tools[tool.name] = tool
+            cursor = page.next_cursor
+            if not cursor:
+                break
+    return listed
 
 
 def mapping_problems(config: GatewayConfig, upstreams: Upstreams) -> list[str]:
