@@ -168,6 +168,7 @@ async def recorded_call(
         raise
     said = {SAGA_META: f"{run.namespace}/{run.name}", STEP_META: registered.name, **(meta or {})}
     if isinstance(result, types.InputRequiredResult):
+        await registered.marked()  # its in-flight mark landed or never will: the retry's write is not raced
         return types.InputRequiredResult(
             input_requests=result.input_requests,
             request_state=result.request_state,
