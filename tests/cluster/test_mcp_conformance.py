@@ -13,7 +13,7 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp import Client
-from mcp.shared.subscriptions import ToolsListChanged
+from mcp.shared.subscriptions import ResourceUpdated, ToolsListChanged
 
 from tests.conftest import Cluster
 from tests.support import conformance_suite
@@ -80,5 +80,34 @@ async def test_an_upstream_s_changed_tool_list_reaches_agents_of_both_eras(
             for client in (session_agent, agent):
                 names = [t.name for t in (await client.list_tools()).tools]
                 assert "test_added_tool_1" in names, names
+    finally:
+        gateway.stop()
+
+
+async def test_a_resource_s_update_reaches_the_stateless_agent_listening_for_it(
+    cluster: Cluster, namespace: str, upstream: str, tmp_path: Path
+) -> None:
+    """A stateless agent's listen stream names a resource: the gateway listens for it upstream,
+    and the upstream's update of it reaches the agent (no replay: an update before the gateway's
+    own listen stream names it is not seen, so the update is made until one arrives)."""
+    config = {"namespace": namespace, "unmapped": "pass", "upstreams": {"everything": {"url": upstream}}}
+    gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+    uri = "test://watched-resource"
+    try:
+        async with Client(gateway.url) as agent:
+            resources = agent.server_capabilities.resources
+            assert resources is not None
+            assert resources.subscribe
+            async with agent.listen(resource_subscriptions=[uri]) as updates:
+                heard = aiter(updates)
+
+                async def updated() -> object:
+                    await agent.call_tool("test_trigger_resource_update", {})
+                    with anyio.move_on_after(1):
+                        return await anext(heard)
+                    return None
+
+                event = await eventually(updated, lambda got: got is not None, 15, f"an update of {uri}")
+        assert event == ResourceUpdated(uri)
     finally:
         gateway.stop()

@@ -29,7 +29,7 @@ from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError
-from mcp.shared.subscriptions import PromptsListChanged, ToolsListChanged
+from mcp.shared.subscriptions import PromptsListChanged, ResourceUpdated, ToolsListChanged
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
@@ -168,9 +168,11 @@ class MemoryEvents(EventStore):
         return stream
 
 
+WATCHED = "test://watched-resource"
 TRIGGERS = [
     tool("test_trigger_tool_change", "Adds a tool to the list (its listeners are told)"),
     tool("test_trigger_prompt_change", "Adds a prompt to the list (its listeners are told)"),
+    tool("test_trigger_resource_update", "Updates test://watched-resource (its listeners are told)"),
 ]
 
 
@@ -179,6 +181,7 @@ class Conformance:
         self.subscribed: set[str] = set()
         self.added_tools: list[types.Tool] = []
         self.added_prompts: list[types.Prompt] = []
+        self.watched = 0  # how many times test://watched-resource was updated
         self.bus = InMemorySubscriptionBus()  # list changes, to subscriptions/listen (2026-07-28)
         self.server: Server[Any] = Server(
             "undolog-conformance-upstream",
@@ -209,7 +212,7 @@ class Conformance:
         name, args = params.name, dict(params.arguments or {})
         if any(name == t.name for t in conformance_rounds.TOOLS):
             return await conformance_rounds.call(ctx, params)
-        if name in ("test_trigger_tool_change", "test_trigger_prompt_change"):
+        if name in {t.name for t in TRIGGERS}:
             return await self._trigger(ctx, name)
         if any(name == t.name for t in self.added_tools):
             return types.CallToolResult(content=[text(f"{name} was added")])
@@ -241,6 +244,11 @@ class Conformance:
         if name == "test_trigger_tool_change":
             self.added_tools.append(tool(f"test_added_tool_{len(self.added_tools) + 1}", "Added by a trigger"))
             await self.bus.publish(ToolsListChanged())
+        elif name == "test_trigger_resource_update":
+            self.watched += 1
+            await self.bus.publish(ResourceUpdated(WATCHED))
+            if WATCHED in self.subscribed:
+                await ctx.session.send_resource_updated(WATCHED)
         else:
             number = len(self.added_prompts) + 1
             self.added_prompts.append(types.Prompt(name=f"test_added_prompt_{number}", description="Added"))
@@ -320,7 +328,8 @@ class Conformance:
         elif uri == "test://static-binary":
             contents = types.BlobResourceContents(uri=uri, mime_type="image/png", blob=IMAGE)
         elif uri == "test://watched-resource":
-            contents = types.TextResourceContents(uri=uri, mime_type="text/plain", text="watched")
+            said = f"watched, updated {self.watched} times"
+            contents = types.TextResourceContents(uri=uri, mime_type="text/plain", text=said)
         elif uri.startswith("test://template/") and uri.endswith("/data"):
             id_ = uri.removeprefix("test://template/").removesuffix("/data")
             said = json.dumps({"id": id_, "templateTest": True, "data": f"Data for ID: {id_}"})

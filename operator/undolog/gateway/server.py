@@ -29,8 +29,8 @@ from undolog.decisions.saga_handles import HandleRefusal
 from undolog.decisions.tool_calls import PassThrough, Refuse, Register, ToolDecision, decide
 from undolog.errors import UndoLogError
 from undolog.gateway import agent_requests, confirmations
+from undolog.gateway.changes import Changes
 from undolog.gateway.handles import HANDLE_ARG, HANDLE_META, HandleSagas, advertised
-from undolog.gateway.list_changes import ListChanges
 from undolog.gateway.relay import Relay
 from undolog.gateway.sessions import SAGA_META, NotCalled, SessionSaga
 from undolog.gateway.upstreams import Rounds, Upstreams, UpstreamTool
@@ -76,9 +76,8 @@ OWN_TOOLS = [
 
 
 class ListChangingServer(Server[Any]):
-    """The low-level server, saying on sessions too that its lists change (list_changes.py tells
-    them); on the stateless revision it says so by serving subscriptions/listen, where it
-    delivers list changes but not resource updates."""
+    """The low-level server, saying on sessions too that its lists change (changes.py tells
+    them; on the stateless revision it says so by serving subscriptions/listen)."""
 
     def get_capabilities(
         self,
@@ -89,12 +88,9 @@ class ListChangingServer(Server[Any]):
         protocol_version: str | None = None,
     ) -> types.ServerCapabilities:
         changing = NotificationOptions(prompts_changed=True, resources_changed=True, tools_changed=True)
-        said = super().get_capabilities(
+        return super().get_capabilities(
             changing, experimental_capabilities, extensions, protocol_version=protocol_version
         )
-        if protocol_version in MODERN_PROTOCOL_VERSIONS and said.resources is not None:
-            said.resources.subscribe = False
-        return said
 
 
 def stateless(ctx: ServerRequestContext[Any]) -> bool:
@@ -112,8 +108,7 @@ class Gateway:
         self.sessions: dict[str, SessionSaga] = {}
         self.handles = HandleSagas(config, kube, upstreams, handle_key)
         self.relay = Relay(upstreams)  # resources, prompts, completion, logging: passed through
-        self.changes = ListChanges(upstreams)
-        upstreams.watch_lists(self.changes.changed)
+        self.changes = Changes(upstreams)
         raw: dict[str, Any] = {
             "on_list_tools": self.list_tools,
             "on_call_tool": self.call_tool,

@@ -20,9 +20,16 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import Subscription
 from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
-from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
+from mcp.shared.subscriptions import (
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ServerEvent,
+    ToolsListChanged,
+)
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,7 +42,6 @@ from undolog.gateway.connections import Connection, progress_of
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 STATELESS_CLIENTS = "stateless:"  # the key of the stateless agents' clients, by what they declare
-RELISTEN_SECONDS = 2.0  # after an upstream's listen stream dropped
 LIST_CHANGES: dict[type[types.ServerNotification], ServerEvent] = {
     types.ToolListChangedNotification: ToolsListChanged(),
     types.PromptListChangedNotification: PromptsListChanged(),
@@ -293,50 +299,43 @@ class Upstreams:
             sessions.pop(request.session_key, None)
 
     async def _announced(self, message: types.ServerNotification, connection: Connection) -> None:
-        """A resource's update to its subscribers; a list's change to `changed`, from an upstream
-        on sessions only (one of the stateless revision announces them where it is listened to)."""
+        """A resource's update to the sessions subscribed to it, and, heard on the shared
+        connection, to `changed`; a list's change to `changed`, from an upstream on sessions only
+        (one of the stateless revision announces what is listened for, changes.py)."""
+        event: ServerEvent | None = LIST_CHANGES.get(type(message))
         if isinstance(message, types.ResourceUpdatedNotification):
             await self._updated(str(message.params.uri), connection)
-        change = LIST_CHANGES.get(type(message))
-        if change is not None and self.changed is not None and connection.upstream not in self.discovered:
-            await self.changed(change)
-
-    def watch_lists(self, changed: Changed) -> None:
-        """Each upstream's list changes passed to `changed`: announced on the shared connection,
-        or on a listen stream kept open to each upstream of the stateless revision."""
-        self.changed = changed
-        assert self._tasks is not None
-        for name in self.discovered:
-            self._tasks.start_soon(self._listening, name)
-
-    async def _listening(self, upstream: str) -> None:
-        """The upstream's listen stream, opened again (after RELISTEN_SECONDS) when it drops; no
-        change is replayed, so every list counts as changed after a drop."""
-        with anyio.CancelScope() as scope:
-            self._listeners.append(scope)
-            dropped = False
-            while True:
-                try:
-                    async with (
-                        self._stateless_client(
-                            upstream, Connection(upstream, None, self._announced), frozenset(), None
-                        ) as client,
-                        client.listen(
-                            tools_list_changed=True, prompts_list_changed=True, resources_list_changed=True
-                        ) as events,
-                    ):
-                        for change in LIST_CHANGES.values() if dropped else ():
-                            await self._changed(change)
-                        async for event in events:
-                            await self._changed(event)
-                except Exception as error:  # the upstream went away: listened to again
-                    log.warning("the list changes of %s could not be listened to: %s", upstream, error)
-                dropped = True
-                await anyio.sleep(RELISTEN_SECONDS)
-
-    async def _changed(self, event: ServerEvent) -> None:
-        if self.changed is not None:
+            shared = self.shared.get(connection.upstream) is connection
+            event = ResourceUpdated(str(message.params.uri)) if shared else None
+        if event is not None and self.changed is not None and connection.upstream not in self.discovered:
             await self.changed(event)
+
+    def background(self, run: Callable[[], Awaitable[None]]) -> None:
+        """`run` in the upstreams' task group, cancelled when they close."""
+        assert self._tasks is not None
+
+        async def cancellable() -> None:
+            with anyio.CancelScope() as scope:
+                self._listeners.append(scope)
+                await run()
+
+        self._tasks.start_soon(cancellable)
+
+    @contextlib.asynccontextmanager
+    async def listening(self, upstream: str, resources: frozenset[str]) -> AsyncIterator[Subscription]:
+        """A listen stream to an upstream of the stateless revision: its list changes, and the
+        updates of `resources`."""
+        connection = Connection(upstream, None, self._announced)
+        async with (
+            self._stateless_client(upstream, connection, frozenset(), None) as client,
+            client.listen(
+                tools_list_changed=True,
+                prompts_list_changed=True,
+                resources_list_changed=True,
+                resource_subscriptions=sorted(resources),
+            ) as events,
+        ):
+            yield events
 
     async def _updated(self, uri: str, connection: Connection) -> None:
         """A resource's update: to its subscribers (on a session's own connection, only that session)."""

@@ -1,0 +1,142 @@
+"""What upstreams announce besides answers, passed on to every agent that wants it: a list
+changing (tools, prompts, resources) and, on the stateless revision, a resource's update.
+
+A list change: the gateway lists the upstreams' tools again, then tells session-era agents with
+`notifications/<kind>/list_changed` on their sessions, and stateless ones (2026-07-28) on the
+`subscriptions/listen` streams they opened with it. A resource's update reaches a stateless
+agent whose listen stream names the resource: the gateway listens upstream for the resources
+its agents' streams name, together (upstreams.py). Session-era agents subscribe on their own
+connections (connections.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
+from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import (
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ServerEvent,
+    ToolsListChanged,
+)
+
+from undolog.gateway.upstreams import LIST_CHANGES, Upstreams
+
+log = logging.getLogger("undolog.gateway")
+RELISTEN_SECONDS = 2.0  # after an upstream's listen stream dropped
+KNOWN_SESSIONS = 10_000  # agent sessions told of changes; the least recently seen forgotten first
+ListChange = ToolsListChanged | PromptsListChanged | ResourcesListChanged
+
+
+def _told(session: ServerSession, change: ListChange) -> Callable[[], Awaitable[None]]:
+    if isinstance(change, ToolsListChanged):
+        return session.send_tool_list_changed
+    if isinstance(change, PromptsListChanged):
+        return session.send_prompt_list_changed
+    return session.send_resource_list_changed
+
+
+class Changes:
+    def __init__(self, upstreams: Upstreams) -> None:
+        self.upstreams = upstreams
+        self.bus = InMemorySubscriptionBus()
+        self._streams = ListenHandler(self.bus)  # the stateless agents' subscriptions/listen
+        self.watched: Counter[str] = Counter()  # resources named by the listen streams open
+        self.sessions: OrderedDict[str, ServerSession] = OrderedDict()
+        self._relisten: dict[str, anyio.CancelScope] = {}
+        upstreams.changed = self.changed
+        for name in upstreams.discovered:
+            upstreams.background(functools.partial(self._listening, name))
+
+    async def _listening(self, upstream: str) -> None:
+        """A listen stream to the upstream, opened again at once when the resources watched
+        change, and RELISTEN_SECONDS after it drops (no change is replayed, so every list then
+        counts as changed)."""
+        dropped = False
+        while True:
+            with anyio.CancelScope() as listening:
+                self._relisten[upstream] = listening
+                try:
+                    async with self.upstreams.listening(upstream, frozenset(self.watched)) as events:
+                        for change in LIST_CHANGES.values() if dropped else ():
+                            await self.changed(change)
+                        dropped = False
+                        async for event in events:
+                            await self.changed(event)
+                except Exception as error:  # the upstream went away: listened to again
+                    log.warning("what %s announces could not be listened to: %s", upstream, error)
+            if not listening.cancelled_caught:
+                dropped = True
+                await anyio.sleep(RELISTEN_SECONDS)
+
+    async def listen(
+        self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        """A stateless agent's listen stream, for as long as it is open; the resources it names
+        watched upstream meanwhile."""
+        named = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
+        await self._watch(named, +1)
+        try:
+            return await self._streams(ctx, params)
+        finally:
+            with anyio.CancelScope(shield=True):  # the stream's end cancels the handler
+                await self._watch(named, -1)
+
+    async def _watch(self, uris: list[str], by: int) -> None:
+        """The resources watched upstream now: listened for again on each upstream of the
+        stateless revision, subscribed to on the shared connection of each other one."""
+        before = frozenset(self.watched)
+        self.watched.update({uri: by for uri in uris})
+        self.watched = +self.watched  # the counts at zero dropped
+        after = frozenset(self.watched)
+        if after == before:
+            return
+        for listening in self._relisten.values():
+            listening.cancel()
+        for name, client in self.upstreams.clients.items():
+            if name in self.upstreams.discovered:
+                continue
+            for uri, on in [*((u, True) for u in after - before), *((u, False) for u in before - after)]:
+                with contextlib.suppress(MCPError):  # a server without subscriptions, or not its resource
+                    await (client.subscribe_resource(uri) if on else client.unsubscribe_resource(uri))
+
+    def seen(self, key: str | None, session: ServerSession) -> None:
+        """A session-era agent's session, to tell of changes until it ends."""
+        if key is None:
+            return
+        self.sessions[key] = session
+        self.sessions.move_to_end(key)
+        while len(self.sessions) > KNOWN_SESSIONS:
+            self.sessions.popitem(last=False)
+
+    def forget(self, key: str) -> None:
+        self.sessions.pop(key, None)
+
+    async def changed(self, event: ServerEvent) -> None:
+        """An upstream announced it: a resource's update to the listen streams that name it; a
+        list's change after the tools are listed again, to every agent."""
+        if isinstance(event, ResourceUpdated):
+            await self.bus.publish(event)
+            return
+        if not isinstance(event, ToolsListChanged | PromptsListChanged | ResourcesListChanged):
+            return
+        if isinstance(event, ToolsListChanged):
+            await self.upstreams.list_tools()
+        await self.bus.publish(event)
+        for key, session in list(self.sessions.items()):
+            try:
+                await _told(session, event)()
+            except (MCPError, anyio.ClosedResourceError, anyio.BrokenResourceError) as gone:
+                log.debug("session %s was not told of a list change (%s): forgotten", key, gone)
+                self.forget(key)
