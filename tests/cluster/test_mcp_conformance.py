@@ -13,6 +13,7 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ResourceUpdated, ToolsListChanged
 
 from tests.conftest import Cluster
@@ -108,6 +109,10 @@ async def test_a_resource_s_update_reaches_the_stateless_agent_listening_for_it(
                     return None
 
                 event = await eventually(updated, lambda got: got is not None, 15, f"an update of {uri}")
+            too_many = [f"test://template/{n}/data" for n in range(101)]
+            with pytest.raises(MCPError, match="a stream names at most 100 resources"):
+                async with agent.listen(resource_subscriptions=too_many):
+                    pass
         assert event == ResourceUpdated(uri)
     finally:
         gateway.stop()

@@ -35,6 +35,7 @@ from undolog.gateway.upstreams import LIST_CHANGES, Upstreams
 
 log = logging.getLogger("undolog.gateway")
 RELISTEN_SECONDS = 2.0  # after an upstream's listen stream dropped
+MAX_NAMED, MAX_WATCHED = 100, 1_000  # resources one listen stream names; watched upstream for all
 KNOWN_SESSIONS = 10_000  # agent sessions told of changes; the least recently seen forgotten first
 ListChange = ToolsListChanged | PromptsListChanged | ResourcesListChanged
 
@@ -86,6 +87,12 @@ class Changes:
         """A stateless agent's listen stream, for as long as it is open; the resources it names
         watched upstream meanwhile."""
         named = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
+        if len(named) > MAX_NAMED or len(set(self.watched) | set(named)) > MAX_WATCHED:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"subscriptions/listen: a stream names at most {MAX_NAMED} resources, and the gateway watches at "
+                f"most {MAX_WATCHED} for all its agents ({len(named)} named, {len(self.watched)} watched now)",
+            )
         await self._watch(named, +1)
         try:
             return await self._streams(ctx, params)
