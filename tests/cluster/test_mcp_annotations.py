@@ -21,6 +21,7 @@ from tests.cluster.test_mcp_gateway import only_saga
 from tests.cluster.test_mcp_stateless import HANDLE, handle_of
 from tests.conftest import REPO, Cluster
 from tests.support.gateway_process import GatewayProcess
+from tests.support.told_of_changes import both_eras_told
 from tests.support.waiting import saga_phase
 from undolog.kube import Kube
 
@@ -71,3 +72,9 @@ async def test_what_a_server_advertises_is_undone_and_what_it_cannot_say_is_refu
         {"reservationId": "${steps.reserve-1.output.reservation.id}"},
     )
     assert entries["tag-2"]["args"] == {"tagId": "${steps.tag-2.output.tagId}"}
+
+
+async def test_a_stdio_server_s_changed_tool_list_reaches_agents_of_both_eras(gateway: GatewayProcess) -> None:
+    """A server on sessions only (stdio, the TypeScript SDK 1.x) adds a tool and says so on the
+    gateway's one connection to it: the gateway lists its tools again and tells every agent."""
+    await both_eras_told(gateway.url, "open_aisle", "aisle_1")

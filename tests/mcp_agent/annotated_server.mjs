@@ -1,7 +1,8 @@
 // An MCP server (the official SDK 1.x, over stdio) whose tools advertise their own undo in their
 // annotations: SEP-3172's `recovery` (reserve -> release, its parameter a runtime expression over
 // the result) and fastmcp's `x-compensation-pair` (tag -> untag; charge -> refund, whose
-// chargeId the gateway cannot find, so charge stays unmapped). `stock` reads what is held.
+// chargeId the gateway cannot find, so charge stays unmapped). `stock` reads what is held;
+// `open_aisle` adds a tool (`aisle_<n>`) and says the list changed.
 //   node annotated_server.mjs
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
@@ -37,6 +38,7 @@ const tools = [
   { name: "charge", inputSchema: object({ amount: { type: "number" } }), annotations: { "x-compensation-pair": "refund" } },
   { name: "refund", inputSchema: object({ chargeId: text }) },
   { name: "stock", inputSchema: object({}), annotations: { readOnlyHint: true } },
+  { name: "open_aisle", inputSchema: object({}), annotations: { readOnlyHint: true } },
 ];
 
 function answer(value) {
@@ -59,9 +61,16 @@ const calls = {
   charge: ({ amount }) => answer({ chargeId: `c-${next++}`, amount }),
   refund: () => answer({ refunded: true }),
   stock: () => answer({ reservations: [...reservations.values()], tags: [...tags.values()] }),
+  open_aisle: async () => {
+    const name = `aisle_${tools.filter((t) => t.name.startsWith("aisle_")).length + 1}`;
+    tools.push({ name, inputSchema: object({}), annotations: { readOnlyHint: true } });
+    calls[name] = () => answer({ aisle: name });
+    await server.sendToolListChanged();
+    return answer({ opened: name });
+  },
 };
 
-const server = new Server({ name: "annotated", version: "1.0.0" }, { capabilities: { tools: {} } });
+const server = new Server({ name: "annotated", version: "1.0.0" }, { capabilities: { tools: { listChanged: true } } });
 server.setRequestHandler(ListToolsRequestSchema, async () => ({ tools }));
 server.setRequestHandler(CallToolRequestSchema, async (request) => calls[request.params.name](request.params.arguments ?? {}));
 await server.connect(new StdioServerTransport());

@@ -305,9 +305,9 @@ class Upstreams:
         event: ServerEvent | None = LIST_CHANGES.get(type(message))
         if isinstance(message, types.ResourceUpdatedNotification):
             await self._updated(str(message.params.uri), connection)
-            shared = self.shared.get(connection.upstream) is connection
-            event = ResourceUpdated(str(message.params.uri)) if shared else None
-        if event is not None and self.changed is not None and connection.upstream not in self.discovered:
+            event = ResourceUpdated(str(message.params.uri))
+        shared = self.shared.get(connection.upstream) is connection  # the sessions' own say it too
+        if event is not None and shared and self.changed is not None and connection.upstream not in self.discovered:
             await self.changed(event)
 
     def background(self, run: Callable[[], Awaitable[None]]) -> None:
