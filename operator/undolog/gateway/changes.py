@@ -35,6 +35,7 @@ from undolog.gateway.upstreams import LIST_CHANGES, Upstreams
 
 log = logging.getLogger("undolog.gateway")
 RELISTEN_SECONDS = 2.0  # after an upstream's listen stream dropped
+CATCH_UP_SECONDS = 5.0  # an agent's listen stream waits for the upstreams to listen for its resources
 MAX_NAMED, MAX_WATCHED = 100, 1_000  # resources one listen stream names; watched upstream for all
 KNOWN_SESSIONS = 10_000  # agent sessions told of changes; the least recently seen forgotten first
 ListChange = ToolsListChanged | PromptsListChanged | ResourcesListChanged
@@ -56,6 +57,8 @@ class Changes:
         self.watched: Counter[str] = Counter()  # resources named by the listen streams open
         self.sessions: OrderedDict[str, ServerSession] = OrderedDict()
         self._relisten: dict[str, anyio.CancelScope] = {}
+        self._watching: dict[str, frozenset[str]] = {}  # by upstream, what its open listen stream names
+        self._acknowledged = anyio.Event()
         upstreams.changed = self.changed
         for name in upstreams.discovered:
             upstreams.background(functools.partial(self._listening, name))
@@ -68,8 +71,10 @@ class Changes:
         while True:
             with anyio.CancelScope() as listening:
                 self._relisten[upstream] = listening
+                resources = frozenset(self.watched)
                 try:
-                    async with self.upstreams.listening(upstream, frozenset(self.watched)) as events:
+                    async with self.upstreams.listening(upstream, resources) as events:
+                        self._heard(upstream, resources)
                         for change in LIST_CHANGES.values() if dropped else ():
                             await self.changed(change)
                         dropped = False
@@ -77,9 +82,24 @@ class Changes:
                             await self.changed(event)
                 except Exception as error:  # the upstream went away: listened to again
                     log.warning("what %s announces could not be listened to: %s", upstream, error)
+                finally:
+                    self._watching.pop(upstream, None)
             if not listening.cancelled_caught:
                 dropped = True
                 await anyio.sleep(RELISTEN_SECONDS)
+
+    def _heard(self, upstream: str, resources: frozenset[str]) -> None:
+        """The upstream acknowledged a listen stream naming `resources`: whoever waits for it, on."""
+        self._watching[upstream] = resources
+        self._acknowledged.set()
+        self._acknowledged = anyio.Event()
+
+    async def _caught_up(self, wanted: frozenset[str]) -> None:
+        """Until every upstream of the stateless revision listens for `wanted` (at most
+        CATCH_UP_SECONDS: one that is away is listened to again when it is back)."""
+        with anyio.move_on_after(CATCH_UP_SECONDS):
+            while not all(wanted <= self._watching.get(u, frozenset()) for u in self.upstreams.discovered):
+                await self._acknowledged.wait()
 
     async def listen(
         self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
@@ -111,6 +131,8 @@ class Changes:
             return
         for listening in self._relisten.values():
             listening.cancel()
+        if after - before:  # the agent's stream is acknowledged once its resources are listened for
+            await self._caught_up(after)
         for name, client in self.upstreams.clients.items():
             if name in self.upstreams.discovered:
                 continue
