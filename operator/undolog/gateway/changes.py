@@ -132,7 +132,7 @@ class Changes:
         for listening in self._relisten.values():
             listening.cancel()
         if after - before:  # the agent's stream is acknowledged once its resources are listened for
-            await self._caught_up(after)
+            await self._caught_up(frozenset(uris))
         for name, client in self.upstreams.clients.items():
             if name in self.upstreams.discovered:
                 continue
