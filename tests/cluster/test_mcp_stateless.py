@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import mcp_types as types
 import pytest
 from mcp import Client
@@ -255,6 +256,14 @@ async def test_a_person_is_asked_before_what_cannot_be_undone_and_a_declined_cal
         )
         print(f"\n{mode}: asked {asked[0][:80]}...; recorded {recorded}")
         assert recorded == ["accept", "decline"]
+        # Counted refused while the user is asked (each question on the stateless revision) or says no.
+        async with httpx.AsyncClient() as http:
+            scraped = (await http.get(f"http://127.0.0.1:{gateway.port}/metrics", timeout=5)).text
+        refused = 3 if mode == "auto" else 1
+        assert (
+            f'undolog_gateway_tool_calls_total{{outcome="refused",tool="tracker.label_issue"}} {refused}.0' in scraped
+        )
+        assert 'undolog_gateway_tool_calls_total{outcome="registered",tool="tracker.label_issue"} 1.0' in scraped
     finally:
         gateway.stop()
 

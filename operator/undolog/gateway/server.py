@@ -93,6 +93,15 @@ class ListChangingServer(Server[Any]):
         )
 
 
+def stepped(
+    result: types.CallToolResult | types.InputRequiredResult,
+) -> tuple[types.CallToolResult | types.InputRequiredResult, str]:
+    """A step's result and its outcome to count: `asked` when its server asked the user first."""
+    if isinstance(result, types.InputRequiredResult):
+        return result, "asked"
+    return result, "failed" if result.is_error else "registered"
+
+
 def stateless(ctx: ServerRequestContext[Any]) -> bool:
     """A request of the stateless revision (2026-07-28): no session, a saga handle instead."""
     return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
@@ -172,14 +181,11 @@ class Gateway:
             tool_calls.labels(found.qualified, "refused").inc()
             raise MCPError(types.INVALID_PARAMS, decision.message)
         try:
-            result = await self._step(ctx, params, found, arguments, decision, identity)
+            result, outcome = await self._step(ctx, params, found, arguments, decision, identity)
         except NotCalled as refused:
             tool_calls.labels(found.qualified, "refused").inc()
             raise MCPError(types.INVALID_PARAMS, str(refused)) from None
-        if isinstance(result, types.InputRequiredResult):
-            tool_calls.labels(found.qualified, "asked").inc()
-        else:
-            tool_calls.labels(found.qualified, "failed" if result.is_error else "registered").inc()
+        tool_calls.labels(found.qualified, outcome).inc()
         return result
 
     async def _step(
@@ -190,15 +196,16 @@ class Gateway:
         arguments: dict[str, Any],
         decision: Register,
         identity: str | None,
-    ) -> types.CallToolResult | types.InputRequiredResult:
+    ) -> tuple[types.CallToolResult | types.InputRequiredResult, str]:
         """The call as a step of the session's saga, or of the handle's (stateless); there, the
         retry of one whose server asked for input first carries on the step its requestState
-        names (the user's allowance with it)."""
+        names (the user's allowance with it). With the outcome to count: `refused` while the
+        user is asked, or has not allowed it."""
         if not stateless(ctx):
             declined = await self._confirmed(ctx, params, found, arguments, None) if decision.confirm else None
             if declined is not None:
-                return declined
-            return await self._session(ctx, found.qualified).call(found, arguments, decision.rule)
+                return declined, "refused"
+            return stepped(await self._session(ctx, found.qualified).call(found, arguments, decision.rule))
         carried = saga_handles.opened_round(self.handles.key, params.request_state)
         if isinstance(carried, HandleRefusal):
             raise NotCalled(f"tool {found.qualified} was not called: {carried.message}")
@@ -208,9 +215,9 @@ class Gateway:
         if decision.confirm and not confirmed:
             asking = await self._confirmed(ctx, params, found, arguments, identity)
             if asking is not None:
-                return asking
+                return asking, "refused"
             confirmed = True
-        return await self.handles.call(found, arguments, decision.rule, identity, rounds, carried, confirmed)
+        return stepped(await self.handles.call(found, arguments, decision.rule, identity, rounds, carried, confirmed))
 
     async def _confirmed(
         self,

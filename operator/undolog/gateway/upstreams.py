@@ -132,7 +132,7 @@ class Upstreams:
         self.discovered: dict[str, tuple[str, types.DiscoverResult]] = {}  # upstreams of the stateless revision
         self._http: dict[str, httpx2.AsyncClient] = {}
         self.changed: Changed | None = None
-        self._listeners: list[anyio.CancelScope] = []
+        self._background: list[anyio.CancelScope] = []
         self._closing: dict[str, anyio.Event] = {}
         self._opening = anyio.Lock()
         self._stack = AsyncExitStack()
@@ -262,7 +262,7 @@ class Upstreams:
             subscribed.pop(key, None)
 
     def _close_all(self) -> None:
-        for scope in self._listeners:
+        for scope in self._background:
             scope.cancel()
         for key in list(self._closing):
             self.close_session(key)
@@ -316,7 +316,7 @@ class Upstreams:
 
         async def cancellable() -> None:
             with anyio.CancelScope() as scope:
-                self._listeners.append(scope)
+                self._background.append(scope)
                 await run()
 
         self._tasks.start_soon(cancellable)
