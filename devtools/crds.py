@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from undolog.api import (
     EARLIER_VERSIONS,
+    ENTRY_STATUS_VERSION,
     GROUP,
     VERSION,
     SagaSpec,
@@ -34,7 +35,15 @@ from undolog.api import (
     WebhookStatus,
 )
 from undolog.api.saga import ROOT_RULES as SAGA_ROOT_RULES
-from undolog.api.undo_entry import OWNER_MESSAGE, OWNER_POLICY, OWNER_POLICY_OPT_OUT, OWNER_RULE
+from undolog.api.undo_entry import (
+    OWNER_MESSAGE,
+    OWNER_POLICY,
+    OWNER_POLICY_OPT_OUT,
+    OWNER_RULE,
+    STATUS_MESSAGE,
+    STATUS_POLICY,
+    STATUS_RULE,
+)
 from undolog.api.undo_entry import ROOT_RULES as ENTRY_ROOT_RULES
 
 JsonSchema = dict[str, Any]
@@ -112,6 +121,7 @@ def _definition(
     root_rules: list[Any] | None = None,
     selectable: list[str] | None = None,
     status: bool = True,
+    status_with_object_at: str = "",
     spec_required: bool = True,
 ) -> JsonSchema:
     # Declaring metadata.name's bound lets CEL rules read it within their cost budget.
@@ -155,6 +165,9 @@ def _definition(
         }
         for name in EARLIER_VERSIONS
     ]
+    if status_with_object_at:  # the same schema, its status written with the object (ledger.EntryStatusRoute)
+        served = {k: v for k, v in copy.deepcopy(version).items() if k != "subresources"}
+        earlier.insert(0, {**served, "name": status_with_object_at, "storage": False})
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -223,6 +236,7 @@ def definitions() -> dict[str, JsonSchema]:
         ],
         root_rules=ENTRY_ROOT_RULES,
         selectable=[".spec.saga"],
+        status_with_object_at=ENTRY_STATUS_VERSION,
     )
     webhook = _definition(
         kind="Webhook",
@@ -242,19 +256,18 @@ def definitions() -> dict[str, JsonSchema]:
 
 HEADER = "# Generated from operator/undolog/api by `make crds`; do not edit.\n"
 CHART_TEMPLATE = Path("charts/undolog/templates/crds.yaml")
-POLICY_FILE = "undoentry-owner-policy.yaml"
+POLICY_FILE = "undoentry-policies.yaml"
 # What `kubectl wait --for=condition=Established` waits on once crds/ is applied (the policy has no such condition).
 CRDS = tuple(f"crd/{plural}.{GROUP}" for plural in ("sagas", "undoentries", "webhooks"))
 POLICY_TEMPLATE = Path("charts/undolog/templates/admission-policy.yaml")
 
 
-def owner_policy() -> list[JsonSchema]:
-    """The ValidatingAdmissionPolicy that refuses an UndoEntry its saga does not own, and its
-    binding (every namespace but those labelled `undolog.io/entry-owner-policy: off`)."""
+def _policy(name: str, expression: str, message: str, match: JsonSchema | None = None) -> list[JsonSchema]:
+    """A ValidatingAdmissionPolicy of one rule over UndoEntry writes, and its binding."""
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": OWNER_POLICY},
+        "metadata": {"name": name},
         "spec": {
             "failurePolicy": "Fail",
             "matchConstraints": {
@@ -267,36 +280,45 @@ def owner_policy() -> list[JsonSchema]:
                     }
                 ]
             },
-            "validations": [{"expression": OWNER_RULE, "messageExpression": OWNER_MESSAGE, "reason": "Invalid"}],
+            "validations": [{"expression": expression, "messageExpression": message, "reason": "Invalid"}],
         },
     }
-    binding = {
+    binding: JsonSchema = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": OWNER_POLICY},
-        "spec": {
-            "policyName": OWNER_POLICY,
-            "validationActions": ["Deny"],
-            "matchResources": {
-                "namespaceSelector": {
-                    "matchExpressions": [{"key": OWNER_POLICY_OPT_OUT, "operator": "NotIn", "values": ["off"]}]
-                }
-            },
-        },
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
     }
+    if match:
+        binding["spec"]["matchResources"] = match
     return [policy, binding]
 
 
+def entry_policies() -> list[JsonSchema]:
+    """The policies over UndoEntry writes: the owner policy refuses an entry its saga does not own
+    (every namespace but those labelled `undolog.io/entry-owner-policy: off`); the status policy
+    keeps the status to the writers RBAC allows undoentries/status (every namespace)."""
+    opted_in = {
+        "namespaceSelector": {
+            "matchExpressions": [{"key": OWNER_POLICY_OPT_OUT, "operator": "NotIn", "values": ["off"]}]
+        }
+    }
+    return [
+        *_policy(OWNER_POLICY, OWNER_RULE, OWNER_MESSAGE, opted_in),
+        *_policy(STATUS_POLICY, STATUS_RULE, STATUS_MESSAGE),
+    ]
+
+
 def render_policy() -> str:
-    return HEADER + "---\n".join(yaml.safe_dump(d, sort_keys=False, width=120) for d in owner_policy())
+    return HEADER + "---\n".join(yaml.safe_dump(d, sort_keys=False, width=120) for d in entry_policies())
 
 
 def render_policy_template() -> str:
     """The policy as a Helm template (admissionPolicy.enabled)."""
     documents = []
-    for definition in owner_policy():
+    for definition in entry_policies():
         text = yaml.safe_dump(definition, sort_keys=False, width=120)
-        metadata = f"metadata:\n  name: {OWNER_POLICY}\n"
+        metadata = f"metadata:\n  name: {definition['metadata']['name']}\n"
         labelled = metadata + '  labels: {{- include "undolog.labels" . | nindent 4 }}\n'
         documents.append(text.replace(metadata, labelled, 1))
     return "{{- if .Values.admissionPolicy.enabled }}\n" + HEADER + "---\n".join(documents) + "{{- end }}\n"

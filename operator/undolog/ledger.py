@@ -22,6 +22,8 @@ from pydantic import BaseModel, ValidationError
 from undolog import errors
 from undolog.api import (
     API_VERSION,
+    ENTRY_STATUS_VERSION,
+    VERSION,
     Effect,
     EntryReason,
     LostEntry,
@@ -46,6 +48,7 @@ R = TypeVar("R", bound=Resource)
 T = TypeVar("T")
 NAME_TRIES = 5  # generated saga names tried before giving up
 REBASES = 5  # replays of one entry write over other writers' changes before giving up
+RETRY_OBJECT_SECONDS = 60.0  # an EntryStatusRoute through /status tries the object again after this
 UNSTORED_WHEN_EMPTY = frozenset({"effects", "lostEntries", "lostEntriesOmitted", "unownedEntries"})
 
 
@@ -62,9 +65,13 @@ class ObjectStore(Protocol):
         label_selector: str | None = None,
     ) -> builtins.list[Body]: ...
     async def create(self, plural: Plural, namespace: str, body: Body) -> Body: ...
-    async def patch(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body: ...
+    async def patch(
+        self, plural: Plural, namespace: str, name: str, patch: Body, *, version: str = VERSION
+    ) -> Body: ...
     async def patch_status(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body: ...
-    async def replace_status(self, plural: Plural, namespace: str, name: str, version: str, status: Body) -> Body: ...
+    async def replace_status(
+        self, plural: Plural, namespace: str, name: str, version: str, status: Body, *, with_object_at: str = ""
+    ) -> Body: ...
     async def secret(self, namespace: str, name: str) -> tuple[dict[str, str], dict[str, bytes]]: ...
     async def delete(
         self, plural: Plural, namespace: str, name: str, *, uid: str | None = None, version: str | None = None
@@ -238,9 +245,63 @@ def changed_fields(before: BaseModel, after: BaseModel) -> Body:
 
 
 @dataclass
+class EntryStatusRoute:
+    """Where an UndoEntry's status is written: with the object, at ENTRY_STATUS_VERSION (served
+    without the status subresource), in one write that also drops its field owners
+    (metadata.managedFields, which the API then stops recording), so an outcome costs one write
+    and a finished entry no cleanup. Where that version is not served yet (this release's code
+    before its CRDs: the SDK upgraded first), the object's write answers 404 and the status goes
+    through VERSION's /status, as before (the operator then drops the owners when the saga
+    finishes), trying the object again every RETRY_OBJECT_SECONDS. One route per process: the
+    SDK opens a ledger per use."""
+
+    through_subresource_since: float | None = None  # monotonic
+
+    @property
+    def subresource(self) -> bool:
+        return self.through_subresource_since is not None
+
+    async def write(self, kube: ObjectStore, base: UndoEntry, ours: Body) -> Body:
+        """`ours` (changed status fields) written on `base`, conditional on its resourceVersion."""
+        since = self.through_subresource_since
+        if since is None or time.monotonic() - since > RETRY_OBJECT_SECONDS:
+            try:
+                written = await self._written(kube, base, ours, subresource=False)
+                self.through_subresource_since = None
+                return written
+            except errors.NotFound:
+                pass  # not served yet, or the entry is gone: /status says which
+        written = await self._written(kube, base, ours, subresource=True)
+        self.through_subresource_since = time.monotonic()
+        return written
+
+    @staticmethod
+    def _written(kube: ObjectStore, base: UndoEntry, ours: Body, *, subresource: bool) -> Awaitable[Body]:
+        """A merge patch of the fields that changed; with an output, the whole status instead: a
+        merge patch takes a null inside an object as "delete the key", so an answer's
+        `"parent": null` was stored without `parent`, and a later step's reference to it failed."""
+        version = base.metadata.resource_version
+        if ours.get("output") is not None:
+            current = base.status.model_dump(mode="json", by_alias=True)
+            status = {key: value for key, value in {**current, **ours}.items() if value is not None}
+            at = "" if subresource else ENTRY_STATUS_VERSION
+            return kube.replace_status("undoentries", *base.key, version, status, with_object_at=at)
+        if subresource:
+            return kube.patch_status(
+                "undoentries", *base.key, {"metadata": {"resourceVersion": version}, "status": ours}
+            )
+        patch = {"metadata": {"resourceVersion": version, "managedFields": [{}]}, "status": ours}
+        return kube.patch("undoentries", *base.key, patch, version=ENTRY_STATUS_VERSION)
+
+
+ENTRY_STATUS_ROUTE = EntryStatusRoute()
+
+
+@dataclass
 class Ledger:
     kube: ObjectStore
     entry_writes: EntryWrites = field(default_factory=EntryWrites)
+    entry_route: EntryStatusRoute = field(default_factory=lambda: ENTRY_STATUS_ROUTE)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -400,7 +461,9 @@ class Ledger:
         base = entry
         for _ in range(REBASES):
             try:
-                written = await self.entry_writes.written(base.metadata.namespace, self._status_written(base, ours))
+                written = await self.entry_writes.written(
+                    base.metadata.namespace, self.entry_route.write(self.kube, base, ours)
+                )
                 return UndoEntry.model_validate(written)
             except errors.Conflict:
                 fresh = await self.entry(*base.key)
@@ -420,23 +483,14 @@ class Ledger:
                 base = fresh
         raise errors.Conflict(f"UndoEntry {entry.reference} kept changing: its status was not written")
 
-    def _status_written(self, base: UndoEntry, ours: Body) -> Awaitable[Body]:
-        """A merge patch of the fields that changed; with an output, the whole status instead: a
-        merge patch takes a null inside an object as "delete the key", so an answer's
-        `"parent": null` was stored without `parent`, and a later step's reference to it failed."""
-        if ours.get("output") is None:
-            return self.kube.patch_status("undoentries", *base.key, conditional(base, {"status": ours}))
-        current = base.status.model_dump(mode="json", by_alias=True)
-        status = {key: value for key, value in {**current, **ours}.items() if value is not None}
-        return self.kube.replace_status("undoentries", *base.key, base.metadata.resource_version, status)
-
     async def mark_not_owned(self, entry: UndoEntry, why: str) -> UndoEntry:
         """The entry names a saga that does not own it: said on the entry, which stays as it is."""
         status = changed(entry.status, entry_changes.not_acted_on(EntryReason.NOT_OWNED_BY_SAGA, why))
         return await self.write_entry_status(entry, status)
 
     async def forget_entry_owners(self, entry: UndoEntry) -> UndoEntry:
-        """Drop the entry's metadata.managedFields, once it is final (its saga finished)."""
+        """Drop the entry's metadata.managedFields, once it is final (its saga finished): needed
+        only while entries are written through a status subresource (EntryStatusRoute)."""
         namespace = entry.metadata.namespace
         patch: Body = {"metadata": {"managedFields": [{}]}}
         written = await self.entry_writes.written(namespace, self.kube.patch("undoentries", *entry.key, patch))

@@ -24,13 +24,17 @@ from devtools.control_plane import LocalControlPlane
 from devtools.crds import CRDS
 
 from tests.conftest import BIN, REPO, Cluster
-from tests.support.manifests import call, timestamp
+from tests.support.manifests import call, timestamp, webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Reply
 from tests.support.waiting import eventually, saga_phase
+from undolog import ledger
 from undolog.conventions import STORED_AS_ANNOTATION
 from undolog.inspect import Inspector
 from undolog.kube import Body, Kube
+from undolog.ledger import EntryStatusRoute
+from undolog.sdk import Call as SdkCall
+from undolog.sdk import SagaRun, open_saga
 
 pytestmark = pytest.mark.cluster
 
@@ -39,10 +43,10 @@ OLD = "undolog.io/v1alpha1"
 MERGE = "application/merge-patch+json"
 
 
-def previous_release(into: Path) -> Path:
-    """The previous release's operator and CRDs, from the repository's history."""
+def previous_release(into: Path, commit: str = PREVIOUS) -> Path:
+    """A previous release's operator and CRDs, from the repository's history."""
     archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--format=tar", PREVIOUS, "operator", "crds"],
+        ["git", "-C", str(REPO), "archive", "--format=tar", commit, "operator", "crds"],
         capture_output=True,
         check=True,
     ).stdout
@@ -52,19 +56,20 @@ def previous_release(into: Path) -> Path:
 
 
 class OldClient:
-    """What an agent of the previous release writes: v1alpha1 objects."""
+    """What an agent of a previous release writes: v1alpha1 objects (0.2.0), v1beta1 (0.3.0), the
+    entries' status through /status."""
 
-    def __init__(self, kube: Kube, namespace: str) -> None:
-        self.kube, self.namespace = kube, namespace
-        self.path = f"/apis/{OLD}/namespaces/{namespace}"
+    def __init__(self, kube: Kube, namespace: str, api_version: str = OLD) -> None:
+        self.kube, self.namespace, self.api_version = kube, namespace, api_version
+        self.path = f"/apis/{api_version}/namespaces/{namespace}"
 
     async def create(self, plural: str, body: Body) -> Body:
-        return await self.kube.request("POST", f"{self.path}/{plural}", {"apiVersion": OLD, **body})
+        return await self.kube.request("POST", f"{self.path}/{plural}", {"apiVersion": self.api_version, **body})
 
     async def saga(self, name: str, *functions: str) -> None:
         """An external saga with one committed entry per function, positions 1..n."""
         created = await self.create("sagas", {"kind": "Saga", "metadata": {"name": name}, "spec": {}})
-        owner = {"apiVersion": OLD, "kind": "Saga", "name": name, "uid": created["metadata"]["uid"]}
+        owner = {"apiVersion": self.api_version, "kind": "Saga", "name": name, "uid": created["metadata"]["uid"]}
         for position, function in enumerate(functions, start=1):
             spec = {
                 "saga": name,
@@ -240,3 +245,73 @@ async def test_an_upgrade_from_the_previous_release_finishes_every_saga_and_call
 
 async def _stored(etcd: str, namespace: str) -> Counter[str]:
     return stored_versions(etcd, namespace)
+
+
+RELEASE_0_3_0 = "8b0731065961b1fa2cfad654a0f216f789d9a922"  # UndoEntry status through v1beta1's /status alone
+
+
+async def sdk_saga(kube: Kube, namespace: str, name: str, steps: int) -> SagaRun:
+    """A saga of this release's SDK with `steps` steps done (each Committed), left open."""
+    run = await open_saga(name=name, namespace=namespace, kube=kube)
+    for position in range(1, steps + 1):
+        undo = SdkCall(function="undo", args={"saga": name, "position": position})
+        async with run.step(f"step{position}", compensation=undo) as made:
+            made.output = {"id": position}
+    return run
+
+
+async def entries_as_stored(kube: Kube, namespace: str, saga: str) -> list[Body]:
+    """The saga's entries with their field owners (a raw LIST: the client trims them elsewhere)."""
+    path = f"/apis/undolog.io/v1beta1/namespaces/{namespace}/undoentries"
+    listed = await kube.request("GET", f"{path}?fieldSelector=spec.saga%3D{saga}")
+    return list(listed["items"])
+
+
+async def test_this_release_s_sdk_on_the_0_3_0_crds_and_operator_then_through_the_upgrade(
+    upgrade: Upgrade, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Agents upgrade the SDK before the platform team upgrades the chart: the SDK records its
+    steps through /status while v1beta2 is not served, the 0.3.0 operator compensates them; a
+    saga open across the upgrade, and an agent still on 0.3.0 (its /status), are finished by
+    this release's operator, every undo called once; entries it wrote keep no field owners."""
+    kube, namespace, participant = upgrade.kube, upgrade.namespace, upgrade.participant
+    monkeypatch.setattr("undolog.ledger.ENTRY_STATUS_ROUTE", EntryStatusRoute())  # this process's route, fresh
+    previous = previous_release(tmp_path / "0.3.0", RELEASE_0_3_0)
+    upgrade.install_crds(previous / "crds")
+    await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
+    environment = {"PYTHONPATH": str(previous / "operator")}
+    operator = OperatorProcess(upgrade.cluster.kubeconfig, namespace, upgrade.logs, environment=environment)
+    operator.start()
+    try:
+        early = await sdk_saga(kube, namespace, "early", 3)
+        await early.abort("the agent gave up before the upgrade")
+        assert ledger.ENTRY_STATUS_ROUTE.subresource  # v1beta2 answered 404: recorded through /status
+        await saga_phase(kube, namespace, "early", "Compensated")
+        across = await sdk_saga(kube, namespace, "across", 2)
+    finally:
+        operator.stop()
+
+    upgrade.install_crds(REPO / "crds")  # helm upgrade: this release's CRDs, then its operator
+    operator = OperatorProcess(upgrade.cluster.kubeconfig, namespace, upgrade.logs)
+    operator.start()
+    try:
+        monkeypatch.setattr("undolog.ledger.RETRY_OBJECT_SECONDS", 0.0)  # the SDK's next try of the object, now
+        undo = SdkCall(function="undo", args={"saga": "across", "position": 3})
+        async with across.step("step3", compensation=undo) as made:
+            made.output = {"id": 3}
+        assert not ledger.ENTRY_STATUS_ROUTE.subresource
+        await across.abort("the agent gave up after the upgrade")
+        old = OldClient(kube, namespace, "undolog.io/v1beta1")  # an agent still on 0.3.0
+        await old.saga("old-agent", "undo", "undo")
+        await old.outcome("old-agent", "Abort")
+        for name in ("across", "old-agent"):
+            await saga_phase(kube, namespace, name, "Compensated")
+    finally:
+        operator.stop()
+    undone = Counter((r.body["saga"], r.body["position"]) for r in participant.received("/undo") if r.replied == 200)
+    assert undone == {
+        (saga, p): 1 for saga, n in (("early", 3), ("across", 3), ("old-agent", 2)) for p in range(1, n + 1)
+    }
+    for entry in await entries_as_stored(kube, namespace, "across"):
+        assert entry["status"]["state"] == "Compensated"
+        assert not entry["metadata"].get("managedFields"), entry["metadata"]["name"]  # dropped by its outcome's write

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from undolog import errors
-from undolog.api.common import Plural
+from undolog.api.common import VERSION, Plural
 from undolog.calls.transport import PreparedCall
 from undolog.conventions import timestamp
 from undolog.decisions.retry import CallOutcome
@@ -44,6 +44,9 @@ class FakeKube:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (object name, reason, message)
     requests: list[tuple[str, str]] = field(default_factory=list)  # (verb, plural) of every request
     refuse: dict[tuple[str, str], errors.KubeError] = field(default_factory=dict)  # (verb, plural) -> error
+    # UndoEntries served at ENTRY_STATUS_VERSION too, their status written with the object, as
+    # crds/ declares them (False: CRDs installed before that version).
+    entry_status_with_object: bool = True
     _revision: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def _stamp(self, body: Body) -> Body:
@@ -139,16 +142,19 @@ class FakeKube:
         self.objects[(plural, meta["namespace"], meta["name"])] = self._stamp(stored)
         return copy.deepcopy(stored)
 
-    async def patch(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+    async def patch(self, plural: Plural, namespace: str, name: str, patch: Body, *, version: str = VERSION) -> Body:
         self._refused("patch", plural)
-        return self._patched(plural, namespace, name, patch, status=False)
+        return self._patched(plural, namespace, name, patch, status=False, at=version)
 
     async def patch_status(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
         self._refused("patch-status", plural)
         return self._patched(plural, namespace, name, patch, status=True)
 
-    async def replace_status(self, plural: Plural, namespace: str, name: str, version: str, status: Body) -> Body:
-        self._refused("patch-status", plural)
+    async def replace_status(
+        self, plural: Plural, namespace: str, name: str, version: str, status: Body, *, with_object_at: str = ""
+    ) -> Body:
+        self._refused("patch" if with_object_at else "patch-status", plural)
+        self._served(plural, with_object_at or VERSION)
         current = self._object(plural, namespace, name)
         if version != current["metadata"]["resourceVersion"]:
             raise errors.Conflict(f'the object "{name}" has been modified', status=409, reason="Conflict")
@@ -157,13 +163,21 @@ class FakeKube:
         self.objects[(plural, namespace, name)] = self._stamp(updated)
         return copy.deepcopy(updated)
 
-    def _patched(self, plural: Plural, namespace: str, name: str, patch: Body, *, status: bool) -> Body:
+    def _served(self, plural: str, version: str) -> None:
+        if version != VERSION and not (plural == "undoentries" and self.entry_status_with_object):
+            raise errors.NotFound("the server could not find the requested resource", status=404)
+
+    def _patched(
+        self, plural: Plural, namespace: str, name: str, patch: Body, *, status: bool, at: str = VERSION
+    ) -> Body:
+        self._served(plural, at)
         current = self._object(plural, namespace, name)
         patch = copy.deepcopy(patch)
         expected = patch.get("metadata", {}).pop("resourceVersion", None)
         if expected is not None and expected != current["metadata"]["resourceVersion"]:
             raise errors.Conflict(f'the object "{name}" has been modified', status=409, reason="Conflict")
-        allowed = {"status"} if status else {"metadata", "spec"}
+        patch.get("metadata", {}).pop("managedFields", None)  # never kept here (the client trims them)
+        allowed = {"status"} if status else {"metadata", "spec", *(("status",) if at != VERSION else ())}
         updated = merge(current, {k: v for k, v in patch.items() if k in allowed})
         if updated.get("spec") != current.get("spec"):
             updated["metadata"]["generation"] += 1

@@ -42,9 +42,10 @@ func main() {
 				if i >= int64(*writes) {
 					return
 				}
-				url := fmt.Sprintf("%s/apis/undolog.io/v1beta1/namespaces/%s/undoentries/%s/status",
+				// v1beta2: the status written with the object, as the operator writes it
+				url := fmt.Sprintf("%s/apis/undolog.io/v1beta2/namespaces/%s/undoentries/%s",
 					api.Server(), *namespace, entries[i%int64(len(entries))])
-				body := []byte(fmt.Sprintf(`{"status":{"retryCount":%d}}`, i))
+				body := []byte(fmt.Sprintf(`{"metadata":{"managedFields":[{}]},"status":{"retryCount":%d}}`, i))
 				request, err := http.NewRequest(http.MethodPatch, url, bytes.NewReader(body))
 				apiserver.Check(err)
 				request.Header.Set("Content-Type", "application/merge-patch+json")

@@ -48,6 +48,7 @@ type entry struct {
 type floor struct {
 	api, participant *http.Client
 	base, namespace  string // base: .../apis/undolog.io/v1beta1/namespaces/<namespace>
+	entries          string // .../v1beta2/namespaces/<namespace>/undoentries: status written with the object
 	target           string // the participant's URL
 }
 
@@ -61,6 +62,7 @@ func main() {
 		api:         api.Client(0),
 		participant: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 100}},
 		base:        fmt.Sprintf("%s/apis/undolog.io/v1beta1/namespaces/%s", api.Server(), *namespace),
+		entries:     fmt.Sprintf("%s/apis/undolog.io/v1beta2/namespaces/%s/undoentries/", api.Server(), *namespace),
 		namespace:   *namespace,
 		target:      *target,
 	}
@@ -122,7 +124,7 @@ func (f *floor) compensate(name string) {
 	}()
 	for _, e := range entries {
 		f.call(name, e)
-		f.patch("/undoentries/"+e.Metadata.Name+"/status", `{"status":{"state":"Compensated"}}`)
+		f.send(http.MethodPatch, f.entries+e.Metadata.Name, []byte(`{"metadata":{"managedFields":[{}]},"status":{"state":"Compensated"}}`), nil)
 	}
 	writing.Wait()
 	f.patch("/sagas/"+name+"/status", `{"status":{"phase":"Compensated"}}`)
@@ -151,9 +153,13 @@ func (f *floor) patch(path, body string) {
 	f.request(http.MethodPatch, path, []byte(body), nil)
 }
 
-// request sends one API request and decodes its answer into `into` (nil: discarded).
+// request sends one API request on the namespace's v1beta1 path and decodes its answer into `into` (nil: discarded).
 func (f *floor) request(method, path string, body []byte, into any) {
-	request, err := http.NewRequest(method, f.base+path, bytes.NewReader(body))
+	f.send(method, f.base+path, body, into)
+}
+
+func (f *floor) send(method, path string, body []byte, into any) {
+	request, err := http.NewRequest(method, path, bytes.NewReader(body))
 	apiserver.Check(err)
 	if body != nil {
 		request.Header.Set("Content-Type", "application/merge-patch+json")

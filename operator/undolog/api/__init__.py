@@ -8,6 +8,7 @@ Phases, states and reasons are enums here and nowhere else.
 from undolog.api.common import (
     API_VERSION,
     EARLIER_VERSIONS,
+    ENTRY_STATUS_VERSION,
     GROUP,
     MAX_MESSAGE,
     MAX_NESTING,
@@ -72,6 +73,7 @@ from undolog.api.webhook import (
 __all__ = [
     "API_VERSION",
     "EARLIER_VERSIONS",
+    "ENTRY_STATUS_VERSION",
     "GROUP",
     "MAX_LOST_ENTRIES",
     "MAX_MESSAGE",

@@ -19,6 +19,10 @@ VERSION = "v1beta1"  # served and stored; what the operator, the SDK and the CLI
 # Still served, with the same schema (conversion None): clients of an earlier release keep working.
 EARLIER_VERSIONS = ("v1alpha1",)
 API_VERSION = f"{GROUP}/{VERSION}"
+# UndoEntry is also served as this version, with the same schema but no status subresource: its
+# status is written there with the object, in one write that also drops the field owners
+# (ledger.EntryStatusRoute). Clients of VERSION keep their /status.
+ENTRY_STATUS_VERSION = "v1beta2"
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"

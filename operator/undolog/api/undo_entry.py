@@ -164,6 +164,24 @@ OWNER_MESSAGE = (
 )
 
 
+# Entries are served without a status subresource (an outcome is one write that also drops the
+# field owners: ledger.EntryStatusRoute), so RBAC on undoentries/status no longer guards the status
+# alone: this policy asks the authorizer whether the writer may patch undoentries/status (the
+# operator, agents), as the subresource did; anyone else may change the rest (annotations).
+STATUS_POLICY = "undolog-undoentry-status"
+STATUS_RULE = (
+    "(request.operation == 'CREATE' ? !has(object.status) : has(object.status) ? "
+    "has(oldObject.status) && object.status == oldObject.status : !has(oldObject.status)) || "
+    "authorizer.group('undolog.io').resource('undoentries').subresource('status')"
+    ".namespace(object.metadata.namespace).name(object.metadata.name).check('patch').allowed()"
+)
+STATUS_MESSAGE = (
+    "'UndoEntry ' + object.metadata.name + ': ' + request.userInfo.username + ' may not write its status, "
+    "which only the operator and agents write: grant patch on undoentries/status in namespace ' + "
+    "object.metadata.namespace + ' (as the role of agents does), or change only its metadata'"
+)
+
+
 class UndoEntrySpec(Model):
     """The effect and how to undo it. Immutable once created."""
 

@@ -51,8 +51,10 @@ def trimmed(body: Body) -> Body:
     return body
 
 
-def _custom_path(plural: Plural, namespace: str | None, name: str | None = None, subresource: str = "") -> str:
-    path = f"/apis/{GROUP}/{VERSION}" + (f"/namespaces/{namespace}" if namespace else "") + f"/{plural}"
+def _custom_path(
+    plural: Plural, namespace: str | None, name: str | None = None, subresource: str = "", version: str = VERSION
+) -> str:
+    path = f"/apis/{GROUP}/{version}" + (f"/namespaces/{namespace}" if namespace else "") + f"/{plural}"
     return path + (f"/{name}" if name else "") + (f"/{subresource}" if subresource else "")
 
 
@@ -243,9 +245,9 @@ class Kube:
     async def create(self, plural: Plural, namespace: str, body: Body) -> Body:
         return trimmed(await self.request("POST", _custom_path(plural, namespace), body))
 
-    async def patch(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+    async def patch(self, plural: Plural, namespace: str, name: str, patch: Body, *, version: str = VERSION) -> Body:
         """JSON merge patch of the object; metadata.resourceVersion in the patch makes it conditional."""
-        path = _custom_path(plural, namespace, name)
+        path = _custom_path(plural, namespace, name, version=version)
         return trimmed(await self.request("PATCH", path, patch, content_type=MERGE_PATCH))
 
     async def patch_status(self, plural: Plural, namespace: str, name: str, patch: Body) -> Body:
@@ -253,14 +255,20 @@ class Kube:
         path = _custom_path(plural, namespace, name, "status")
         return trimmed(await self.request("PATCH", path, patch, content_type=MERGE_PATCH))
 
-    async def replace_status(self, plural: Plural, namespace: str, name: str, version: str, status: Body) -> Body:
+    async def replace_status(
+        self, plural: Plural, namespace: str, name: str, version: str, status: Body, *, with_object_at: str = ""
+    ) -> Body:
         """The whole status replaced by `status`, conditional on resourceVersion `version` (a JSON
-        patch: unlike a merge patch, it keeps a null inside an object, such as an output's)."""
-        path = _custom_path(plural, namespace, name, "status")
+        patch: unlike a merge patch, it keeps a null inside an object, such as an output's).
+        `with_object_at`: written with the object at that API version (served without the status
+        subresource), its field owners (metadata.managedFields) dropped by the same write."""
+        path = _custom_path(plural, namespace, name, "" if with_object_at else "status", with_object_at or VERSION)
         ops = [
             {"op": "replace", "path": "/metadata/resourceVersion", "value": version},
             {"op": "add", "path": "/status", "value": status},
         ]
+        if with_object_at:
+            ops.append({"op": "add", "path": "/metadata/managedFields", "value": [{}]})
         return trimmed(await self.request("PATCH", path, ops, content_type=JSON_PATCH))
 
     async def delete(

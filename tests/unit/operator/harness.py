@@ -119,15 +119,15 @@ class Operator:
     def watch_showing_entry_writes(self) -> Progress:
         """An entry watch that is never behind: each entry write's echo is applied as it is made."""
         progress = self.watched = Progress()
-        plain = self.kube.patch_status
+        plain = self.kube.patch
 
-        async def echoed(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
-            written = await plain(plural, namespace, name, patch)
+        async def echoed(plural: Plural, namespace: str, name: str, patch: Body, **at: str) -> Body:
+            written = await plain(plural, namespace, name, patch, **at)
             if plural == "undoentries":
                 progress.advance(written["metadata"]["resourceVersion"])
             return written
 
-        self.kube.patch_status = echoed  # type: ignore[method-assign]
+        self.kube.patch = echoed  # type: ignore[method-assign]
         return progress
 
     def entry_lists(self) -> int:

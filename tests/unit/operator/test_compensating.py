@@ -44,15 +44,15 @@ async def test_entries_compensated_together_keep_their_outcomes_when_one_write_i
         body = operator.entry(saga, position, indexed=False)
         body["spec"]["dependsOn"] = []
         operator.context.index.keep(UndoEntry.model_validate(operator.kube.put("undoentries", body)))
-    plain, refused, older_left = operator.kube.patch_status, asyncio.Event(), asyncio.Event()
+    plain, refused, older_left = operator.kube.patch, asyncio.Event(), asyncio.Event()
     lost: list[str] = []
 
-    async def newest_changed_meanwhile(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
+    async def newest_changed_meanwhile(plural: Plural, namespace: str, name: str, patch: Body, **at: str) -> Body:
         if name == "s-3" and patch.get("status", {}).get("state") == "Compensated" and not lost:
             lost.append(name)
-            await plain(plural, namespace, name, {"status": {"state": "Running"}})  # the other writer
+            await plain(plural, namespace, name, {"status": {"state": "Running"}}, **at)  # the other writer
             refused.set()
-        return await plain(plural, namespace, name, patch)
+        return await plain(plural, namespace, name, patch, **at)
 
     async def all_three_at_the_participant(call: PreparedCall) -> None:
         async with asyncio.timeout(5):
@@ -63,7 +63,7 @@ async def test_entries_compensated_together_keep_their_outcomes_when_one_write_i
                     older_left.set()
                 await refused.wait()
 
-    operator.kube.patch_status = newest_changed_meanwhile  # type: ignore[method-assign]
+    operator.kube.patch = newest_changed_meanwhile  # type: ignore[method-assign]
     operator.transport.on_send = all_three_at_the_participant
     await operator.run_until("s", "Compensated", within=5)
     assert lost == ["s-3"]

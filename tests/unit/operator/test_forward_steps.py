@@ -170,18 +170,17 @@ async def test_an_entry_registered_after_completion_is_settled_and_said(operator
     assert operator.transport.sent == []
 
 
-async def test_a_quick_orchestrated_saga_costs_two_writes_a_step_and_three_of_its_own(operator: Operator) -> None:
+async def test_a_quick_orchestrated_saga_costs_two_writes_a_step_and_two_of_its_own(operator: Operator) -> None:
     """Its steps run before Active is written: Completed is its first status, and no Event is
-    posted for a start nobody could have watched. Kept (no TTL), its entries' field owners are
-    dropped as it finishes: one write each, after the work."""
+    posted for a start nobody could have watched. Kept (no TTL), it costs no write for its entries'
+    field owners: each outcome, written with the object, dropped them."""
     created = fresh_orchestrated(operator, "o", ["work", "work", "work"])
     operator.kube.requests.clear()
     done = await operator.drive("o")
     assert done.status.phase == "Completed"
     writes = [r for r in operator.kube.requests if r[0] in ("create", "patch", "patch-status")]
-    per_step = [("create", "undoentries"), ("patch-status", "undoentries")]
-    owners = [("patch", "undoentries")] * 3
-    assert writes == [("patch", "sagas"), *per_step * 3, ("patch-status", "sagas"), *owners, ("patch", "sagas")]
+    per_step = [("create", "undoentries"), ("patch", "undoentries")]
+    assert writes == [("patch", "sagas"), *per_step * 3, ("patch-status", "sagas"), ("patch", "sagas")]
     assert done.status.start_time == Saga.model_validate(created).metadata.creation_timestamp
     assert (done.status.stack_depth, done.status.completion_time is not None) == (3, True)
     assert FINALIZER not in done.metadata.finalizers

@@ -28,7 +28,7 @@ async def test_a_call_whose_in_flight_mark_cannot_be_written_is_not_cut_off_and_
     operator.entry(saga, 1)
 
     async def slow_while_the_api_times_out(call: PreparedCall) -> None:
-        operator.kube.refuse[("patch-status", "undoentries")] = errors.KubeError("the request timed out", status=504)
+        operator.kube.refuse[("patch", "undoentries")] = errors.KubeError("the request timed out", status=504)
         await asyncio.sleep(IN_FLIGHT_MARK_AFTER + 0.3)
         operator.kube.refuse.clear()
 
@@ -48,10 +48,10 @@ async def test_a_call_that_ends_while_its_in_flight_mark_is_written_keeps_the_ma
     saga = operator.saga("slow", outcome="Abort")
     operator.entry(saga, 1)
     mark_landed, call_over = asyncio.Event(), asyncio.Event()
-    plain = operator.kube.patch_status
+    plain = operator.kube.patch
 
-    async def answered_after_the_call(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
-        written = await plain(plural, namespace, name, patch)
+    async def answered_after_the_call(plural: Plural, namespace: str, name: str, patch: Body, **at: str) -> Body:
+        written = await plain(plural, namespace, name, patch, **at)
         if plural == "undoentries" and patch.get("status", {}).get("state") == "Running":
             mark_landed.set()
             await call_over.wait()
@@ -62,7 +62,7 @@ async def test_a_call_that_ends_while_its_in_flight_mark_is_written_keeps_the_ma
             await mark_landed.wait()
         call_over.set()
 
-    operator.kube.patch_status = answered_after_the_call  # type: ignore[method-assign]
+    operator.kube.patch = answered_after_the_call  # type: ignore[method-assign]
     operator.transport.on_send = over_once_marked
     done = await operator.drive("slow")
     assert len(operator.transport.sent) == 1
@@ -82,17 +82,17 @@ async def test_only_a_call_slow_at_the_participant_is_marked_running(
     operator.aborted("s", 1)
     operator.transport.queued = queued
     states: list[str] = []
-    plain = operator.kube.patch_status
+    plain = operator.kube.patch
 
-    async def recorded(plural: Plural, namespace: str, name: str, patch: Body) -> Body:
-        if plural == "undoentries":
+    async def recorded(plural: Plural, namespace: str, name: str, patch: Body, **at: str) -> Body:
+        if plural == "undoentries" and "status" in patch:
             states.append(patch["status"].get("state", ""))
-        return await plain(plural, namespace, name, patch)
+        return await plain(plural, namespace, name, patch, **at)
 
     async def slow(call: PreparedCall) -> None:
         await asyncio.sleep(at_participant)
 
-    operator.kube.patch_status = recorded  # type: ignore[method-assign]
+    operator.kube.patch = recorded  # type: ignore[method-assign]
     operator.transport.on_send = slow
     done = await operator.drive("s")
     assert done.status.phase == "Compensated"

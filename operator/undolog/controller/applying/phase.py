@@ -31,7 +31,9 @@ async def transition(turn: Turn, move: moves.Transition) -> Saga:
 
 async def sync_metadata(turn: Turn, move: moves.SyncMetadata) -> Saga:
     saga, ledger = turn.saga, turn.context.ledger
-    if move.entries_too:  # the entries' field owners go first: after the release nothing comes back
+    # The entries' field owners go first (after the release nothing comes back); written with the
+    # object, an entry's status write dropped them already.
+    if move.entries_too and ledger.entry_route.subresource:
         for entry in await asyncio.gather(*(ledger.forget_entry_owners(e) for e in turn.entries)):
             turn.entries.put(entry)
     synced = await ledger.write_saga_metadata(
