@@ -280,17 +280,15 @@ class EntryStatusRoute:
         """A merge patch of the fields that changed; with an output, the whole status instead: a
         merge patch takes a null inside an object as "delete the key", so an answer's
         `"parent": null` was stored without `parent`, and a later step's reference to it failed."""
-        version = base.metadata.resource_version
         if ours.get("output") is not None:
             current = base.status.model_dump(mode="json", by_alias=True)
             status = {key: value for key, value in {**current, **ours}.items() if value is not None}
             at = "" if subresource else ENTRY_STATUS_VERSION
+            version = base.metadata.resource_version
             return kube.replace_status("undoentries", *base.key, version, status, with_object_at=at)
         if subresource:
-            return kube.patch_status(
-                "undoentries", *base.key, {"metadata": {"resourceVersion": version}, "status": ours}
-            )
-        patch = {"metadata": {"resourceVersion": version, "managedFields": [{}]}, "status": ours}
+            return kube.patch_status("undoentries", *base.key, conditional(base, {"status": ours}))
+        patch = conditional(base, {"metadata": {"managedFields": [{}]}, "status": ours})
         return kube.patch("undoentries", *base.key, patch, version=ENTRY_STATUS_VERSION)
 
 
