@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tests.support.manifests import call, saga, undo_entry, webhook
 
@@ -197,17 +197,24 @@ def operator_of(bench: Bench, namespace: str) -> Iterator[int]:
         operator.stop()
 
 
-async def burst_latency(bench: Bench, size: int, bursts: int, *, floor: bool = False) -> dict[str, Any]:
+Floor = Literal["go", "python"]
+FLOOR_PREFIX: dict[Floor, str] = {"go": "floor-", "python": "pyfloor-"}
+
+
+async def burst_latency(bench: Bench, size: int, bursts: int, *, floor: Floor | None = None) -> dict[str, Any]:
     """Abort to first compensation call on an operator with nothing else to do: `bursts` times,
     `size` sagas aborted together, each burst once the previous one is compensated. One saga at
     a time gives the idle figure; bursts of 10 give the 10-at-once figure over enough samples
     (one burst of 10 moved between 65 and 180 ms from run to run). `floor`: the sagas are
-    compensated by bench/goclients/floor instead, the least any controller does (harness.floor_client).
+    compensated by bench/goclients/floor instead, the least any controller does (harness.floor_client),
+    or by its requests made from Python (bench/python_floor.py).
     Either way they are sagas an operator made Active: a write costs the apiserver more the
     larger its object is (a saga patch 3 ms of control-plane CPU without a status, 6 with the
     operator's), and a floor handed bare sagas measured a cheaper job than any controller's."""
     kube = bench.kube
-    namespace = await bench.namespace(("floor-" if floor else "") + ("idle" if size == 1 else f"burst{size}"))
+    namespace = await bench.namespace(
+        ("" if floor is None else FLOOR_PREFIX[floor]) + ("idle" if size == 1 else f"burst{size}")
+    )
     participant = RemoteParticipant()
     await kube.create("webhooks", namespace, webhook("undo", url=participant.url("/undo")))
     names = [[f"b{burst:03d}-{i:02d}" for i in range(size)] for burst in range(bursts)]
@@ -231,10 +238,10 @@ async def burst_latency(bench: Bench, size: int, bursts: int, *, floor: bool = F
         with operator_of(bench, namespace) as pid:
             await bounded(lambda name=name: make_saga(kube, namespace, name) for burst in names for name in burst)  # type: ignore[misc]
             await until(lambda: _all(kube, namespace, "Active", total), 120, f"{total} sagas Active")
-            if not floor:
+            if floor is None:
                 cpu = await aborted_in_bursts(pid)
-        if floor:
-            with floor_client(bench, namespace, participant.url("/undo")) as pid:
+        if floor is not None:
+            with floor_client(bench, namespace, participant.url("/undo"), python=floor == "python") as pid:
                 cpu = await aborted_in_bursts(pid)
     finally:
         participant.close()
@@ -258,8 +265,10 @@ async def main(sizes: list[int], idle_samples: int, bursts_of_10: int, profile: 
         if idle_samples:
             idle = await burst_latency(bench, 1, idle_samples)
             ten = await burst_latency(bench, 10, bursts_of_10) if bursts_of_10 else None
-            floor_idle = await burst_latency(bench, 1, idle_samples, floor=True)
-            floor_ten = await burst_latency(bench, 10, bursts_of_10, floor=True) if bursts_of_10 else None
+            floor_idle = await burst_latency(bench, 1, idle_samples, floor="go")
+            floor_ten = await burst_latency(bench, 10, bursts_of_10, floor="go") if bursts_of_10 else None
+            # The same bursts from Python with no logic: the language's and aiohttp's share of the CPU.
+            python_ten = await burst_latency(bench, 10, bursts_of_10, floor="python") if bursts_of_10 else None
             print_table(
                 [
                     "sagas aborted together, on an idle controller",
@@ -282,11 +291,18 @@ async def main(sizes: list[int], idle_samples: int, bursts_of_10: int, profile: 
                         f"{r['driver_cpu_ms_per_saga']} ms",
                         f"{r['control_plane_cpu_ms_per_saga']} ms",
                     )
-                    for who, r in (("UndoLog", idle), ("UndoLog", ten), ("floor", floor_idle), ("floor", floor_ten))
+                    for who, r in (
+                        ("UndoLog", idle),
+                        ("UndoLog", ten),
+                        ("floor", floor_idle),
+                        ("floor", floor_ten),
+                        ("floor's requests from Python", python_ten),
+                    )
                     if r is not None
                 ],
             )
-            save("compensation_idle", {**idle, "bursts_of_10": ten, "floor": {**floor_idle, "bursts_of_10": floor_ten}})
+            floors = {"floor": {**floor_idle, "bursts_of_10": floor_ten}, "python_floor": {"bursts_of_10": python_ten}}
+            save("compensation_idle", {**idle, "bursts_of_10": ten, **floors})
         for n in sizes:
             print(f"N={n} ...", flush=True)
             row = await measure(bench, n, profile)

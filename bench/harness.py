@@ -105,12 +105,17 @@ class Bench:
 
 def go_client(bench: Bench, program: str) -> list[str]:
     """The command line of one of bench/'s Go clients, with the admin's client certificate."""
+    return client_command(bench, [str(BIN / program)])
+
+
+def client_command(bench: Bench, program: list[str]) -> list[str]:
+    """`program`'s command line with the apiserver's URL and the admin's client certificate."""
     local = bench.local
     if local is None:
-        raise RuntimeError(f"{program} needs the local control plane's client certificate (unset KUBECONFIG)")
+        raise RuntimeError(f"{program[-1]} needs the local control plane's client certificate (unset KUBECONFIG)")
     pki = local.pki
     return [
-        str(BIN / program),
+        *program,
         f"--server={bench.kube.server}",
         f"--ca={pki / 'serving-ca.crt'}",
         f"--cert={pki / 'admin.crt'}",
@@ -119,18 +124,20 @@ def go_client(bench: Bench, program: str) -> list[str]:
 
 
 @contextmanager
-def floor_client(bench: Bench, namespace: str, participant: str) -> Iterator[int]:
+def floor_client(bench: Bench, namespace: str, participant: str, *, python: bool = False) -> Iterator[int]:
     """bench/goclients/floor (built by `make bench`) compensating the namespace's aborted sagas, calling
-    `participant`: the least any controller does between an abort and its first call. Yields its pid."""
+    `participant`: the least any controller does between an abort and its first call. Yields its pid.
+    `python`: the same requests from Python (bench/python_floor.py)."""
+    program = [sys.executable, "-m", "bench.python_floor"] if python else [str(BIN / "undolog-bench-floor")]
     process = subprocess.Popen(
-        [*go_client(bench, "undolog-bench-floor"), f"--namespace={namespace}", f"--participant={participant}"],
+        [*client_command(bench, program), f"--namespace={namespace}", f"--participant={participant}"],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert process.stdout is not None
         if process.stdout.readline().strip() != "watching":
-            raise RuntimeError(f"undolog-bench-floor did not start (exit code {process.wait(10)})")
+            raise RuntimeError(f"{program[-1]} did not start (exit code {process.wait(10)})")
         yield process.pid
     finally:
         process.kill()

@@ -25,6 +25,7 @@ KEYS = (
     "floor_abort_first_call_p99_ms_10",
     "operator_cpu_ms_per_compensated_saga",
     "floor_cpu_ms_per_compensated_saga",
+    "python_floor_cpu_ms_per_compensated_saga",
     "writes_per_compensated_saga",
     "writes_per_forward_step",
     "entry_writes_per_forward_step",
@@ -106,6 +107,9 @@ def summarize() -> dict[str, Any]:
         # The same bursts compensated by bench/goclients/floor, the least any controller does, in the same run.
         if floor := idle["results"].get("floor"):
             abort_first_call(figures, "floor_", floor)
+        # Its requests made from Python (bench/python_floor.py): the language's share, no logic.
+        if (python := idle["results"].get("python_floor")) and (bursts := python.get("bursts_of_10")):
+            figures["python_floor_cpu_ms_per_compensated_saga"] = bursts["driver_cpu_ms_per_saga"]
     if compensation := sources["compensation"]:
         if ten := row(compensation["results"], "sagas", 10):
             if figures["abort_first_call_p99_ms_10"] is None:

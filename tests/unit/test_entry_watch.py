@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from tests.support.objects import entry_body
 from undolog import errors
+from undolog.api import UndoEntry
+from undolog.api.common import revision_of
 from undolog.controller.entry_index import EntryIndex
 from undolog.controller.entry_watch import EntryEvent, EntryWatch
 from undolog.kube import Body
@@ -49,7 +51,11 @@ class ScriptedKube:
             yield event
 
 
-async def follow(kube: ScriptedKube, index: EntryIndex) -> list[tuple[str, str]]:
+async def follow(
+    kube: ScriptedKube, index: EntryIndex, parsed: list[int | None] | None = None
+) -> list[tuple[str, str]]:
+    """What the watch delivered once it has read every scripted stream; `parsed`: the revision
+    of each event it parsed."""
     delivered: list[tuple[str, str]] = []
 
     def deliver(event: EntryEvent) -> None:
@@ -59,6 +65,14 @@ async def follow(kube: ScriptedKube, index: EntryIndex) -> list[tuple[str, str]]
             delivered.append(("DELETED" if event[1] else "CHANGED", event[0].metadata.name))
 
     watch = EntryWatch(kube, index, deliver, None)  # type: ignore[arg-type]
+    if parsed is not None:
+        parse = watch.stream.parse
+
+        def counted(body: Body) -> UndoEntry | Unreadable:
+            parsed.append(revision_of(body["metadata"]["resourceVersion"]))
+            return parse(body)
+
+        watch.stream.parse = counted
     await watch.sync()
     delivered.clear()  # the first listing is delivered by the engine itself
     task = asyncio.create_task(watch.run())
@@ -131,3 +145,22 @@ async def test_progress_reaches_a_revision_only_once_everything_up_to_it_was_app
         assert watch.progress._waiting == []  # a waiter that gave up is not kept
     finally:
         task.cancel()
+
+
+async def test_the_echo_of_a_copy_the_index_holds_is_neither_parsed_nor_delivered() -> None:
+    """A driver keeps what its write was answered in the index; the watch's echo of that same
+    copy woke the driver for a reconcile that decided nothing (a third of the entry events with
+    sagas compensating). A newer copy, or a deletion, is delivered as ever, and the progress
+    passes the echo all the same (the proofs wait on it)."""
+    index = EntryIndex()
+    written = UndoEntry.model_validate(body(2, 11))
+    index.keep(written)  # the driver's write as the API answered it, made as the watch lists
+    kube = ScriptedKube(
+        listings=[([body(1, 5), body(2, 6)], "10")],
+        streams=[[("MODIFIED", body(2, 11)), ("MODIFIED", body(2, 12)), ("DELETED", body(1, 13))]],
+    )
+    parsed: list[int | None] = []
+    assert await follow(kube, index, parsed) == [("CHANGED", "s-2"), ("DELETED", "s-1")]
+    assert parsed == [5, 6, 12, 13]  # the listing's, then the events' but the echo's
+    assert index.of(("ns", "s"))["s-2"].metadata.revision == 12
+    assert "s-1" not in index.of(("ns", "s"))

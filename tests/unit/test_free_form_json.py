@@ -148,3 +148,23 @@ def test_wide_integers_are_found_wherever_they_are(value: Any) -> None:
         return [v] if isinstance(v, int) and not -(2**63) <= v < 2**63 else []
 
     assert (shape(value)[1] is None) == (widest(value) == [])
+
+
+ANY_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()  # past 64 bits too
+    | st.floats(allow_nan=False)  # infinities too: Python's json writes and reads them
+    | st.text(max_size=5),  # lone surrogates too (escaped)
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=20,
+)
+
+
+@given(ANY_JSON)
+def test_an_answer_reads_as_python_s_json_reads_it(value: Any) -> None:
+    """orjson parses the API's answers; what it refuses goes to Python's json, so the values are
+    Python's json's whatever the text holds."""
+    for text in (json.dumps(value), json.dumps(value, ensure_ascii=False)):
+        assert decoded(text) == json.loads(text)
+    assert decoded(json.dumps(value).encode()) == json.loads(json.dumps(value))

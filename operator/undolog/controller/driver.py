@@ -53,10 +53,11 @@ class SagaDriver:
         "wake",
     )
 
-    def __init__(self, context: DriverContext, namespace: str, name: str) -> None:
+    def __init__(self, context: DriverContext, namespace: str, name: str, *, resting: bool = True) -> None:
+        """`resting`: it waits behind others for a slot (its copy held as JSON meanwhile)."""
         self.context = context
         self.namespace, self.name = namespace, name
-        self.copy = SagaCopy()  # the newest copy of the saga seen
+        self.copy = SagaCopy(resting=resting)  # the newest copy of the saga seen
         self.gone = False
         self.quit_gone = False  # it stopped because its saga was gone (a saga seen again after that needs another)
         self.wake = asyncio.Event()
@@ -115,11 +116,8 @@ class SagaDriver:
             try:
                 async with slot or Slot(self.context.slots, self.namespace):
                     slot = None
-                    self.copy.work(True)
-                    try:
-                        wait = await self.reconcile()
-                    finally:
-                        self.copy.work(False)
+                    self.copy.rest(False)
+                    wait = await self.reconcile()
                 failures, self.last_error = 0, None
             except errors.NotFound:
                 return  # the saga was deleted: nothing of ours is left to hold
@@ -141,6 +139,7 @@ class SagaDriver:
             if wait.finished and not self.wake.is_set():
                 return
             timeout = None if wait.until is None else max((wait.until - self.context.clock.now()).total_seconds(), 0.0)
+            self.copy.rest(not self.wake.is_set() or self.context.slots.locked())  # woken already: no pause
             await woken(self.wake, timeout)
         self.quit_gone = True
 

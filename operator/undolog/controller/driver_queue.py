@@ -27,6 +27,10 @@ class DriverQueue:
     def __bool__(self) -> bool:
         return bool(self.queued)
 
+    def behind(self) -> bool:
+        """Whether a driver queued now waits behind others for a slot (more are queued than are free)."""
+        return len(self.queued) >= self.slots.free
+
     def append(self, driver: SagaDriver) -> None:
         self.queued.append(driver.namespace, driver)
         if self.dispatcher is None:

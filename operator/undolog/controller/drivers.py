@@ -115,7 +115,7 @@ class Drivers:
     def start(self, key: SagaKey) -> SagaDriver:
         """A driver for the saga, run once a slot is free (it waits in the queue until then;
         what wakes it meanwhile is kept for it)."""
-        driver = SagaDriver(self.context, *key)
+        driver = SagaDriver(self.context, *key, resting=self.queued.behind())
         driver.listed = self.shard.listed_before_entries.get(key)
         self.running[key] = driver
         self.queued.append(driver)

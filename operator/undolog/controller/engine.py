@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from undolog import metrics
 from undolog.api import EventReason, ObjectMeta, Resource, Saga, UndoEntry
+from undolog.api.common import revision_of
 from undolog.calls.runner import Fence
 from undolog.controller.archiving import ArchiveConcern, Archiver
 from undolog.controller.compensation import Compensator
@@ -181,6 +182,8 @@ class Engine:
         if event_type == "DELETED":
             self._gone(key)
             return
+        if self.sagas.handed(key, revision_of(body["metadata"].get("resourceVersion", ""))):
+            return  # the echo of a copy every concern has (parsed, it was 5% of the operator's CPU)
         saga = parse_saga(body)
         if isinstance(saga, UnreadableSaga):  # the API took it, this version cannot use it: say so on it
             if self.leading:
@@ -193,13 +196,13 @@ class Engine:
     def saga_seen(self, saga: Saga) -> None:
         if self.sagas.late(saga):  # as news, it started a driver holding no entries for a saga let go
             return
-        self.sagas.saw(saga)
+        self.sagas.saw(saga, handed=True)
         for concern in self.concerns:
             concern.seen(saga, written=False)
 
     def written(self, saga: Saga) -> None:
         """The saga as its driver just wrote it, in a new phase."""
-        self.sagas.saw(saga)
+        self.sagas.saw(saga, handed=self.leading)
         if self.leading:
             for concern in self.concerns:
                 concern.seen(saga, written=True)

@@ -54,6 +54,11 @@ class EntryIndex:
         while len(self._deleted) > TOMBSTONES:
             self._deleted.popitem(last=False)
 
+    def holds(self, namespace: str, saga: str, name: str, revision: int | None) -> bool:
+        """Whether the copy held of the entry is the one at `revision`."""
+        held = self._by_saga.get((namespace, saga), {}).get(name)
+        return held is not None and revision is not None and _revision(held) == revision
+
     def restored(self, entry: UndoEntry) -> None:
         """An entry a watch saw deleted and that exists, read again (relabelled out of a shard's
         watch): kept, its tombstone cleared."""

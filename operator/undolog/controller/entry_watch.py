@@ -9,8 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from undolog.api import UndoEntry
+from undolog.api.common import revision_of
 from undolog.controller.entry_index import EntryIndex
-from undolog.kube import Kube
+from undolog.kube import Body, Kube
 from undolog.kube.watch import OrderedWatch, Progress
 from undolog.ledger import Unreadable, parse_entry
 
@@ -38,6 +39,7 @@ class EntryWatch:
             lambda _: None,
             label_selector=self.label_selector,
             relist=self.sync,
+            news=self._news,
         )
 
     async def sync(self) -> list[Unreadable]:
@@ -69,6 +71,16 @@ class EntryWatch:
     @property
     def progress(self) -> Progress:
         return self.stream.progress
+
+    def _news(self, kind: str, body: Body) -> bool:
+        """Whether the event may tell anyone something: not the echo of a copy the index holds
+        (a driver's own write, kept as it was answered), which woke its driver for nothing."""
+        if kind == "DELETED":
+            return True
+        meta, spec = body["metadata"], body.get("spec")
+        saga = spec.get("saga") if isinstance(spec, dict) else None
+        revision = revision_of(str(meta.get("resourceVersion", "")))
+        return not isinstance(saga, str) or not self.index.holds(meta["namespace"], saga, meta["name"], revision)
 
     def _event(self, kind: str, parsed: UndoEntry | Unreadable) -> None:
         if isinstance(parsed, Unreadable):

@@ -6,15 +6,17 @@ from undolog.api import Saga
 
 
 class SagaCopy:
-    """Parsed while the driver reconciles (in its slot); otherwise as its revision and JSON
-    (~2 KiB against ~10 KiB parsed: 10,000 drivers wait for a slot when as many sagas resume)."""
+    """Parsed while its driver works or is about to; as its revision and JSON while the driver
+    rests (~2 KiB against ~10 KiB parsed: 10,000 drivers wait for a slot when as many sagas
+    resume). A copy held parsed through a short pause is not dumped and parsed again: that round
+    trip was 4% of the operator's CPU with sagas compensating at once."""
 
-    __slots__ = ("_parsed", "_shrunk", "working")
+    __slots__ = ("_parsed", "_shrunk", "resting")
 
-    def __init__(self) -> None:
+    def __init__(self, *, resting: bool = False) -> None:
         self._parsed: Saga | None = None
         self._shrunk: tuple[int | None, str] | None = None
-        self.working = False  # the driver is reconciling, in its slot
+        self.resting = resting  # the driver waits for a slot, or for a wake, with nothing to do
 
     @property
     def saga(self) -> Saga | None:
@@ -24,7 +26,7 @@ class SagaCopy:
 
     @saga.setter
     def saga(self, saga: Saga | None) -> None:
-        if saga is None or self.working:
+        if saga is None or not self.resting:
             self._parsed, self._shrunk = saga, None
         else:
             self._parsed, self._shrunk = None, (saga.metadata.revision, saga.model_dump_json(by_alias=True))
@@ -44,11 +46,12 @@ class SagaCopy:
     def as_json(self) -> bool:
         return self._shrunk is not None
 
-    def work(self, working: bool) -> None:
-        """In its slot the saga is held parsed; out of it, as JSON."""
-        saga = self.saga
-        self.working = working
-        self.saga = saga
+    def rest(self, resting: bool) -> None:
+        """Resting, the saga is held as JSON; working, parsed."""
+        if resting != self.resting:
+            saga = self.saga
+            self.resting = resting
+            self.saga = saga
 
     def keep_newest(self, saga: Saga) -> Saga | None:
         """Hold the newer of `saga` and the copy held, and return it; None when the two cannot be

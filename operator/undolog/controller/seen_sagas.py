@@ -14,6 +14,7 @@ class Seen:
     phase: SagaPhase | None
     top_position: int | None
     revision: int | None = None  # of the newest copy seen or written: an older one is a late echo
+    handed: int | None = None  # of the last copy every concern was handed: its echo is no news
 
     def saw(self, revision: int | None) -> None:
         if revision is not None and (self.revision is None or revision > self.revision):
@@ -29,8 +30,16 @@ class SeenSagas(dict[SagaKey, Seen]):
             return False  # unknown: it may be news
         return revision < seen.revision
 
-    def saw(self, saga: Saga) -> None:
-        """The saga as last written or seen."""
+    def handed(self, key: SagaKey, revision: int | None) -> bool:
+        """Whether the copy at `revision` is the one every concern was last handed (the watch's
+        echo of a driver's phase write): nothing in it is news to any of them."""
+        seen = self.get(key)
+        return seen is not None and revision is not None and seen.handed == revision
+
+    def saw(self, saga: Saga, *, handed: bool = False) -> None:
+        """The saga as last written or seen (`handed`: to every concern)."""
         seen = self.setdefault(saga.key, Seen(None, None))
         seen.saw(saga.metadata.revision)
         seen.phase, seen.top_position = saga.status.phase, saga.status.top_position
+        if handed:
+            seen.handed = saga.metadata.revision

@@ -78,6 +78,7 @@ class OrderedWatch(Generic[T]):
     relisted: Callable[[list[T]], None]  # a fresh consistent listing (at start, and after a 410)
     label_selector: str | None = None
     relist: Callable[[], Awaitable[object]] | None = None  # after a 410 (None: `sync`)
+    news: Callable[[str, Body], bool] = lambda kind, body: True  # False: an event not parsed nor delivered
     version: str = ""  # the revision the stream has reached
     progress: Progress = field(default_factory=Progress)  # how far what it handed over reaches
 
@@ -133,7 +134,8 @@ class OrderedWatch(Generic[T]):
     def apply(self, kind: str, body: Body) -> None:
         """One event; one that cannot be handled is logged, never the end of the watch."""
         try:
-            self.deliver(kind, self.parse(body))
+            if self.news(kind, body):
+                self.deliver(kind, self.parse(body))
         except Exception:
             meta = body.get("metadata", {})
             log.exception("the %s event of %s %s/%s could not be handled", kind, self.plural, *named(meta))

@@ -18,7 +18,9 @@ from undolog.controller.driver import SagaDriver
 
 
 async def test_a_driver_holds_the_newest_copy_of_its_saga_as_it_was(operator: Operator) -> None:
-    """Memory: the copy a driver holds is kept as JSON; what it gives back equals what it was given."""
+    """Memory: the copy a resting driver holds is kept as JSON (one queued behind others for a
+    slot, or waiting with nothing to do); what it gives back equals what it was given. One that
+    runs at once holds it parsed, never dumped and parsed again in between."""
     operator.aborted("s", 1)
     done = await operator.drive("s")  # conditions, times, counters: a full status
     driver = SagaDriver(operator.context, NS, "s")
@@ -32,9 +34,16 @@ async def test_a_driver_holds_the_newest_copy_of_its_saga_as_it_was(operator: Op
     assert driver.latest == done
     newer = at("99999999")
     driver.notify(newer)
-    driver.copy.work(True)  # in its slot: parsed
+    driver.copy.rest(False)  # in its slot: parsed
     assert not driver.copy.as_json
     assert driver.latest == newer
+    driver.copy.rest(True)  # waiting for a wake
+    assert driver.copy.as_json
+    assert driver.latest == newer
+    first_in_line = SagaDriver(operator.context, NS, "s", resting=False)
+    first_in_line.notify(done)
+    assert not first_in_line.copy.as_json
+    assert first_in_line.latest == done
     assert driver.copy.keep_newest(at("not-a-number")) is None  # cannot be ordered: read again
     assert driver.latest is None
 

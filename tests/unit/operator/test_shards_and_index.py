@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
+
 from tests.support.fakes import FakeKube
 from tests.support.waiting import eventually
 from tests.unit.operator.harness import NS, Operator
 from undolog.api import (
+    Saga,
     UndoEntry,
 )
+from undolog.controller.entry_index import SagaKey
 from undolog.controller.shard_labels import ShardLabels, filed_in
 from undolog.conventions import BUCKET_LABEL, PHASE_LABEL, bucket_of
 from undolog.decisions.sharding import Shard
@@ -56,4 +61,35 @@ async def test_the_entries_of_a_finished_saga_are_let_go_until_one_changes(opera
     late = UndoEntry.model_validate(operator.entry(saga, 2))
     engine.drivers.entry_event((late, False))
     assert (NS, "s") in engine.drivers.running
+    await engine.stop()
+
+
+async def test_the_echo_of_a_phase_its_driver_wrote_is_not_handed_out_again(operator: Operator) -> None:
+    """Every concern is handed a driver's phase write as the API answered it (Engine.written); the
+    watch's echo of that very copy is neither parsed nor handed out again (it woke the driver for a
+    reconcile that decided nothing). A newer copy is, and so is a copy of another saga."""
+    body = operator.saga("s", phase="Compensated")
+    other = operator.saga("t", phase="Compensated")
+    engine = operator.engine()
+    handed: list[tuple[str, str, bool]] = []
+
+    class Spy:
+        def seen(self, saga: Saga, *, written: bool) -> None:
+            handed.append((saga.metadata.name, saga.metadata.resource_version, written))
+
+        def gone(self, key: SagaKey) -> None:
+            return None
+
+        def let_go(self, saga: Saga, entries: Sequence[UndoEntry]) -> None:
+            return None
+
+    engine.concerns.append(Spy())
+    engine.written(Saga.model_validate(body))
+    engine.saga_event("MODIFIED", copy.deepcopy(body))  # its echo
+    newer = copy.deepcopy(body)
+    newer["metadata"]["resourceVersion"] = version = str(int(body["metadata"]["resourceVersion"]) + 1)
+    engine.saga_event("MODIFIED", newer)
+    engine.saga_event("MODIFIED", other)
+    rv = body["metadata"]["resourceVersion"]
+    assert handed == [("s", rv, True), ("s", version, False), ("t", other["metadata"]["resourceVersion"], False)]
     await engine.stop()

@@ -108,8 +108,9 @@ async def test_a_saga_waiting_to_retry_gives_its_slot_to_another(operator: Opera
 
 async def test_sagas_waiting_for_a_slot_wait_in_a_queue_not_as_tasks(operator: Operator) -> None:
     """Memory when an operator takes charge of thousands of sagas: with 2 slots and 20 sagas to
-    compensate, never more than 2 driver tasks exist; all 20 are compensated, and every slot is
-    free at the end, including those of drivers stopped before they ran."""
+    compensate, never more than 2 driver tasks exist, and the sagas of the 18 drivers queued
+    behind them are held as JSON; all 20 are compensated, and every slot is free at the end,
+    including those of drivers stopped before they ran."""
     slots = SagaSlots(2)
     engine = operator.engine(slots=slots)
     names = [f"s{i:02d}" for i in range(20)]
@@ -117,6 +118,7 @@ async def test_sagas_waiting_for_a_slot_wait_in_a_queue_not_as_tasks(operator: O
         saga = operator.saga(name, outcome="Abort")
         operator.entry(saga, 1, indexed=False)
         engine.saga_event("MODIFIED", saga)
+    assert [d.copy.as_json for d in engine.drivers.running.values()] == [False] * 2 + [True] * 18
     most = 0
 
     async def finished() -> int:
