@@ -128,7 +128,9 @@ class UserFacing(Model):
         made = handler(data)
         if isinstance(data, dict) and isinstance(made, UserFacing):
             known = _known_keys(cls)
-            made._unknown = tuple(str(key) for key in data if key not in known)
+            unknown = tuple(str(key) for key in data if key not in known)
+            if unknown:  # set only then: a private attribute's assignment is pydantic's slow path
+                made._unknown = unknown
         return made
 
 
