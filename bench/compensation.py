@@ -9,6 +9,7 @@ N external sagas with 3 committed entries each are aborted together. Reported pe
   how long the operator took compared with that.
 
     python -m bench.compensation --sizes 1 10 100 1000
+    python -m bench.compensation --idle-samples 0 --sizes --rounds 3   (the bursts of ten against both floors)
 """
 
 from __future__ import annotations
@@ -259,9 +260,40 @@ async def burst_latency(bench: Bench, size: int, bursts: int, *, floor: Floor | 
     }
 
 
-async def main(sizes: list[int], idle_samples: int, bursts_of_10: int, profile: Path | None) -> None:
+async def rounds_of_ten(bench: Bench, rounds: int, bursts: int) -> None:
+    """The bursts of ten by the operator, the Go floor and the floor's requests from Python, one
+    after the other, `rounds` times on one control plane: the ratios of one round, round after round."""
+    controllers: tuple[tuple[str, Floor | None], ...] = (
+        ("UndoLog", None),
+        ("floor", "go"),
+        ("floor's requests from Python", "python"),
+    )
+    rows: list[dict[str, Any]] = []
+    for number in range(1, rounds + 1):
+        for who, floor in controllers:
+            rows.append({"round": number, "controller": who, **await burst_latency(bench, 10, bursts, floor=floor)})
+    print_table(
+        ["round", "controller", "abort->1st call p50", "p99", "controller CPU per saga", "apiserver+etcd CPU per saga"],
+        (
+            (
+                r["round"],
+                r["controller"],
+                f"{r['abort_to_first_call_p50_ms']} ms",
+                f"{r['abort_to_first_call_p99_ms']} ms",
+                f"{r['driver_cpu_ms_per_saga']} ms",
+                f"{r['control_plane_cpu_ms_per_saga']} ms",
+            )
+            for r in rows
+        ),
+    )
+    save("compensation_rounds", rows)
+
+
+async def main(sizes: list[int], idle_samples: int, bursts_of_10: int, rounds: int, profile: Path | None) -> None:
     rows = []
     async with bench_cluster() as bench:
+        if rounds:
+            await rounds_of_ten(bench, rounds, bursts_of_10)
         if idle_samples:
             idle = await burst_latency(bench, 1, idle_samples)
             ten = await burst_latency(bench, 10, bursts_of_10) if bursts_of_10 else None
@@ -308,6 +340,8 @@ async def main(sizes: list[int], idle_samples: int, bursts_of_10: int, profile: 
             row = await measure(bench, n, profile)
             print(json.dumps(row), flush=True)
             rows.append(row)
+    if not rows:  # no sizes asked: the last run's figures stay
+        return
     print_table(
         [
             "sagas",
@@ -344,7 +378,7 @@ async def main(sizes: list[int], idle_samples: int, bursts_of_10: int, profile: 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 10, 100, 1000])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[1, 10, 100, 1000])
     parser.add_argument(
         "--idle-samples",
         type=int,
@@ -357,6 +391,12 @@ if __name__ == "__main__":
         default=10,
         help="bursts of 10 sagas aborted together, for the 10-at-once p50/p99 (of 50 samples, the p99 was the slowest)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="first, rounds of the bursts of ten: the operator, the Go floor, the floor's requests from Python",
+    )
     parser.add_argument("--profile", type=Path, help="py-spy the operator during each run; stacks in this folder")
     options = parser.parse_args()
-    asyncio.run(main(options.sizes, options.idle_samples, options.bursts_of_10, options.profile))
+    asyncio.run(main(options.sizes, options.idle_samples, options.bursts_of_10, options.rounds, options.profile))
