@@ -260,6 +260,32 @@ async def burst_latency(bench: Bench, size: int, bursts: int, *, floor: Floor | 
     }
 
 
+BURST_COLUMNS = [
+    "sagas aborted together, on an idle controller",
+    "controller",
+    "samples",
+    "abort->1st call p50",
+    "p99",
+    "slowest",
+    "controller CPU per saga",
+    "apiserver+etcd CPU per saga",
+]
+
+
+def burst_cells(who: str, r: dict[str, Any]) -> tuple[Any, ...]:
+    """One burst_latency result as a row under BURST_COLUMNS."""
+    return (
+        r["sagas_at_once"],
+        who,
+        r["samples"],
+        f"{r['abort_to_first_call_p50_ms']} ms",
+        f"{r['abort_to_first_call_p99_ms']} ms",
+        f"{r['abort_to_first_call_max_ms']} ms",
+        f"{r['driver_cpu_ms_per_saga']} ms",
+        f"{r['control_plane_cpu_ms_per_saga']} ms",
+    )
+
+
 async def rounds_of_ten(bench: Bench, rounds: int, bursts: int) -> None:
     """The bursts of ten by the operator, the Go floor and the floor's requests from Python, one
     after the other, `rounds` times on one control plane: the ratios of one round, round after round."""
@@ -272,20 +298,7 @@ async def rounds_of_ten(bench: Bench, rounds: int, bursts: int) -> None:
     for number in range(1, rounds + 1):
         for who, floor in controllers:
             rows.append({"round": number, "controller": who, **await burst_latency(bench, 10, bursts, floor=floor)})
-    print_table(
-        ["round", "controller", "abort->1st call p50", "p99", "controller CPU per saga", "apiserver+etcd CPU per saga"],
-        (
-            (
-                r["round"],
-                r["controller"],
-                f"{r['abort_to_first_call_p50_ms']} ms",
-                f"{r['abort_to_first_call_p99_ms']} ms",
-                f"{r['driver_cpu_ms_per_saga']} ms",
-                f"{r['control_plane_cpu_ms_per_saga']} ms",
-            )
-            for r in rows
-        ),
-    )
+    print_table(["round", *BURST_COLUMNS], ((r["round"], *burst_cells(r["controller"], r)) for r in rows))
     save("compensation_rounds", rows)
 
 
@@ -302,27 +315,9 @@ async def main(sizes: list[int], idle_samples: int, bursts_of_10: int, rounds: i
             # The same bursts from Python with no logic: the language's and aiohttp's share of the CPU.
             python_ten = await burst_latency(bench, 10, bursts_of_10, floor="python") if bursts_of_10 else None
             print_table(
+                BURST_COLUMNS,
                 [
-                    "sagas aborted together, on an idle controller",
-                    "controller",
-                    "samples",
-                    "abort->1st call p50",
-                    "p99",
-                    "slowest",
-                    "controller CPU per saga",
-                    "apiserver+etcd CPU per saga",
-                ],
-                [
-                    (
-                        r["sagas_at_once"],
-                        who,
-                        r["samples"],
-                        f"{r['abort_to_first_call_p50_ms']} ms",
-                        f"{r['abort_to_first_call_p99_ms']} ms",
-                        f"{r['abort_to_first_call_max_ms']} ms",
-                        f"{r['driver_cpu_ms_per_saga']} ms",
-                        f"{r['control_plane_cpu_ms_per_saga']} ms",
-                    )
+                    burst_cells(who, r)
                     for who, r in (
                         ("UndoLog", idle),
                         ("UndoLog", ten),

@@ -39,7 +39,7 @@ from undolog.api import (
     WebhookStatus,
 )
 from undolog.api.changes import changed
-from undolog.api.common import revision_of
+from undolog.api.common import revision_in
 from undolog.conventions import FINALIZER, bucket_labels, creation_body, generated_name, owned_by, timestamp
 from undolog.decisions import entry_changes
 from undolog.kube import Body, Plural
@@ -223,7 +223,7 @@ class EntryWrites:
         """`writing` (a write of an entry of `namespace`, not sent yet), counted."""
         sent = self.sent = self.sent + 1
         body = await writing
-        revision = revision_of(body.get("metadata", {}).get("resourceVersion", ""))
+        revision = revision_in(body)
         if revision is not None:
             for mark, of, waiter in self._waiting:
                 if mark < sent and of == namespace and not waiter.done():

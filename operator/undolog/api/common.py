@@ -241,6 +241,13 @@ def revision_of(version: str) -> int | None:
     return int(version) if version.isascii() and version.isdigit() else None
 
 
+def revision_in(body: dict[str, Any]) -> int | None:
+    """The revision of an object as the API sent it (its metadata.resourceVersion); None when
+    it has none, or one that is not a revision."""
+    version = (body.get("metadata") or {}).get("resourceVersion")
+    return None if version is None else revision_of(str(version))
+
+
 class ObjectMeta(Model):
     """The parts of metadata the operator reads and writes."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from undolog import metrics
 from undolog.api import EventReason, ObjectMeta, Resource, Saga, UndoEntry
-from undolog.api.common import revision_of
+from undolog.api.common import revision_in
 from undolog.calls.runner import Fence
 from undolog.controller.archiving import ArchiveConcern, Archiver
 from undolog.controller.compensation import Compensator
@@ -182,7 +182,7 @@ class Engine:
         if event_type == "DELETED":
             self._gone(key)
             return
-        if self.sagas.handed(key, revision_of(body["metadata"].get("resourceVersion", ""))):
+        if self.sagas.handed(key, revision_in(body)):
             return  # the echo of a copy every concern has (parsed, it was 5% of the operator's CPU)
         saga = parse_saga(body)
         if isinstance(saga, UnreadableSaga):  # the API took it, this version cannot use it: say so on it

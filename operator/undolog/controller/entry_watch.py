@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from undolog.api import UndoEntry
-from undolog.api.common import revision_of
+from undolog.api.common import revision_in
 from undolog.controller.entry_index import EntryIndex
 from undolog.kube import Body, Kube
 from undolog.kube.watch import OrderedWatch, Progress
@@ -79,8 +79,9 @@ class EntryWatch:
             return True
         meta, spec = body["metadata"], body.get("spec")
         saga = spec.get("saga") if isinstance(spec, dict) else None
-        revision = revision_of(str(meta.get("resourceVersion", "")))
-        return not isinstance(saga, str) or not self.index.holds(meta["namespace"], saga, meta["name"], revision)
+        if not isinstance(saga, str):
+            return True
+        return not self.index.holds(meta["namespace"], saga, meta["name"], revision_in(body))
 
     def _event(self, kind: str, parsed: UndoEntry | Unreadable) -> None:
         if isinstance(parsed, Unreadable):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from undolog import errors
-from undolog.api.common import revision_of
+from undolog.api.common import revision_in
 from undolog.conventions import timestamp
 from undolog.decisions.sharding import Shard
 from undolog.kube import Body
@@ -275,7 +275,7 @@ class Leadership:
 
 
 def _fence_of(lease: Body) -> int:
-    revision = revision_of(str(lease["metadata"].get("resourceVersion", "")))
+    revision = revision_in(lease)
     if revision is None:  # no storage Kubernetes ships gives one that is not a revision
         raise errors.KubeError(f"the Lease came back with resourceVersion {lease['metadata'].get('resourceVersion')!r}")
     return revision
