@@ -169,8 +169,10 @@ lint: venv tools-helm
 	bin/helm template undolog charts/undolog --kube-version 1.37.2 --set watchNamespaces='{team-a,team-b}' \
 		--set metrics.serviceMonitor.enabled=true > /dev/null
 
+# Two workers, each with a control plane of its own; a file's tests stay together, in order.
+TEST_WORKERS ?= 2
 test: venv tools-control-plane tools-helm browser faketime postgres mcp-agent mcp-servers mcp-conformance participant-kit lint
-	$(VENV)/bin/pytest -m "not fault" --durations=15
+	$(VENV)/bin/pytest -m "not fault" -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The browser suite, its screenshots written over docs/ (make test leaves them in build/screenshots/).
 screenshots: venv tools-control-plane browser postgres

@@ -7,6 +7,7 @@ started on loopback for the session and stopped at the end.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import uuid
@@ -83,6 +84,13 @@ async def kube(cluster: Cluster) -> AsyncIterator[Kube]:
     connection = await Kube.connect(str(cluster.kubeconfig))
     yield connection
     await connection.close()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def session_loop() -> asyncio.AbstractEventLoop:
+    """The loop `kube` and the other async fixtures run on, for a test that is not a coroutine:
+    `asyncio.get_event_loop()` there answers according to whichever test ran before it."""
+    return asyncio.get_running_loop()
 
 
 @pytest_asyncio.fixture

@@ -83,6 +83,19 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+def port_taken(port: int) -> bool:
+    """Whether a process listens on `port` on loopback. The probe binds as the control plane's
+    servers do (SO_REUSEADDR): without it, the connections a stopped apiserver closed, lingering
+    in TIME_WAIT, made its own port look taken and `up` moved it for nothing."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
 def _alive(pid: int) -> bool:
     """True for a running process; a zombie (exited, not reaped) counts as gone."""
     try:
@@ -201,13 +214,7 @@ class LocalControlPlane:
         return found
 
     def _taken(self, state: RunState) -> bool:
-        for port in self._ports(state).values():
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-                try:
-                    probe.bind(("127.0.0.1", port))
-                except OSError:
-                    return True
-        return False
+        return any(port_taken(port) for port in self._ports(state).values())
 
     def _moved(self, state: RunState) -> RunState:
         """The same data and certificates on new ports (another process took an old one), the

@@ -456,9 +456,9 @@ entry_specs = st.fixed_dictionaries(
 
 
 def test_generated_manifests_are_refused_or_handled(
-    kube: Kube, namespace: str, cluster: Cluster, tmp_path: Path
+    kube: Kube, namespace: str, cluster: Cluster, tmp_path: Path, session_loop: asyncio.AbstractEventLoop
 ) -> None:
-    loop = asyncio.get_event_loop()
+    loop = session_loop
     operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path, extra_args=())
     operator.start()
     outcome = {"accepted": 0, "refused": 0, "refused_without_field": 0}

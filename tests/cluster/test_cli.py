@@ -375,14 +375,14 @@ async def test_retry_of_a_halted_saga(
     assert "grant restored (by " in done["status"]["conditions"][2]["message"]
 
 
-def test_missing_saga_and_rbac_refusal_are_clear(cluster: Cluster, namespace: str, kube: Kube, tmp_path: Path) -> None:
+def test_missing_saga_and_rbac_refusal_are_clear(
+    cluster: Cluster, namespace: str, kube: Kube, tmp_path: Path, session_loop: asyncio.AbstractEventLoop
+) -> None:
     missing = undolog(cluster, "show", "nope", "-n", namespace)
     assert missing.returncode == 1
     assert f"saga 'nope' not found in namespace '{namespace}'" in missing.stderr
     assert "Traceback" not in missing.stderr
-    import asyncio
-
-    nobody = asyncio.get_event_loop().run_until_complete(
+    nobody = session_loop.run_until_complete(
         service_account_kubeconfig(kube, cluster.kubeconfig, namespace, "nobody", tmp_path / "nobody.kubeconfig")
     )
     refused = undolog(cluster, "list", "-n", namespace, kubeconfig=nobody)

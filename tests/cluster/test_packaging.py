@@ -20,7 +20,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.test_compensation import abort, external_saga, register
-from tests.conftest import BIN, REPO, Cluster
+from tests.conftest import BIN, REPO, Cluster, install_crds
 from tests.support.identities import lease_holder, service_account_kubeconfig
 from tests.support.manifests import call, saga, webhook
 from tests.support.operator_process import OperatorProcess
@@ -167,6 +167,9 @@ async def test_chart_installs_and_the_operator_works_with_only_its_rbac(
     finally:
         operator.stop()
         await asyncio.to_thread(helm, cluster, "uninstall", "undolog", "--namespace", release_namespace)
+        # The release took over the session's admission policies and uninstalling deleted them:
+        # the tests after this one find them as the session installed them.
+        await asyncio.to_thread(install_crds, cluster)
     # crds.keep: the ledger stays
     kept = await kube.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/sagas.undolog.io")
     assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"

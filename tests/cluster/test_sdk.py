@@ -161,9 +161,15 @@ async def test_concurrent_tools_get_distinct_increasing_positions(
 
 
 def test_sync_facade_from_threads(
-    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
+    kube: Kube,
+    namespace: str,
+    participant: Participant,
+    operator: OperatorProcess,
+    cluster: Cluster,
+    session_loop: asyncio.AbstractEventLoop,
 ) -> None:
-    asyncio.get_event_loop().run_until_complete(register(kube, namespace, participant, "undo", "mail"))
+    loop = session_loop
+    loop.run_until_complete(register(kube, namespace, participant, "undo", "mail"))
 
     @sync_sdk.undoable(lambda n: Call(function="undo", args={"n": n}))
     def tool(n: int) -> dict[str, int]:
@@ -176,7 +182,6 @@ def test_sync_facade_from_threads(
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda n: _in_saga(saga, tool, n), range(6)))
         saga.stage_effect("thanks", Call(function="mail", args={"to": "ada"}))
-    loop = asyncio.get_event_loop()
     loop.run_until_complete(
         eventually(
             lambda: kube.get("sagas", namespace, name),

@@ -37,6 +37,7 @@ def test_without_keys_there_is_an_id_and_a_time_and_no_signature() -> None:
 @pytest.mark.parametrize(
     ("value", "why"),
     [("hunter2", "does not start with whsec_"), ("whsec_!!!", "is not whsec_ and base64"), (secret(), None)],
+    ids=["no-prefix", "not-base64", "a-new-secret"],  # the same ids in every collection (pytest-xdist)
 )
 def test_a_value_that_cannot_sign_is_named(value: str, why: str | None) -> None:
     problem = key_problem(value)
