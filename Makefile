@@ -218,6 +218,7 @@ bench: venv tools-control-plane postgres participant-kit mcp-conformance bin/und
 	$(PY) -m bench.replicas --replicas 1 2 4 --sagas 300
 	$(PY) -m bench.temporal --idle-samples 100 --sizes 10 100
 	$(PY) -m bench.footprint --sagas 400
+	$(PY) -m bench.saga_writes --writes 40
 	$(PY) -m bench.archive --sagas 1000
 	$(PY) -m bench.deep --depths 2000 10000
 	$(PY) -m bench.wave --sagas 500 --down 60 --limit 50

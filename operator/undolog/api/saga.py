@@ -108,7 +108,7 @@ def _rank(step: str) -> str:
 _OUT_OF_ORDER = f"i > 0 && {_rank('self[i - 1]')} > {_rank('s')}"
 _BAD_DEPENDENCY = "has(s.dependsOn) && s.dependsOn.exists(d, !self.exists(j, t, j < i && t.name == d))"
 _ORDER_HINT = "order spec.steps as Compensatable steps, then at most one Pivot, then Retriable steps"
-STEP_RULES: list[JsonValue] = [
+_STEP_RULES: list[dict[str, JsonValue]] = [
     {
         "rule": "self.all(i, s, self.all(j, t, j >= i || t.name != s.name))",
         "messageExpression": (
@@ -139,6 +139,16 @@ STEP_RULES: list[JsonValue] = [
         ),
     },
 ]
+
+
+def _at_creation(rule: dict[str, JsonValue]) -> JsonValue:
+    """The rule checked when the saga is created and not at every write after: spec.steps cannot
+    change once it exists (the spec's own rule), and the quadratic rules, evaluated again at each
+    status write, cost the apiserver a quarter of a second per write of a 50-step saga."""
+    return {**rule, "rule": f"oldSelf.hasValue() || ({rule['rule']})", "optionalOldSelf": True}
+
+
+STEP_RULES: list[JsonValue] = [_at_creation(rule) for rule in _STEP_RULES]
 
 
 # On the whole Saga: setting Abort after the pivot committed is refused at admission. It is a
