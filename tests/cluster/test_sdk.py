@@ -168,8 +168,7 @@ def test_sync_facade_from_threads(
     cluster: Cluster,
     session_loop: asyncio.AbstractEventLoop,
 ) -> None:
-    loop = session_loop
-    loop.run_until_complete(register(kube, namespace, participant, "undo", "mail"))
+    session_loop.run_until_complete(register(kube, namespace, participant, "undo", "mail"))
 
     @sync_sdk.undoable(lambda n: Call(function="undo", args={"n": n}))
     def tool(n: int) -> dict[str, int]:
@@ -182,7 +181,7 @@ def test_sync_facade_from_threads(
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda n: _in_saga(saga, tool, n), range(6)))
         saga.stage_effect("thanks", Call(function="mail", args={"to": "ada"}))
-    loop.run_until_complete(
+    session_loop.run_until_complete(
         eventually(
             lambda: kube.get("sagas", namespace, name),
             lambda s: (s.get("status", {}).get("effects") or [{}])[0].get("state") == "Delivered",
@@ -190,7 +189,7 @@ def test_sync_facade_from_threads(
             "completed with its effect delivered",
         )
     )
-    listed = loop.run_until_complete(entries(kube, namespace, name))
+    listed = session_loop.run_until_complete(entries(kube, namespace, name))
     assert [e["spec"]["stackPosition"] for e in listed] == list(range(1, 8))
     assert [r.path for r in participant.received()] == ["/mail"]
 
