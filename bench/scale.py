@@ -18,7 +18,7 @@ from rich.progress import Progress
 from tests.support.manifests import call, saga, undo_entry, webhook
 
 from bench.compensation import bounded
-from bench.harness import Bench, RemoteParticipant, bench_cluster, print_table, save
+from bench.harness import Bench, RemoteParticipant, bench_cluster, cpu_seconds, print_table, save
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:
@@ -86,9 +86,10 @@ async def measure(bench: Bench, n: int, progress: Progress) -> dict[str, Any]:
         participant.close()
 
 
-async def idle(bench: Bench) -> float:
-    """Resident memory of an operator with nothing to do: started, leading, watching an empty
-    namespace, sampled for 3 s once it is up (the largest sample)."""
+async def idle(bench: Bench, cpu_seconds_measured: float = 20.0) -> dict[str, float]:
+    """An operator with nothing to do: started, leading, watching an empty namespace. Its resident
+    memory, sampled for 3 s once it is up (the largest sample), and the CPU it spends a second
+    after that (renewing its Leases, serving nothing), over `cpu_seconds_measured`."""
     namespace = await bench.namespace("idle")
     operator = bench.operator(namespace)
     assert operator.process is not None
@@ -98,7 +99,11 @@ async def idle(bench: Bench) -> float:
         for _ in range(6):
             samples.append(rss_mib(operator.process.pid))
             await asyncio.sleep(0.5)
-        return max(samples)
+        before = cpu_seconds(operator.process.pid)
+        await asyncio.sleep(cpu_seconds_measured)
+        spent = cpu_seconds(operator.process.pid) - before
+        cpu_ms_per_s = round(spent * 1000 / cpu_seconds_measured, 1)
+        return {"operator_rss_mib": round(max(samples), 1), "operator_cpu_ms_per_s": cpu_ms_per_s}
     finally:
         operator.stop()
 
@@ -107,9 +112,10 @@ async def main(sizes: list[int]) -> None:
     rows = []
     with Progress() as progress:
         async with bench_cluster() as bench:
-            idle_rss = await idle(bench)
-            progress.console.print(f"idle operator: {idle_rss:.1f} MiB")
-            save("idle", {"operator_rss_mib": round(idle_rss, 1)})
+            at_rest = await idle(bench)
+            rss, cpu = at_rest["operator_rss_mib"], at_rest["operator_cpu_ms_per_s"]
+            progress.console.print(f"idle operator: {rss} MiB, {cpu} ms of CPU a second")
+            save("idle", at_rest)
             for n in sizes:
                 row = await measure(bench, n, progress)
                 progress.console.print(json.dumps(row))

@@ -34,6 +34,7 @@ KEYS = (
     "forward_fraction_of_ceiling",
     "rss_mib_10k",
     "idle_rss_mib",
+    "idle_cpu_ms_per_s",
     "resume_ratio_10k_to_1k",
     "throughput_by_replicas",
     "etcd_bytes_per_finished_saga",
@@ -145,6 +146,8 @@ def summarize() -> dict[str, Any]:
             )
     if operator_idle := sources["idle"]:
         figures["idle_rss_mib"] = operator_idle["results"]["operator_rss_mib"]
+        if "operator_cpu_ms_per_s" in operator_idle["results"]:
+            figures["idle_cpu_ms_per_s"] = operator_idle["results"]["operator_cpu_ms_per_s"]
     if replicas := sources["replicas"]:
         figures["throughput_by_replicas"] = {
             str(r["replicas"]): r["sagas_per_second"] for r in replicas["results"]["throughput"]

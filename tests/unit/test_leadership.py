@@ -32,8 +32,10 @@ SETTINGS = LeaseSettings("ns", lease_seconds=6)  # renew deadline 4 s
 class FakeLeases:
     stored: dict[str, Body] = field(default_factory=dict)
     version: int = 0
+    reads: int = 0
 
     async def get_lease(self, namespace: str, name: str) -> Body:
+        self.reads += 1
         if name not in self.stored:
             raise errors.NotFound("no lease", status=404)
         return copy.deepcopy(self.stored[name])
@@ -127,6 +129,29 @@ async def test_a_renewal_keeps_the_standby_out() -> None:
         assert await holder._acquire_or_renew()
         assert not await standby._acquire_or_renew()
     assert holder.token() == fence  # renewals keep it
+
+
+async def test_a_holder_renews_with_one_write_and_reads_the_lease_only_once_another_wrote_it() -> None:
+    leases, clock = FakeLeases(), Clock()
+    holder, standby = Leadership(leases, SETTINGS, "a", clock), Leadership(leases, SETTINGS, "b", clock)
+    assert await holder._acquire_or_renew()
+    holder.leading, fence, reads = True, holder.token(), leases.reads  # as `run` marks it
+    for _ in range(3):
+        clock.now += 2
+        assert await holder._acquire_or_renew()
+    assert leases.reads == reads  # renewed without reading: one request a period
+    lease = leases.stored["undolog-operator"]
+    lease["metadata"].setdefault("labels", {})["edited"] = "by-hand"
+    leases._store("undolog-operator", lease)  # a person's edit: the holder's record is stale
+    assert await holder._acquire_or_renew()
+    assert leases.reads == reads + 1
+    assert holder.token() == fence
+    assert leases.stored["undolog-operator"]["metadata"]["labels"] == {"edited": "by-hand"}  # kept
+    assert not await standby._acquire_or_renew()  # held: the standby starts counting on its own clock
+    clock.now += 7  # the holder stopped renewing: the standby takes the Lease
+    assert await standby._acquire_or_renew()
+    assert not await holder._acquire_or_renew()  # its stale write refused, the Lease read: not held
+    assert holder._another_holds()
 
 
 async def test_a_restarted_process_of_the_same_pod_takes_its_lease_back_at_once_with_a_new_fence() -> None:
@@ -265,10 +290,17 @@ class FlakyLeases(FakeLeases):
 
     down: bool = False
 
-    async def get_lease(self, namespace: str, name: str) -> Body:
+    def _reach(self) -> None:
         if self.down:
             raise errors.KubeError("the request timed out", status=504)
+
+    async def get_lease(self, namespace: str, name: str) -> Body:
+        self._reach()
         return await super().get_lease(namespace, name)
+
+    async def replace_lease(self, namespace: str, name: str, body: Body) -> Body:
+        self._reach()
+        return await super().replace_lease(namespace, name, body)
 
 
 async def elect(holder: Leadership, leases: FlakyLeases, *, starve: float, then: Any = None) -> list[str]:

@@ -102,6 +102,7 @@ class Leadership:
         self._fence: int | None = None
         self._observed: tuple[str, str, str] | None = None  # the other holder's last record seen...
         self._observed_at = 0.0  # ...and when it was first seen, on this clock
+        self._written: Body | None = None  # the Lease as this holder last wrote it
 
     # -- the fence -------------------------------------------------------------------------------
 
@@ -216,6 +217,12 @@ class Leadership:
                 return
 
     async def _acquire_or_renew(self, take: bool = True) -> bool:
+        if self.leading and self._written is not None:
+            # client-go's fast path: the holder renews the record it wrote last without reading it
+            # (one request, not two, every period); a Conflict means someone wrote it since.
+            with contextlib.suppress(errors.Conflict, errors.NotFound):
+                return await self._write(self._written, taking=False)
+        self._written = None
         settings = self.settings
         try:
             lease = await self.kube.get_lease(settings.namespace, settings.name)
@@ -223,33 +230,43 @@ class Leadership:
             return take and await self._create()
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
-        record = (holder, str(spec.get("renewTime")), str(lease["metadata"].get("resourceVersion")))
-        if record != self._observed:
-            self._observed, self._observed_at = record, self.clock()
+        self._saw(lease)
         duration = spec.get("leaseDurationSeconds") or settings.lease_seconds
         if holder and holder != self.me and self.clock() - self._observed_at < duration:
             return False  # another holder renewed within its Lease duration, as far as this clock saw
         if holder != self.me and not take:
             return False
+        try:
+            # a new holder, or this identity's new process
+            return await self._write(lease, taking=holder != self.me or self._fence is None)
+        except errors.Conflict:
+            return False
+
+    def _saw(self, lease: Body) -> None:
+        spec, version = lease.get("spec") or {}, str(lease["metadata"].get("resourceVersion"))
+        record = (spec.get("holderIdentity") or "", str(spec.get("renewTime")), version)
+        if record != self._observed:
+            self._observed, self._observed_at = record, self.clock()
+
+    async def _write(self, lease: Body, taking: bool) -> bool:
+        """Write the Lease as held by this process, conditional on the resourceVersion read."""
+        spec = dict(lease.get("spec") or {})
         transitions = int(spec.get("leaseTransitions") or 0)
         now = timestamp()
-        taking = holder != self.me or self._fence is None  # a new holder, or this identity's new process
         if taking:
             transitions += 1  # kept for people (kubectl, client-go's convention), not as the fence
             spec["acquireTime"] = now
         spec.update(
             holderIdentity=self.me,
-            leaseDurationSeconds=settings.lease_seconds,
+            leaseDurationSeconds=self.settings.lease_seconds,
             renewTime=now,
             leaseTransitions=transitions,
         )
-        lease["spec"] = spec
-        try:
-            written = await self.kube.replace_lease(settings.namespace, settings.name, lease)
-        except errors.Conflict:
-            return False
+        written = await self.kube.replace_lease(self.settings.namespace, self.settings.name, {**lease, "spec": spec})
         if taking:
             self._fence = _fence_of(written)
+        self._written = written
+        self._saw(written)
         return True
 
     async def _create(self) -> bool:
@@ -271,6 +288,8 @@ class Leadership:
         except errors.AlreadyExists:
             return False
         self._fence = _fence_of(written)
+        self._written = written
+        self._saw(written)
         return True
 
 

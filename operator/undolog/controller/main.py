@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from prometheus_client import start_http_server
-
 from undolog import metrics, tracing
 from undolog.api.events import SUCCESSES
 from undolog.archive import ArchiveStore
@@ -38,6 +36,7 @@ from undolog.controller.engine import Engine
 from undolog.controller.forward import Forwarder
 from undolog.controller.gauges import SagaGauges
 from undolog.controller.leadership import Leadership, LeaseSettings, identity
+from undolog.controller.metrics_endpoint import serve_metrics
 from undolog.controller.participants import BreakerReport
 from undolog.controller.recorded_call import CallRecorder
 from undolog.controller.replicas import Replicas
@@ -259,8 +258,7 @@ async def run(options: OperatorOptions) -> None:
         log.info("tracing: spans exported over OTLP (OTEL_EXPORTER_OTLP_* variables)")
     operator = await wired(options)
     await operator.start()
-    if options.metrics_port:
-        start_http_server(options.metrics_port)
+    scraped = await serve_metrics(options.metrics_port) if options.metrics_port else None
     # What was made to start (modules, schemas, clients) lives as long as the process: out of the
     # collector's sight, a full collection of an idle operator takes ~0 ms instead of ~50 ms, which
     # landed on whatever abort was being handled.
@@ -277,6 +275,8 @@ async def run(options: OperatorOptions) -> None:
     finally:
         await operator.stop()  # when kopf ended before its cleanup
         await operator.close()
+        if scraped is not None:
+            await scraped.cleanup()
         tracing.shutdown()
     if operator.ended_on_its_own:
         raise SystemExit(1)  # one ended on its own (ends_the_process): not a clean stop
