@@ -36,7 +36,6 @@ from undolog.controller.engine import Engine
 from undolog.controller.forward import Forwarder
 from undolog.controller.gauges import SagaGauges
 from undolog.controller.leadership import Leadership, LeaseSettings, identity
-from undolog.controller.metrics_endpoint import serve_metrics
 from undolog.controller.participants import BreakerReport
 from undolog.controller.recorded_call import CallRecorder
 from undolog.controller.replicas import Replicas
@@ -49,6 +48,7 @@ from undolog.decisions.retention import RetentionPolicy
 from undolog.decisions.sharding import all_shards
 from undolog.kube import Kube
 from undolog.kube.kopf_runtime import run_kopf
+from undolog.kube.metrics_endpoint import serve_metrics
 from undolog.ledger import Ledger
 
 log = logging.getLogger("undolog.operator")

@@ -1,5 +1,6 @@
-"""/metrics, served on the operator's event loop. prometheus_client's own server is a thread
-that wakes twice a second to poll its socket: an idle operator paid for each wake-up."""
+"""/metrics, served on the operator's event loop beside kopf's liveness endpoint (kopf_runtime).
+prometheus_client's own server is a thread that wakes twice a second to poll its socket: an
+idle operator paid for each wake-up."""
 
 from __future__ import annotations
 
