@@ -263,11 +263,7 @@ class Leadership:
             leaseTransitions=transitions,
         )
         written = await self.kube.replace_lease(self.settings.namespace, self.settings.name, {**lease, "spec": spec})
-        if taking:
-            self._fence = _fence_of(written)
-        self._written = written
-        self._saw(written)
-        return True
+        return self._hold(written, taking)
 
     async def _create(self) -> bool:
         now = timestamp()
@@ -287,7 +283,13 @@ class Leadership:
             written = await self.kube.create_lease(self.settings.namespace, body)
         except errors.AlreadyExists:
             return False
-        self._fence = _fence_of(written)
+        return self._hold(written, taking=True)
+
+    def _hold(self, written: Body, taking: bool) -> bool:
+        """The Lease as this process wrote it: the next renewal's base, its record seen, and a
+        new fence when it was taken."""
+        if taking:
+            self._fence = _fence_of(written)
         self._written = written
         self._saw(written)
         return True
