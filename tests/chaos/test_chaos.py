@@ -558,11 +558,11 @@ async def test_the_archive_through_postgres_and_operator_kills_and_write_conflic
                 postgres.kill()
                 kills["postgres"] += 1
                 await asyncio.sleep(rng.uniform(1, 6))
-                postgres.start()
+                await asyncio.to_thread(postgres.start)  # in a thread: `seen` lists on meanwhile
             else:
                 operator.kill()
                 kills["operator"] += 1
-                operator.start()
+                await asyncio.to_thread(operator.start)  # it leads before its /healthz answers
             await asyncio.sleep(rng.uniform(0.5, 2))
         await starting
         await eventually(unsettled, lambda stuck: not stuck, 300 if FULL else 120, f"all {sagas} sagas final")
