@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tests.support.manifests import saga
+from tests.support.manifests import saga, step
 
 from bench.harness import Bench, bench_cluster, print_table, save
 
@@ -24,10 +24,9 @@ SHAPES = (("3 steps", 3, False), ("50 steps", 50, False), ("50 steps, each depen
 def steps(count: int, depending: bool) -> list[dict[str, Any]]:
     made: list[dict[str, Any]] = []
     for i in range(count):
-        step: dict[str, Any] = {"name": f"s{i}", "action": {"function": "work"}, "compensation": {"function": "undo"}}
+        made.append(step(f"s{i}"))
         if depending and i:
-            step["dependsOn"] = [f"s{j}" for j in range(i)]
-        made.append(step)
+            made[-1]["dependsOn"] = [f"s{j}" for j in range(i)]
     return made
 
 
