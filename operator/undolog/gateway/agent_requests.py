@@ -1,32 +1,30 @@
-"""The agent's request the gateway is serving, wherever it calls an upstream from: what a
-server's notifications and requests to the user during that call are sent back to (its
-session, its request's stream, its progress token). Set for the length of each handler."""
+"""The request the gateway is serving, as a value built once by each handler and passed to
+everything that acts for it (the step, the upstream call, the connection that carries it): who
+asks (the agent's session, or the operator), in which protocol era, and where what an upstream
+sends back during it goes (its session, its request's stream, its progress token)."""
 
 from __future__ import annotations
 
-import contextvars
-import functools
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, get_args
+from typing import Any, get_args
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
+from mcp.server.request_state import authenticated_principal
 from mcp.server.session import ServerSession
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 STDIO_SESSION = "stdio"
 SESSION_HEADER = "mcp-session-id"
-P = TypeVar("P")
-R = TypeVar("R")
-
-
 LOG_LEVEL_META = "io.modelcontextprotocol/logLevel"  # a stateless request's opt-in to log messages
 ASKABLE = ("sampling", "elicitation", "roots")  # what a client can be asked, if it declares it
 
 
 @dataclass(frozen=True)
 class AgentRequest:
+    """An agent's request: `agent` tells one agent from another (its session; on the stateless
+    revision, which ties nothing together, the request itself)."""
+
     session: ServerSession
     request_id: types.RequestId | None
     session_key: str | None  # the Mcp-Session-Id, STDIO_SESSION, or None on the stateless revision
@@ -34,9 +32,22 @@ class AgentRequest:
     stateless: bool = False
     declared: frozenset[str] = frozenset()  # of ASKABLE, what the agent declared it can be asked
     log_level: types.LoggingLevel | None = None
+    identity: str | None = None  # the authenticated principal, where the transport has one
+
+    @property
+    def agent(self) -> str:
+        # A request in flight is alive, so its id is not another's meanwhile.
+        return self.session_key if self.session_key is not None else f"request-{id(self)}"
 
 
-current: contextvars.ContextVar[AgentRequest | None] = contextvars.ContextVar("undolog_agent_request", default=None)
+@dataclass(frozen=True)
+class OperatorRequest:
+    """The operator's call of a compensation (operator_calls.py): no agent is waiting on it."""
+
+    tool: str
+
+
+Requester = AgentRequest | OperatorRequest
 
 
 def session_key(ctx: ServerRequestContext[Any]) -> str | None:
@@ -52,37 +63,21 @@ def session_key(ctx: ServerRequestContext[Any]) -> str | None:
 
 
 def of(ctx: ServerRequestContext[Any]) -> AgentRequest:
+    """The request a handler serves, from the SDK's context of it."""
     meta = ctx.meta or {}
     token = meta.get("progress_token")
     capabilities = ctx.session.client_capabilities
     declared = frozenset(c for c in ASKABLE if capabilities is not None and getattr(capabilities, c) is not None)
     level = meta.get(LOG_LEVEL_META)
     levels: tuple[types.LoggingLevel, ...] = get_args(types.LoggingLevel)
+    stateless = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
     return AgentRequest(
         ctx.session,
         ctx.request_id,
         session_key(ctx),
         token if isinstance(token, str | int) else None,
-        stateless=ctx.protocol_version in MODERN_PROTOCOL_VERSIONS,
+        stateless=stateless,
         declared=declared,
         log_level=next((known for known in levels if known == level), None),
+        identity=authenticated_principal(ctx) if stateless else None,
     )
-
-
-def serving(
-    handler: Callable[[ServerRequestContext[Any], P], Awaitable[R]],
-    seen: Callable[[AgentRequest], None] = lambda _: None,
-) -> Callable[[ServerRequestContext[Any], P], Awaitable[R]]:
-    """The handler, with its request as the current one while it runs (and `seen` first)."""
-
-    @functools.wraps(handler)
-    async def handled(ctx: ServerRequestContext[Any], params: P) -> R:
-        request = of(ctx)
-        seen(request)
-        token = current.set(request)
-        try:
-            return await handler(ctx, params)
-        finally:
-            current.reset(token)
-
-    return handled

@@ -31,7 +31,9 @@ from mcp.shared.subscriptions import (
     ToolsListChanged,
 )
 
-from undolog.gateway.upstreams import LIST_CHANGES, Upstreams
+from undolog.gateway.catalogue import ToolCatalogue
+from undolog.gateway.subscriptions import LIST_CHANGES, Subscriptions
+from undolog.gateway.upstreams import Upstreams
 
 log = logging.getLogger("undolog.gateway")
 RELISTEN_SECONDS = 2.0  # after an upstream's listen stream dropped
@@ -50,8 +52,8 @@ def _told(session: ServerSession, change: ListChange) -> Callable[[], Awaitable[
 
 
 class Changes:
-    def __init__(self, upstreams: Upstreams) -> None:
-        self.upstreams = upstreams
+    def __init__(self, upstreams: Upstreams, subscriptions: Subscriptions, catalogue: ToolCatalogue) -> None:
+        self.upstreams, self.catalogue = upstreams, catalogue
         self.bus = InMemorySubscriptionBus()
         self._streams = ListenHandler(self.bus)  # the stateless agents' subscriptions/listen
         self.watched: Counter[str] = Counter()  # resources named by the listen streams open
@@ -59,7 +61,7 @@ class Changes:
         self._relisten: dict[str, anyio.CancelScope] = {}
         self._watching: dict[str, frozenset[str]] = {}  # by upstream, what its open listen stream names
         self._acknowledged = anyio.Event()
-        upstreams.changed = self.changed
+        subscriptions.on_changed = self.changed
         for name in upstreams.discovered:
             upstreams.background(functools.partial(self._listening, name))
 
@@ -161,7 +163,7 @@ class Changes:
         if not isinstance(event, ToolsListChanged | PromptsListChanged | ResourcesListChanged):
             return
         if isinstance(event, ToolsListChanged):
-            await self.upstreams.list_tools()
+            await self.catalogue.list_tools(self.upstreams.clients)
         await self.bus.publish(event)
         for key, session in list(self.sessions.items()):
             try:

@@ -11,11 +11,10 @@ import uuid
 from typing import Any
 
 import mcp_types as types
-from mcp.server.context import ServerRequestContext
 
 from undolog.conventions import timestamp
-from undolog.gateway.handles import HANDLE_ARG
-from undolog.gateway.upstreams import UpstreamTool
+from undolog.gateway.agent_requests import AgentRequest
+from undolog.gateway.catalogue import UpstreamTool
 from undolog.kube import Kube
 from undolog.ledger import Ledger
 from undolog.sdk import SagaRun
@@ -26,7 +25,7 @@ EMPTY_FORM: dict[str, Any] = {"type": "object", "properties": {}}
 
 
 def question(tool: UpstreamTool, arguments: dict[str, Any]) -> str:
-    shown = json.dumps({k: v for k, v in arguments.items() if k != HANDLE_ARG}, sort_keys=True)
+    shown = json.dumps(arguments, sort_keys=True)
     shown = shown if len(shown) <= 300 else shown[:297] + "..."
     return (
         f"The agent wants to call {tool.qualified} with {shown}. UndoLog cannot undo this call: if the work is "
@@ -51,10 +50,10 @@ def answered(params: types.CallToolRequestParams) -> str | None:
     return str(action) if action is not None else None
 
 
-async def ask_in_session(ctx: ServerRequestContext[Any], tool: UpstreamTool, arguments: dict[str, Any]) -> str:
+async def ask_in_session(request: AgentRequest, tool: UpstreamTool, arguments: dict[str, Any]) -> str:
     """The session's way to ask (elicitation); `cancel` when the client cannot ask its user."""
     try:
-        result = await ctx.session.elicit_form(question(tool, arguments), EMPTY_FORM, ctx.request_id)
+        result = await request.session.elicit_form(question(tool, arguments), EMPTY_FORM, request.request_id)
     except Exception:  # no elicitation capability or back-channel: nobody was asked, so not allowed
         return "cancel"
     return str(result.action)

@@ -29,8 +29,7 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 
-from undolog.gateway import agent_requests
-from undolog.gateway.agent_requests import AgentRequest
+from undolog.gateway.agent_requests import AgentRequest, Requester
 
 log = logging.getLogger("undolog.gateway")
 A = TypeVar("A", types.CreateMessageResult, types.ElicitResult, types.ListRootsResult)
@@ -50,6 +49,7 @@ class Connection:
     def __init__(self, upstream: str, owner: str | None, announced: Announced) -> None:
         self.upstream, self.owner, self.announced = upstream, owner, announced  # owner: the agent session, if its own
         self.client: Client | None = None
+        self.announces_lists = False  # the shared connection to an upstream on sessions: its list changes count
         self.in_flight: list[AgentRequest] = []
         self.last: AgentRequest | None = None  # the owner's latest request: its session, when none is in flight
 
@@ -59,17 +59,17 @@ class Connection:
         return self.client
 
     @contextlib.asynccontextmanager
-    async def serving(self) -> AsyncIterator[Client]:
-        """The client, with the current agent request in flight on it meanwhile."""
-        request = agent_requests.current.get()
-        if request is not None:
-            self.in_flight.append(request)
-            self.last = request
+    async def serving(self, request: Requester) -> AsyncIterator[Client]:
+        """The client, with `request` in flight on it meanwhile."""
+        agent = request if isinstance(request, AgentRequest) else None
+        if agent is not None:
+            self.in_flight.append(agent)
+            self.last = agent
         try:
             yield self.ready
         finally:
-            if request is not None:
-                self.in_flight.remove(request)
+            if agent is not None:
+                self.in_flight.remove(agent)
 
     def target(self) -> AgentRequest | None:
         if self.in_flight:
@@ -130,9 +130,9 @@ class Connection:
             await self.announced(message, self)
 
 
-def progress_of(target: AgentRequest | None) -> ProgressFnT | None:
+def progress_of(target: Requester) -> ProgressFnT | None:
     """The upstream call's progress, passed on under the agent's own token (when it gave one)."""
-    if target is None or target.progress_token is None:
+    if not isinstance(target, AgentRequest) or target.progress_token is None:
         return None
     token = target.progress_token
 

@@ -11,12 +11,14 @@ from typing import Any
 
 import mcp_types as types
 
-from undolog.api.gateway import GatewayConfig, ToolRule
+from undolog.api.gateway import GatewayConfig
 from undolog.decisions import saga_handles
 from undolog.decisions.saga_handles import HandleRefusal, OpenRound, SagaHandle
 from undolog.errors import AlreadyExists, NotFound, SagaEnded, UndoLogError
-from undolog.gateway.sessions import NotCalled, call_as_step, plan_text
-from undolog.gateway.upstreams import Rounds, Upstreams, UpstreamTool
+from undolog.gateway.bindings import SagaBinding, StepAt
+from undolog.gateway.confirmations import CONFIRM_INPUT
+from undolog.gateway.steps import Answer, NotCalled
+from undolog.gateway.upstreams import Rounds
 from undolog.kube import Kube
 from undolog.sdk import SagaRun, open_saga
 from undolog.sdk.saga import resumed_saga
@@ -52,17 +54,22 @@ def said_handle(handle: str) -> types.TextContent:
 
 
 class HandleSagas:
-    def __init__(self, config: GatewayConfig, kube: Kube, upstreams: Upstreams, key: bytes) -> None:
-        self.config, self.kube, self.upstreams, self.key = config, kube, upstreams, key
+    """The sagas of this gateway's handles: read from the ledger, opened there."""
+
+    def __init__(self, config: GatewayConfig, kube: Kube, key: bytes) -> None:
+        self.config, self.kube, self.key = config, kube, key
         # The last position this replica registered in each saga, so a call needs no LIST of its
         # entries; a position another replica took since shows as AlreadyExists, and is re-read.
         self.positions: OrderedDict[str, int] = OrderedDict()
 
-    def _remember(self, run: SagaRun) -> None:
+    def remember(self, run: SagaRun) -> None:
         self.positions[run.uid] = run.last_position
         self.positions.move_to_end(run.uid)
         while len(self.positions) > KNOWN_SAGAS:
             self.positions.popitem(last=False)
+
+    def forget(self, run: SagaRun) -> None:
+        self.positions.pop(run.uid, None)
 
     def handle_of(self, run: SagaRun, identity: str | None) -> str:
         return saga_handles.mint(self.key, SagaHandle(run.namespace, run.name, run.uid), identity)
@@ -97,77 +104,85 @@ class HandleSagas:
             kube=self.kube,
         )
 
-    async def run_for(self, arguments: dict[str, Any], identity: str | None) -> SagaRun:
-        """The saga of the handle among the arguments, or a new one whose handle is put there."""
-        text = arguments.get(HANDLE_ARG)
-        if text is not None:
-            return await self.resumed(str(text), identity)
-        run = await self.opened()
-        arguments[HANDLE_ARG] = self.handle_of(run, identity)
+
+class HandleBinding(SagaBinding):
+    """A stateless request's saga: the handle's among its arguments, or, for the retry of a call
+    whose server asked first, the open round's (its requestState); a new one without either."""
+
+    carry_on = f"carry on with the same {HANDLE_ARG}"
+
+    def __init__(
+        self, sagas: HandleSagas, identity: str | None, text: object, carried: OpenRound | None, rounds: Rounds
+    ) -> None:
+        self.sagas, self.identity, self.carried, self.rounds = sagas, identity, carried, rounds
+        self.text = carried.handle if carried is not None else text
+        self.confirmed = carried is not None and carried.confirmed
+
+    async def named(self, tool: str) -> SagaRun:
+        if not isinstance(self.text, str):
+            raise HandleRefused(f"{tool} needs {HANDLE_ARG}: the handle a mapped call's result gave")
+        return await self.sagas.resumed(self.text, self.identity)
+
+    async def opened(self) -> SagaRun:
+        run = await self._run()
+        self.text = self.sagas.handle_of(run, self.identity)
         return run
 
-    async def call(
-        self,
-        tool: UpstreamTool,
-        arguments: dict[str, Any],
-        rule: ToolRule | None,
-        identity: str | None,
-        rounds: Rounds,
-        carried: OpenRound | None = None,
-        confirmed: bool = False,
-    ) -> types.CallToolResult | types.InputRequiredResult:
-        """The call as a step of the handle's saga (a new one without a handle), or, when it is
-        the retry of one whose server asked for input first (`carried`), recorded on its step.
-        `confirmed`: the user allowed it, which a question of the server's carries on."""
-        text = carried.handle if carried is not None else arguments.get(HANDLE_ARG)
-        arguments.pop(HANDLE_ARG, None)
+    async def _run(self) -> SagaRun:
+        if self.text is not None:
+            return await self.sagas.resumed(str(self.text), self.identity)
+        return await self.sagas.opened()
+
+    def meta(self, run: SagaRun) -> dict[str, Any]:
+        return {HANDLE_META: self.sagas.handle_of(run, self.identity)}
+
+    def ended(self) -> None:
+        """Nothing to forget: the next call names its saga by its handle, or opens one."""
+
+    async def step(self, tool: str, call: StepAt) -> Answer:
+        carried = self.carried
         for tries in range(1, REGISTER_TRIES + 1):
             try:
-                run = await self.resumed(str(text), identity) if text is not None else await self.opened()
+                run = await self._run()
             except (ValueError, UndoLogError) as error:
-                raise NotCalled(f"tool {tool.qualified} was not called: {error}") from error
-            handle = self.handle_of(run, identity)
+                raise NotCalled(f"tool {tool} was not called: {error}") from error
             position = carried.position if carried is not None else run.last_position + 1
-            meta = {HANDLE_META: handle}
             try:
-                result = await call_as_step(
-                    run, self.upstreams, tool, arguments, rule, position, meta, rounds, carried is not None
-                )
+                result = await call(run, position, self.meta(run), carried is not None)
             except NotCalled as refused:
-                self.positions.pop(run.uid, None)
-                if isinstance(refused.__cause__, AlreadyExists) and text is not None and tries < REGISTER_TRIES:
+                self.sagas.forget(run)
+                if isinstance(refused.__cause__, AlreadyExists) and self.text is not None and tries < REGISTER_TRIES:
                     continue
                 raise
-            self._remember(run)
-            if isinstance(result, types.CallToolResult):
-                result.content = [*result.content, said_handle(handle)]
-                return result
-            # The server asks first: its question goes to the agent, the open step in its state.
-            state = saga_handles.seal_round(self.key, OpenRound(handle, position, result.request_state, confirmed))
-            return types.InputRequiredResult(
-                input_requests=result.input_requests, request_state=state, meta=result.meta
-            )
+            self.sagas.remember(run)
+            return self._told(run, position, result)
         raise AssertionError("unreachable")  # the loop returns or raises
 
-    async def own(self, tool: str, arguments: dict[str, Any], identity: str | None) -> str:
-        """The agent's own tools on the handle's saga: commit, abort, rewind, status."""
-        text = arguments.get(HANDLE_ARG)
-        if not isinstance(text, str):
-            raise HandleRefused(f"{tool} needs {HANDLE_ARG}: the handle a mapped call's result gave")
-        run = await self.resumed(text, identity)
-        saga = f"saga {run.namespace}/{run.name}"
-        if tool == "undolog_commit":
-            await run.commit()
-            return f"{saga} committed: its steps stay done"
-        if tool == "undolog_abort":
-            reason = str(arguments.get("reason") or "aborted by the agent")
-            plan = await plan_text(self.kube, run)
-            await run.abort(reason)
-            return f"{saga} aborted ({reason}); the operator undoes, newest first: {plan}"
-        if tool == "undolog_rewind":
-            to_step = str(arguments.get("to_step", ""))
-            await run.rewind_to(
-                int(to_step) if to_step.isdigit() else to_step, str(arguments.get("reason") or "rewind")
-            )
-            return f"{saga} rewound to {to_step}: the steps after it are undone; carry on with the same {HANDLE_ARG}"
-        return f"{saga}; undone on abort, newest first: {await plan_text(self.kube, run)}"
+    def _told(self, run: SagaRun, position: int, result: Answer) -> Answer:
+        """The handle in the result; a server's question sealed with the open step in its state."""
+        handle = self.sagas.handle_of(run, self.identity)
+        if isinstance(result, types.CallToolResult):
+            result.content = [*result.content, said_handle(handle)]
+            return result
+        state = saga_handles.seal_round(
+            self.sagas.key, OpenRound(handle, position, result.request_state, self.confirmed)
+        )
+        return types.InputRequiredResult(input_requests=result.input_requests, request_state=state, meta=result.meta)
+
+
+def binding(
+    sagas: HandleSagas,
+    identity: str | None,
+    tool: str,
+    arguments: dict[str, Any],
+    request_state: str | None,
+    responses: types.InputResponses | None,
+) -> HandleBinding:
+    """The binding of a stateless request: its handle taken out of `arguments`; NotCalled when
+    its requestState claims to be the gateway's and is not."""
+    carried = saga_handles.opened_round(sagas.key, request_state)
+    if isinstance(carried, HandleRefusal):
+        raise NotCalled(f"tool {tool} was not called: {carried.message}")
+    answers = {k: v for k, v in (responses or {}).items() if k != CONFIRM_INPUT}
+    rounds = Rounds(answers or None, carried.state if carried is not None else request_state)
+    return HandleBinding(sagas, identity, arguments.pop(HANDLE_ARG, None), carried, rounds)

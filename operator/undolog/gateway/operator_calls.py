@@ -33,7 +33,9 @@ from undolog.api.common import API_VERSION
 from undolog.api.gateway import GatewayConfig
 from undolog.calls.mcp import KEY_META
 from undolog.errors import AlreadyExists, KubeError, NotFound
-from undolog.gateway.upstreams import Upstreams, UpstreamTool
+from undolog.gateway.agent_requests import OperatorRequest
+from undolog.gateway.catalogue import ToolCatalogue, UpstreamTool
+from undolog.gateway.upstreams import Upstreams
 from undolog.kube import Kube
 from undolog.participant.barrier import Answer, Barrier, Call
 
@@ -53,14 +55,14 @@ class Served:
     version: str
 
 
-def compensation_tools(config: GatewayConfig, upstreams: Upstreams) -> dict[str, dict[str, Served]]:
+def compensation_tools(config: GatewayConfig, catalogue: ToolCatalogue) -> dict[str, dict[str, Served]]:
     """By stdio upstream and tool name, the tools the configuration names as compensations."""
     served: dict[str, dict[str, Served]] = {}
     for rule in config.tools.values():
         undo = rule.compensation
         if undo is None or undo.tool is None or config.upstreams[undo.tool.split(".", 1)[0]].command is None:
             continue
-        found = upstreams.qualified(undo.tool)
+        found = catalogue.qualified(undo.tool)
         served.setdefault(found.upstream, {})[found.tool.name] = Served(found, undo.webhook, undo.version)
     return served
 
@@ -98,9 +100,9 @@ class OperatorCalls:
     """The ASGI route (the instance itself) and the MCP server behind it; `running()` for the
     lifetime of the app, `publish()` once at start."""
 
-    def __init__(self, config: GatewayConfig, upstreams: Upstreams, kube: Kube) -> None:
+    def __init__(self, config: GatewayConfig, upstreams: Upstreams, catalogue: ToolCatalogue, kube: Kube) -> None:
         self.config, self.upstreams, self.kube = config, upstreams, kube
-        self.tools = compensation_tools(config, upstreams)
+        self.tools = compensation_tools(config, catalogue)
         self.fences = MemoryFences()
         self.keys = SigningKeys(kube, config.namespace, config.operator_calls.signing_secret)
         server: Server[Any] = Server("undolog-gateway-operator-calls", on_list_tools=self.list, on_call_tool=self.call)
@@ -166,8 +168,9 @@ class OperatorCalls:
         if served is None:
             raise MCPError(types.INVALID_PARAMS, f"{params.name!r} is not a compensation the gateway serves here")
         key = dict(params.meta or {}).get(KEY_META)
+        request = OperatorRequest(served.found.qualified)
         return await self.upstreams.call(
-            served.found, dict(params.arguments or {}), key if isinstance(key, str) else None
+            request, served.found, dict(params.arguments or {}), key if isinstance(key, str) else None
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -14,10 +14,10 @@ from typing import Any, TypeVar
 
 import mcp_types as types
 from mcp import Client
-from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from undolog.gateway.agent_requests import AgentRequest
+from undolog.gateway.subscriptions import Subscriptions
 from undolog.gateway.upstreams import Rounds, Upstreams, modern
 
 T = TypeVar("T")
@@ -25,20 +25,21 @@ MAX_PAGES = 100  # of one upstream's list: a server whose cursor never ends is n
 
 
 def _rounds(
-    ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams | types.GetPromptRequestParams
+    request: AgentRequest, params: types.ReadResourceRequestParams | types.GetPromptRequestParams
 ) -> Rounds | None:
     """A stateless agent's answers to a server's question, passed on (the server may ask again)."""
-    return Rounds.of(params) if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS else None
+    return Rounds.of(params) if request.stateless else None
 
 
 class Relay:
-    def __init__(self, upstreams: Upstreams) -> None:
-        self.upstreams = upstreams
+    def __init__(self, upstreams: Upstreams, subscriptions: Subscriptions) -> None:
+        self.upstreams, self.subscriptions = upstreams, subscriptions
         self.resources: dict[str, str] = {}  # URI -> the upstream that listed it
         self.prompts: dict[str, str] = {}  # name -> the upstream that listed it
 
-    def handlers(self) -> dict[str, Callable[[ServerRequestContext[Any], Any], Awaitable[Any]]]:
-        """The lowlevel Server's handlers (it advertises the capabilities they give)."""
+    def handlers(self) -> dict[str, Callable[[AgentRequest, Any], Awaitable[Any]]]:
+        """The lowlevel Server's handlers, each given the request it serves (the Server
+        advertises the capabilities they give)."""
         return {
             "on_list_resources": self.list_resources,
             "on_list_resource_templates": self.list_resource_templates,
@@ -51,13 +52,15 @@ class Relay:
             "on_set_logging_level": self.set_logging_level,
         }
 
-    async def _pages(self, fetch: Callable[[Client, str | None], Awaitable[Any]], field: str) -> list[tuple[str, Any]]:
+    async def _pages(
+        self, request: AgentRequest, fetch: Callable[[Client, str | None], Awaitable[Any]], field: str
+    ) -> list[tuple[str, Any]]:
         found: list[tuple[str, Any]] = []
         for name in self.upstreams.config:
             cursor: str | None = None
             for _ in range(MAX_PAGES):
                 try:
-                    async with self.upstreams.serving(name) as client:
+                    async with self.upstreams.serving(request, name) as client:
                         page = await fetch(client, cursor)
                 except MCPError:  # this upstream does not offer it
                     break
@@ -68,24 +71,28 @@ class Relay:
         return found
 
     async def list_resources(
-        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+        self, request: AgentRequest, params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        found = await self._pages(lambda c, cursor: c.list_resources(cursor=cursor, cache_mode="bypass"), "resources")
+        found = await self._pages(
+            request, lambda c, cursor: c.list_resources(cursor=cursor, cache_mode="bypass"), "resources"
+        )
         self.resources.update({str(r.uri): name for name, r in found})
         return types.ListResourcesResult(resources=[r for _, r in found])
 
     async def list_resource_templates(
-        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+        self, request: AgentRequest, params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
         found = await self._pages(
-            lambda c, cursor: c.list_resource_templates(cursor=cursor, cache_mode="bypass"), "resource_templates"
+            request,
+            lambda c, cursor: c.list_resource_templates(cursor=cursor, cache_mode="bypass"),
+            "resource_templates",
         )
         return types.ListResourceTemplatesResult(resource_templates=[t for _, t in found])
 
     async def read_resource(
-        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+        self, request: AgentRequest, params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult | types.InputRequiredResult:
-        uri, rounds = str(params.uri), _rounds(ctx, params)
+        uri, rounds = str(params.uri), _rounds(request, params)
 
         async def read(c: Client) -> types.ReadResourceResult | types.InputRequiredResult:
             if rounds is None or not modern(c):
@@ -94,19 +101,21 @@ class Relay:
                 uri, input_responses=rounds.responses, request_state=rounds.state, allow_input_required=True
             )
 
-        return await self._first(self.resources.get(uri), read, uri)
+        return await self._first(request, self.resources.get(uri), read, uri)
 
     async def list_prompts(
-        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+        self, request: AgentRequest, params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
-        found = await self._pages(lambda c, cursor: c.list_prompts(cursor=cursor, cache_mode="bypass"), "prompts")
+        found = await self._pages(
+            request, lambda c, cursor: c.list_prompts(cursor=cursor, cache_mode="bypass"), "prompts"
+        )
         self.prompts.update({p.name: name for name, p in found})
         return types.ListPromptsResult(prompts=[p for _, p in found])
 
     async def get_prompt(
-        self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
+        self, request: AgentRequest, params: types.GetPromptRequestParams
     ) -> types.GetPromptResult | types.InputRequiredResult:
-        name, arguments, rounds = params.name, params.arguments, _rounds(ctx, params)
+        name, arguments, rounds = params.name, params.arguments, _rounds(request, params)
 
         async def get(c: Client) -> types.GetPromptResult | types.InputRequiredResult:
             if rounds is None or not modern(c):
@@ -115,51 +124,45 @@ class Relay:
                 name, arguments, input_responses=rounds.responses, request_state=rounds.state, allow_input_required=True
             )
 
-        return await self._first(self.prompts.get(name), get, name)
+        return await self._first(request, self.prompts.get(name), get, name)
 
-    async def complete(
-        self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
-    ) -> types.CompleteResult:
+    async def complete(self, request: AgentRequest, params: types.CompleteRequestParams) -> types.CompleteResult:
         ref = params.ref
         owner = self.prompts.get(ref.name) if isinstance(ref, types.PromptReference) else None
         argument = {"name": params.argument.name, "value": params.argument.value}
         context = params.context.arguments if params.context else None
-        return await self._first(owner, lambda c: c.complete(ref, argument, context), "completion")
+        return await self._first(request, owner, lambda c: c.complete(ref, argument, context), "completion")
 
-    async def subscribe(
-        self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
-    ) -> types.EmptyResult:
+    async def subscribe(self, request: AgentRequest, params: types.SubscribeRequestParams) -> types.EmptyResult:
         uri = str(params.uri)
-        await self._first(self.resources.get(uri), lambda c: c.subscribe_resource(uri), uri)
-        self.upstreams.subscribed(uri, True)
+        await self._first(request, self.resources.get(uri), lambda c: c.subscribe_resource(uri), uri)
+        self.subscriptions.subscribed(request, uri, True)
         return types.EmptyResult()
 
-    async def unsubscribe(
-        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
-    ) -> types.EmptyResult:
+    async def unsubscribe(self, request: AgentRequest, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
         uri = str(params.uri)
-        self.upstreams.subscribed(uri, False)
-        await self._first(self.resources.get(uri), lambda c: c.unsubscribe_resource(uri), uri)
+        self.subscriptions.subscribed(request, uri, False)
+        await self._first(request, self.resources.get(uri), lambda c: c.unsubscribe_resource(uri), uri)
         return types.EmptyResult()
 
-    async def set_logging_level(
-        self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
-    ) -> types.EmptyResult:
+    async def set_logging_level(self, request: AgentRequest, params: types.SetLevelRequestParams) -> types.EmptyResult:
         for name in self.upstreams.config:
             try:
-                async with self.upstreams.serving(name) as client:
+                async with self.upstreams.serving(request, name) as client:
                     await client.set_logging_level(params.level)
             except MCPError:
                 continue
         return types.EmptyResult()
 
-    async def _first(self, owner: str | None, ask: Callable[[Client], Awaitable[T]], what: str) -> T:
+    async def _first(
+        self, request: AgentRequest, owner: str | None, ask: Callable[[Client], Awaitable[T]], what: str
+    ) -> T:
         """The owner's answer, else the first upstream's that answers; the last refusal when none does."""
         names = [owner] if owner is not None else list(self.upstreams.config)
         refused: MCPError | None = None
         for name in names:
             try:
-                async with self.upstreams.serving(name) as client:
+                async with self.upstreams.serving(request, name) as client:
                     return await ask(client)
             except MCPError as error:
                 refused = error

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,11 @@ from undolog.api.gateway import Compensations, GatewayConfig
 from undolog.decisions.advertised_undo import with_advertised
 from undolog.decisions.tool_calls import expression_problems
 from undolog.gateway.agent_requests import SESSION_HEADER, STDIO_SESSION
+from undolog.gateway.catalogue import ToolCatalogue, listed_tools, mapping_problems
 from undolog.gateway.operator_calls import OperatorCalls
 from undolog.gateway.server import Gateway
-from undolog.gateway.upstreams import Upstreams, listed_tools, mapping_problems
+from undolog.gateway.subscriptions import Subscriptions
+from undolog.gateway.upstreams import Upstreams
 from undolog.kube import Kube
 
 MCP_PATH = "/mcp"
@@ -52,14 +54,14 @@ def load(path: str) -> GatewayConfig:
     return config
 
 
-async def checked(config: GatewayConfig, upstreams: Upstreams) -> GatewayConfig:
+async def checked(config: GatewayConfig, upstreams: Upstreams, catalogue: ToolCatalogue) -> GatewayConfig:
     """The configuration with what the servers advertise (`compensations: fromAnnotations`),
     checked against what they list (tools, schemas): MappingRefused naming each problem."""
     if config.compensations == Compensations.FROM_ANNOTATIONS:
-        config, said = with_advertised(config, await listed_tools(upstreams))
+        config, said = with_advertised(config, await listed_tools(upstreams.clients))
         for line in said:
             log.info("%s", line)
-    problems = mapping_problems(config, upstreams) + expression_problems(config)
+    problems = mapping_problems(config, catalogue) + expression_problems(config)
     if problems:
         raise MappingRefused("the gateway's mappings do not fit its servers: " + "; ".join(problems))
     return config
@@ -99,58 +101,64 @@ def ending_sessions(app: ASGIApp, ended: Callable[[str], Any]) -> ASGIApp:
     return wrapped
 
 
+@contextlib.asynccontextmanager
+async def serving(
+    config: GatewayConfig, connect: Callable[[], Awaitable[Kube]], handle_key: bytes
+) -> AsyncIterator[Gateway]:
+    """The gateway, its upstreams connected and its mappings checked against them, until the end."""
+    kube = await connect()
+    try:
+        subscriptions = Subscriptions()
+        async with Upstreams(config.upstreams, subscriptions) as upstreams:
+            catalogue = ToolCatalogue()
+            await catalogue.list_tools(upstreams.clients)
+            config = await checked(config, upstreams, catalogue)
+            yield Gateway(config, kube, upstreams, catalogue, subscriptions, handle_key)
+    finally:
+        await kube.close()
+
+
+def http_app(gateway: Gateway, operator_calls: OperatorCalls, host: str) -> ASGIApp:
+    """/mcp for agents, the operator's route to stdio upstreams' compensations, /metrics, /healthz."""
+
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    async def healthz(_: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    app = gateway.server.streamable_http_app(
+        streamable_http_path=MCP_PATH,
+        host=host,
+        session_idle_timeout=gateway.config.idle_seconds,
+        custom_starlette_routes=[Route("/metrics", metrics), Route("/healthz", healthz), operator_calls.route()],
+    )
+    return ending_sessions(app, lambda key: gateway.close_session(key, "the client ended it"))
+
+
 async def serve_http(
     config: GatewayConfig, host: str, port: int, connect: Callable[[], Awaitable[Kube]], handle_key: bytes
 ) -> None:
-    kube = await connect()
-    try:
-        async with Upstreams(config.upstreams) as upstreams:
-            config = await checked(config, upstreams)
-            gateway = Gateway(config, kube, upstreams, handle_key)
-
-            async def metrics(_: Request) -> Response:
-                return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
-
-            async def healthz(_: Request) -> Response:
-                return PlainTextResponse("ok")
-
-            operator_calls = OperatorCalls(config, upstreams, kube)
-            await operator_calls.publish()
-            app = gateway.server.streamable_http_app(
-                streamable_http_path=MCP_PATH,
-                host=host,
-                session_idle_timeout=config.idle_seconds,
-                custom_starlette_routes=[
-                    Route("/metrics", metrics),
-                    Route("/healthz", healthz),
-                    operator_calls.route(),
-                ],
-            )
-            wrapped = ending_sessions(app, lambda key: gateway.close_session(key, "the client ended it"))
-            server = Serving(uvicorn.Config(wrapped, host=host, port=port, log_level="warning", lifespan="on"))
-            reaper = asyncio.create_task(gateway.reap_idle())
-            try:
-                async with operator_calls.running():
-                    await server.serve()
-            finally:
-                reaper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reaper
-                await gateway.close_all("the gateway stopped")
-    finally:
-        await kube.close()
+    async with serving(config, connect, handle_key) as gateway:
+        operator_calls = OperatorCalls(gateway.config, gateway.upstreams, gateway.catalogue, gateway.kube)
+        await operator_calls.publish()
+        app = http_app(gateway, operator_calls, host)
+        server = Serving(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+        reaper = asyncio.create_task(gateway.reap_idle())
+        try:
+            async with operator_calls.running():
+                await server.serve()
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            await gateway.close_all("the gateway stopped")
 
 
 async def serve_stdio(config: GatewayConfig, connect: Callable[[], Awaitable[Kube]], handle_key: bytes) -> None:
-    kube = await connect()
-    try:
-        async with Upstreams(config.upstreams) as upstreams:
-            config = await checked(config, upstreams)
-            gateway = Gateway(config, kube, upstreams, handle_key)
-            try:
-                async with stdio_server() as (read, write):
-                    await gateway.server.run(read, write, gateway.server.create_initialization_options())
-            finally:
-                await gateway.close_session(STDIO_SESSION, "stdin closed")
-    finally:
-        await kube.close()
+    async with serving(config, connect, handle_key) as gateway:
+        try:
+            async with stdio_server() as (read, write):
+                await gateway.server.run(read, write, gateway.server.create_initialization_options())
+        finally:
+            await gateway.close_session(STDIO_SESSION, "stdin closed")

@@ -1,6 +1,6 @@
-"""The MCP servers behind the gateway: one client each (the `mcp` package's), their tools, and
-the calls forwarded to them with the step's Idempotency-Key (in `_meta`, and as the HTTP header
-on streamable HTTP)."""
+"""The gateway's connections to the MCP servers behind it (the `mcp` package's clients), chosen
+for each request by who asks and what it declared, and the calls forwarded over them with the
+step's Idempotency-Key (in `_meta`, and as the HTTP header on streamable HTTP)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import overload
 
 import anyio
 import httpx2
@@ -21,53 +21,18 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import Subscription
-from mcp.server.session import ServerSession
-from mcp.shared.exceptions import MCPError
-from mcp.shared.subscriptions import (
-    PromptsListChanged,
-    ResourcesListChanged,
-    ResourceUpdated,
-    ServerEvent,
-    ToolsListChanged,
-)
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, ConfigDict, Field
 
-from undolog.api.gateway import GatewayConfig, Upstream
+from undolog.api.gateway import Upstream
 from undolog.calls.mcp import KEY_META, keyed_meta
-from undolog.decisions.advertised_undo import ListedTool
-from undolog.decisions.undo_expressions import expressions_in, unknown_fields
-from undolog.gateway import agent_requests
+from undolog.gateway.agent_requests import AgentRequest, Requester
+from undolog.gateway.catalogue import UpstreamTool
 from undolog.gateway.connections import Connection, progress_of
+from undolog.gateway.subscriptions import Subscriptions
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 STATELESS_CLIENTS = "stateless:"  # the key of the stateless agents' clients, by what they declare
-LIST_CHANGES: dict[type[types.ServerNotification], ServerEvent] = {
-    types.ToolListChangedNotification: ToolsListChanged(),
-    types.PromptListChangedNotification: PromptsListChanged(),
-    types.ResourceListChangedNotification: ResourcesListChanged(),
-}
-Changed = Callable[[ServerEvent], Awaitable[None]]
 log = logging.getLogger("undolog.gateway")
-
-
-@dataclass(frozen=True)
-class UpstreamTool:
-    upstream: str
-    tool: types.Tool
-
-    @property
-    def qualified(self) -> str:
-        """<upstream>.<tool>: how the configuration names it."""
-        return f"{self.upstream}.{self.tool.name}"
-
-    @property
-    def read_only_hint(self) -> bool:
-        return bool(self.tool.annotations and self.tool.annotations.read_only_hint)
-
-    @property
-    def destructive_hint(self) -> bool:
-        return bool(self.tool.annotations and self.tool.annotations.destructive_hint)
 
 
 async def keyed(request: httpx2.Request) -> None:
@@ -109,29 +74,17 @@ def modern(client: Client) -> bool:
     return client.protocol_version in MODERN_PROTOCOL_VERSIONS
 
 
-class RawListing(BaseModel):
-    """A tools/list page with each tool as the JSON the server sent."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    tools: list[dict[str, Any]]
-    next_cursor: str | None = Field(default=None, alias="nextCursor")
-
-
 class Upstreams:
-    """Connected at start, closed at the end; `tools` lists every upstream's tools under the name
-    the agent sees (the tool's own, `<upstream>.<tool>` where two upstreams share one). Each agent
-    session gets connections of its own to the HTTP upstreams (connections.py says why), opened
-    on its first request that needs one and closed with the session."""
+    """Connected at start, closed at the end. Each agent session gets connections of its own to
+    the HTTP upstreams (connections.py says why), opened on its first request that needs one and
+    closed with the session; what the connections announce goes to `subscriptions`."""
 
-    def __init__(self, upstreams: dict[str, Upstream]) -> None:
-        self.config = upstreams
+    def __init__(self, upstreams: dict[str, Upstream], subscriptions: Subscriptions) -> None:
+        self.config, self.subscriptions = upstreams, subscriptions
         self.shared: dict[str, Connection] = {}
         self.sessions: dict[str, dict[str, Connection]] = {}
-        self.subscribers: dict[str, dict[str, ServerSession]] = {}  # URI -> agent sessions subscribed to it
-        self.tools: dict[str, UpstreamTool] = {}
         self.discovered: dict[str, tuple[str, types.DiscoverResult]] = {}  # upstreams of the stateless revision
         self._http: dict[str, httpx2.AsyncClient] = {}
-        self.changed: Changed | None = None
         self._background: list[anyio.CancelScope] = []
         self._closing: dict[str, anyio.Event] = {}
         self._opening = anyio.Lock()
@@ -143,11 +96,11 @@ class Upstreams:
             self._tasks = await self._stack.enter_async_context(anyio.create_task_group())
             self._stack.callback(self._close_all)
             for name, upstream in self.config.items():
-                connection = self.shared[name] = Connection(name, None, self._announced)
+                connection = self.shared[name] = Connection(name, None, self.subscriptions.announced)
                 connection.client = await self._stack.enter_async_context(self._connected(upstream, connection))
                 if upstream.url is not None:
                     await self._discover(name, upstream.url)
-            await self.list_tools()
+                connection.announces_lists = name not in self.discovered
         except BaseException:
             await self._stack.aclose()
             raise
@@ -209,12 +162,12 @@ class Upstreams:
         ) as client:
             yield client
 
-    async def connection(self, upstream: str) -> Connection:
-        """The current agent session's own connection to an HTTP upstream, else the shared one; a
+    async def connection(self, request: Requester, upstream: str) -> Connection:
+        """The agent session's own connection to an HTTP upstream, else the shared one; a
         stateless agent's, one of those its upstream's clients that declare what it declared."""
-        request = agent_requests.current.get()
-        key = request.session_key if request is not None else None
-        declared = request.declared if request is not None and request.stateless else None
+        agent = request if isinstance(request, AgentRequest) else None
+        key = agent.session_key if agent is not None else None
+        declared = agent.declared if agent is not None and agent.stateless else None
         if declared is not None and upstream in self.discovered:
             key = STATELESS_CLIENTS + ",".join(sorted(declared))
         if key is None or self.config[upstream].url is None:
@@ -232,7 +185,7 @@ class Upstreams:
         """One session's connection (or stateless agents' declaring `declared`), open until the
         session ends (a task of its own: the client's task group must end in the task that began
         it)."""
-        connection = Connection(upstream, None if declared is not None else key, self._announced)
+        connection = Connection(upstream, None if declared is not None else key, self.subscriptions.announced)
         closing = self._closing.setdefault(key, anyio.Event())
         connected = (
             self._connected(self.config[upstream], connection)
@@ -258,8 +211,7 @@ class Upstreams:
         if closing is not None:
             closing.set()
         self.sessions.pop(key, None)
-        for subscribed in self.subscribers.values():
-            subscribed.pop(key, None)
+        self.subscriptions.forget(key)
 
     def _close_all(self) -> None:
         for scope in self._background:
@@ -268,47 +220,24 @@ class Upstreams:
             self.close_session(key)
 
     @contextlib.asynccontextmanager
-    async def serving(self, upstream: str) -> AsyncIterator[Client]:
-        """A client of the upstream for the current agent request, which it is serving meanwhile.
-        A stateless request that asked for log messages gets a client of its own: what the server
-        logs comes back on the request's stream, which the SDK's client does not tell apart."""
-        request = agent_requests.current.get()
-        if request is not None and request.stateless and request.log_level and upstream in self.discovered:
-            own = Connection(upstream, None, self._announced)
+    async def serving(self, request: Requester, upstream: str) -> AsyncIterator[Client]:
+        """A client of the upstream for `request`, which it is serving meanwhile. A stateless
+        request that asked for log messages gets a client of its own: what the server logs comes
+        back on the request's stream, which the SDK's client does not tell apart."""
+        agent = request if isinstance(request, AgentRequest) else None
+        if agent is not None and agent.stateless and agent.log_level and upstream in self.discovered:
+            own = Connection(upstream, None, self.subscriptions.announced)
             try:
-                async with self._stateless_client(upstream, own, request.declared, request.log_level) as client:
+                async with self._stateless_client(upstream, own, agent.declared, agent.log_level) as client:
                     own.client = client
-                    async with own.serving() as serving:
+                    async with own.serving(agent) as serving:
                         yield serving
             except BaseExceptionGroup as group:  # the client's task group wraps what the server refused
                 raise lone(group) from None
             return
-        connection = await self.connection(upstream)
-        async with connection.serving() as client:
+        connection = await self.connection(request, upstream)
+        async with connection.serving(request) as client:
             yield client
-
-    def subscribed(self, uri: str, on: bool) -> None:
-        """The current agent session subscribed to (or unsubscribed from) a resource."""
-        request = agent_requests.current.get()
-        if request is None or request.session_key is None:
-            return
-        sessions = self.subscribers.setdefault(uri, {})
-        if on:
-            sessions[request.session_key] = request.session
-        else:
-            sessions.pop(request.session_key, None)
-
-    async def _announced(self, message: types.ServerNotification, connection: Connection) -> None:
-        """A resource's update to the sessions subscribed to it, and, heard on the shared
-        connection, to `changed`; a list's change to `changed`, from an upstream on sessions only
-        (one of the stateless revision announces what is listened for, changes.py)."""
-        event: ServerEvent | None = LIST_CHANGES.get(type(message))
-        if isinstance(message, types.ResourceUpdatedNotification):
-            await self._updated(str(message.params.uri), connection)
-            event = ResourceUpdated(str(message.params.uri))
-        shared = self.shared.get(connection.upstream) is connection  # the sessions' own say it too
-        if event is not None and shared and self.changed is not None and connection.upstream not in self.discovered:
-            await self.changed(event)
 
     def background(self, run: Callable[[], Awaitable[None]]) -> None:
         """`run` in the upstreams' task group, cancelled when they close."""
@@ -325,7 +254,7 @@ class Upstreams:
     async def listening(self, upstream: str, resources: frozenset[str]) -> AsyncIterator[Subscription]:
         """A listen stream to an upstream of the stateless revision: its list changes, and the
         updates of `resources`."""
-        connection = Connection(upstream, None, self._announced)
+        connection = Connection(upstream, None, self.subscriptions.announced)
         async with (
             self._stateless_client(upstream, connection, frozenset(), None) as client,
             client.listen(
@@ -337,55 +266,35 @@ class Upstreams:
         ):
             yield events
 
-    async def _updated(self, uri: str, connection: Connection) -> None:
-        """A resource's update: to its subscribers (on a session's own connection, only that session)."""
-        sessions = self.subscribers.get(uri, {})
-        for key, session in list(sessions.items()):
-            if connection.owner is None or connection.owner == key:
-                with contextlib.suppress(MCPError, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    await session.send_resource_updated(uri)
-
-    async def list_tools(self) -> None:
-        listed: list[UpstreamTool] = []
-        for name, client in self.clients.items():
-            cursor: str | None = None
-            while True:
-                page = await client.list_tools(cursor=cursor)
-                listed.extend(UpstreamTool(name, tool) for tool in page.tools)
-                cursor = page.next_cursor
-                if not cursor:
-                    break
-        counts: dict[str, int] = {}
-        for found in listed:
-            counts[found.tool.name] = counts.get(found.tool.name, 0) + 1
-        self.tools = {(t.tool.name if counts[t.tool.name] == 1 else t.qualified): t for t in listed}
-
-    def qualified(self, name: str) -> UpstreamTool:
-        """The tool the configuration names `<upstream>.<tool>`; KeyError when no server lists it."""
-        for found in self.tools.values():
-            if found.qualified == name:
-                return found
-        raise KeyError(f"no upstream lists {name}")
-
     @overload
     async def call(
-        self, tool: UpstreamTool, arguments: dict[str, object], key: str | None, rounds: None = None
+        self,
+        request: Requester,
+        tool: UpstreamTool,
+        arguments: dict[str, object],
+        key: str | None,
+        rounds: None = None,
     ) -> types.CallToolResult: ...
 
     @overload
     async def call(
-        self, tool: UpstreamTool, arguments: dict[str, object], key: str | None, rounds: Rounds
+        self, request: Requester, tool: UpstreamTool, arguments: dict[str, object], key: str | None, rounds: Rounds
     ) -> types.CallToolResult | types.InputRequiredResult: ...
 
     async def call(
-        self, tool: UpstreamTool, arguments: dict[str, object], key: str | None, rounds: Rounds | None = None
+        self,
+        request: Requester,
+        tool: UpstreamTool,
+        arguments: dict[str, object],
+        key: str | None,
+        rounds: Rounds | None = None,
     ) -> types.CallToolResult | types.InputRequiredResult:
-        """The tool called for the current agent request (its progress passed back to it). With
-        `rounds` (a stateless agent's), a server of that revision may answer `input_required`:
-        returned as it came, for the agent to answer."""
+        """The tool called for `request` (its progress passed back to it). With `rounds` (a
+        stateless agent's), a server of that revision may answer `input_required`: returned as
+        it came, for the agent to answer."""
         meta = keyed_meta(key) if key else None
-        progress = progress_of(agent_requests.current.get())
-        async with self.serving(tool.upstream) as client:
+        progress = progress_of(request)
+        async with self.serving(request, tool.upstream) as client:
             if rounds is None or not modern(client):
                 return await client.call_tool(tool.tool.name, arguments, meta=meta, progress_callback=progress)
             return await client.session.call_tool(
@@ -397,54 +306,3 @@ class Upstreams:
                 meta=meta,
                 allow_input_required=True,
             )
-
-
-async def listed_tools(upstreams: Upstreams) -> dict[str, dict[str, ListedTool]]:
-    """Every upstream's tools as the server sent them, annotations' unknown fields kept (the
-    SDK's types drop them): by upstream, by tool name."""
-    listed: dict[str, dict[str, ListedTool]] = {}
-    for name, client in upstreams.clients.items():
-        tools: dict[str, ListedTool] = listed.setdefault(name, {})
-        cursor: str | None = None
-        while True:
-            request = types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor))
-            page = await client.session.send_request(request, RawListing)
-            for raw in page.tools:
-                tool = ListedTool(
-                    name=str(raw.get("name")),
-                    annotations=raw.get("annotations") or {},
-                    input_schema=raw.get("inputSchema") or {},
-                    output_schema=raw.get("outputSchema"),
-                )
-                tools[tool.name] = tool
-            cursor = page.next_cursor
-            if not cursor:
-                break
-    return listed
-
-
-def mapping_problems(config: GatewayConfig, upstreams: Upstreams) -> list[str]:
-    """What of the mappings the servers' own lists contradict: a mapped or before-image tool no
-    server lists, and an expression naming a field the tools' schemas do not declare (checked
-    where a server gives the schema)."""
-    listed = {t.qualified: t for t in upstreams.tools.values()}
-    problems = []
-    for name, rule in config.tools.items():
-        tool = listed.get(name)
-        before = listed.get(rule.before.tool) if rule.before else None
-        if tool is None:
-            problems.append(f"tools.{name}: no upstream lists {name}")
-            continue
-        if rule.before is not None and before is None:
-            problems.append(f"tools.{name}.before: no upstream lists {rule.before.tool}")
-            continue
-        schemas = {"args": tool.tool.input_schema}
-        if tool.tool.output_schema is not None:
-            schemas["output"] = tool.tool.output_schema
-        if before is not None and before.tool.output_schema is not None:
-            schemas["before"] = before.tool.output_schema
-        places = [(f"tools.{name}.compensation.args", rule.compensation.args if rule.compensation else {})]
-        places += [(f"tools.{name}.before.args", rule.before.args)] if rule.before else []
-        for where, template in places:
-            problems += [f"{where}: {why}" for s in expressions_in(template) if (why := unknown_fields(s, schemas))]
-    return problems

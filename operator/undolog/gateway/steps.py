@@ -1,0 +1,176 @@
+"""A mapped tool call as a step of its saga, in both protocol eras: its before-image read first
+(if the mapping has one), its UndoEntry registered with the compensation filled in, the call
+sent upstream under the step's Idempotency-Key, and its result recorded on the entry."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+
+from undolog.api.gateway import ToolRule
+from undolog.calls.mcp import answered
+from undolog.conventions import repeated_step, step_name_of
+from undolog.decisions.arguments import within
+from undolog.decisions.tool_calls import before_arguments, compensation_call
+from undolog.decisions.undo_expressions import COMPUTED, Filled, computed
+from undolog.errors import UndoLogError
+from undolog.gateway.agent_requests import AgentRequest
+from undolog.gateway.catalogue import ToolCatalogue, UpstreamTool
+from undolog.gateway.upstreams import Rounds, Upstreams
+from undolog.inspect import Inspector, PlannedCompensation
+from undolog.kube import Kube
+from undolog.sdk import SagaRun
+from undolog.sdk.saga import StepRun, unrecorded_step
+
+MAX_BEFORE_BYTES = 256 * 1024  # of a before-image: it goes into the compensation's arguments
+SAGA_META = "io.undolog/saga"
+STEP_META = "io.undolog/step"
+Answer = types.CallToolResult | types.InputRequiredResult
+
+
+class NotCalled(UndoLogError):
+    """The step could not be registered: nothing was sent upstream."""
+
+
+class BeforeImageFailed(UndoLogError):
+    """The mapping's before-image could not be read: the call is not sent."""
+
+
+class ToolFailed(UndoLogError):
+    """The upstream answered the call with isError: a failed step, still compensated."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """An agent's call of a mapped tool: who asks, the tool, its arguments (without the saga
+    handle), its mapping (None: unmapped, recorded with nothing to undo), and, on the stateless
+    revision, the rounds of a server's questions it answers."""
+
+    request: AgentRequest
+    tool: UpstreamTool
+    arguments: dict[str, Any]
+    rule: ToolRule | None
+    rounds: Rounds | None = None
+
+
+class Steps:
+    def __init__(self, upstreams: Upstreams, catalogue: ToolCatalogue) -> None:
+        self.upstreams, self.catalogue = upstreams, catalogue
+
+    async def call(self, call: ToolCall, run: SagaRun, position: int, meta: dict[str, Any], carried: bool) -> Answer:
+        """Register the step `<tool>-<position>` (its compensation filled in from the arguments
+        and the before-image), call upstream, record the result (`meta` added to what the agent
+        gets). `carried`: the retry of a call whose server asked for input first, recorded on the
+        step registered for it, which is still open, under the same Idempotency-Key."""
+        step = repeated_step(step_name_of(call.tool.tool.name), position)
+        rule = call.rule
+        try:
+            variables = await self._variables(call)
+            compensation, filled = (
+                compensation_call(rule, variables, step) if rule and rule.compensation else (None, None)
+            )
+            registered = await unrecorded_step(run, position) if carried else await run.register(step, compensation)
+        except (ValueError, UndoLogError) as error:
+            raise NotCalled(f"tool {call.tool.qualified} was not called: {error}") from error
+        return await self._recorded(call, run, registered, filled, variables, meta)
+
+    async def _variables(self, call: ToolCall) -> dict[str, Any]:
+        variables: dict[str, Any] = {"args": call.arguments}
+        if call.rule is not None and call.rule.before is not None:
+            variables["before"] = await self.read_before(call.request, call.rule, call.arguments)
+        return variables
+
+    async def _recorded(
+        self,
+        call: ToolCall,
+        run: SagaRun,
+        registered: StepRun,
+        filled: Filled | None,
+        variables: dict[str, Any],
+        meta: dict[str, Any],
+    ) -> Answer:
+        """Call upstream and record the result: an isError result or an exception is a failed
+        step (its effect may be partial, so it is compensated), its output kept with what the
+        compensation computes from it. An `input_required` answer records nothing: the step stays
+        open (compensated, if the saga ends before the retry records it)."""
+        tool = call.tool
+        try:
+            result = await self.upstreams.call(call.request, tool, call.arguments, registered.forward_key, call.rounds)
+        except Exception as error:
+            await run.finish(registered, error)
+            raise
+        said = {SAGA_META: f"{run.namespace}/{run.name}", STEP_META: registered.name, **meta}
+        if isinstance(result, types.InputRequiredResult):
+            await registered.marked()  # its in-flight mark landed or never will: the retry's write is not raced
+            return types.InputRequiredResult(
+                input_requests=result.input_requests,
+                request_state=result.request_state,
+                meta={**(result.meta or {}), **said},
+            )
+        outcome = answered(tool.tool.name, 200, result)
+        registered.output = with_computed(outcome.output, filled, {**variables, "output": result_value(result)})
+        await run.finish(registered, ToolFailed(outcome.error) if outcome.error else None)
+        return types.CallToolResult(
+            content=result.content,
+            structured_content=result.structured_content,
+            is_error=result.is_error,
+            meta={**(result.meta or {}), **said},
+        )
+
+    async def read_before(self, request: AgentRequest, rule: ToolRule, arguments: dict[str, Any]) -> Any:
+        """The state before the call, as the mapping's read-only tool gives it; BeforeImageFailed
+        (nothing is called) when it cannot be read or is more than UndoLog keeps."""
+        assert rule.before is not None
+        reader = self.catalogue.qualified(rule.before.tool)
+        result = await self.upstreams.call(request, reader, before_arguments(rule, arguments), None)
+        if result.is_error:
+            said = " ".join(b.text for b in result.content if isinstance(b, types.TextContent)) or "no text"
+            raise BeforeImageFailed(f"the state before it could not be read ({rule.before.tool}: {said[:300]})")
+        value = result_value(result)
+        if not within(value, MAX_BEFORE_BYTES):
+            raise BeforeImageFailed(
+                f"the state before it ({rule.before.tool}) is more than the {MAX_BEFORE_BYTES} bytes UndoLog keeps"
+            )
+        return value
+
+
+def result_value(result: types.CallToolResult) -> Any:
+    """A tool's result as an expression reads it: its structuredContent, else its lone text as
+    JSON, else its text (`{"text": ...}`)."""
+    if result.structured_content is not None:
+        return result.structured_content
+    texts = [b.text for b in result.content if isinstance(b, types.TextContent)]
+    if len(texts) == 1:
+        try:
+            return json.loads(texts[0])
+        except ValueError:
+            pass
+    return {"text": "\n".join(texts)} if texts else None
+
+
+def with_computed(output: dict[str, Any] | None, filled: Filled | None, variables: dict[str, Any]) -> Any:
+    """The step's output to record, with what its compensation computes from the result."""
+    if filled is None or not filled.deferred:
+        return output
+    values, failed = computed(filled.deferred, variables)
+    said: dict[str, Any] = {COMPUTED: values}
+    if failed:  # the compensation reads null there: a person sees why on the step
+        said[f"{COMPUTED}_failed"] = failed
+    return {**(output or {}), **said}
+
+
+async def plan_text(kube: Kube, run: SagaRun) -> str:
+    """What an abort of the saga would undo, in order, said for the agent."""
+    plan = await Inspector(kube).plan(run.namespace, run.name)
+    return "; ".join(planned(p) for p in plan.steps) or "nothing"
+
+
+def planned(compensation: PlannedCompensation) -> str:
+    call = compensation.entry.spec.compensation
+    said = f"{compensation.order}. {compensation.entry.spec.step} → {call.function if call else '-'}"
+    if compensation.args is not None:
+        said += f" {json.dumps(compensation.args)}"
+    return said + (f" ({compensation.refusal})" if compensation.refusal else "")
