@@ -79,6 +79,9 @@ async def test_today_s_python_client_with_its_defaults_is_undone_newest_first_th
         said = text(await agent.call_tool("undolog_abort", {HANDLE: handle, "reason": "changed my mind"}))
         print(f"\n{said}")
         assert said.index("create_issue-3") < said.index("create_issue-2") < said.index("create_issue-1")
+    async with httpx.AsyncClient() as http:
+        scraped = (await http.get(f"{gateway.base}/metrics", timeout=5)).text
+    assert 'undolog_gateway_sessions_total{outcome="aborted"} 1.0' in scraped  # counted as a session's would be
     name = await only_saga(kube, namespace)
     await saga_phase(kube, namespace, name, "Compensated")
     assert [close.number for close in tracker.issues.closes] == [3, 2, 1]

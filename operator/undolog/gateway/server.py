@@ -44,7 +44,9 @@ tool_calls = Counter(
     "Agents' tool calls through the gateway, by what it did with them",
     ["tool", "outcome"],
 )
-sessions_ended = Counter("undolog_gateway_sessions", "Sessions whose saga ended, by how", ["outcome"])
+sessions_ended = Counter(
+    "undolog_gateway_sessions", "Agents' sagas ended through the gateway (either era), by how", ["outcome"]
+)
 
 
 class ListChangingServer(Server[Any]):
@@ -174,7 +176,7 @@ class Gateway:
             told = await self.own.call(name, binding, arguments)
         except (UndoLogError, ValueError, TimeoutError) as error:
             return said(f"{name}: {error}", error=True)
-        if told.ended is not None and isinstance(binding, SessionBinding):
+        if told.ended is not None:
             sessions_ended.labels("committed" if told.ended == OnClose.COMMIT else "aborted").inc()
         return said(told.text)
 
