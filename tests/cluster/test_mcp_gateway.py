@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import mcp_types as types
 import pytest
 import pytest_asyncio
 import yaml
@@ -336,3 +337,43 @@ async def effect_of(kube: Kube, entry: Body) -> str:
 
 async def opened(tracker: Tracker) -> bool:
     return bool(tracker.issues.opened)
+
+
+@pytest.mark.usefixtures("operator")
+async def test_what_a_stdio_server_logs_reaches_only_the_agent_request_it_serves(
+    cluster: Cluster, kube: Kube, namespace: str, tmp_path: Path
+) -> None:
+    """One stdio server, one connection: agent B's call is in flight on it alone, then beside
+    the operator's undo of agent A's step. B hears what the server said while only B's call was
+    out, never what it said during the undo (nor what cannot be told apart then); A hears nothing."""
+    from tests.cluster.test_mcp_catalog import serving_operator_calls
+
+    chatty = {"command": [sys.executable, "-m", "tests.support.mcp_chatty"]}
+    tools = {"chatty.make": {"compensation": {"tool": "chatty.unmake", "args": {"name": "${args.name}"}}}}
+    gateway = await serving_operator_calls(
+        cluster, kube, namespace, tmp_path, {"upstreams": {"chatty": chatty}, "tools": tools}
+    )
+    heard: dict[str, list[str]] = {"a": [], "b": []}
+
+    def hearing(agent: str) -> Any:
+        async def logged(params: types.LoggingMessageNotificationParams) -> None:
+            heard[agent].append(str(params.data))
+
+        return logged
+
+    try:
+        async with (
+            Client(gateway.url, mode="legacy", logging_callback=hearing("a")) as a,
+            Client(gateway.url, mode="legacy", logging_callback=hearing("b")) as b,
+        ):
+            await a.call_tool("make", {"name": "x"})
+            working = asyncio.create_task(b.call_tool("work", {}))
+            await eventually(lambda: asyncio.sleep(0, heard["b"]), bool, 10, "B's call logging alone")
+            await a.call_tool("undolog_abort", {"reason": "undo x beside B's work"})
+            worked = await asyncio.wait_for(working, 60)
+        assert worked.content[0].text == "worked beside the undo"  # type: ignore[union-attr]
+        await saga_phase(kube, namespace, await only_saga(kube, namespace), "Compensated")
+    finally:
+        gateway.stop()
+    print(f"\nheard: {heard}")
+    assert heard == {"a": [], "b": ["work: alone"]}
