@@ -145,6 +145,12 @@ dist: venv tools-helm image
 bin/jaeger: tools/jaeger/go.mod tools/jaeger/go.sum
 	cd tools/jaeger && go build -trimpath -o $(CURDIR)/bin/jaeger github.com/jaegertracing/jaeger/cmd/jaeger
 
+# Ory Hydra from the Go module proxy (tools/hydra/go.mod pins it; its replace of pop as Hydra's own
+# go.mod has it), with SQLite built in for its in-memory store: the authorization server that
+# issues the JWTs of the gateway's authentication tests.
+bin/hydra: tools/hydra/go.mod tools/hydra/go.sum
+	cd tools/hydra && CGO_ENABLED=1 go build -trimpath -tags sqlite,sqlite_omit_load_extension -o $(CURDIR)/bin/hydra github.com/ory/hydra/v2
+
 traces: venv tools-control-plane bin/jaeger
 	UNDOLOG_TRACES=1 $(VENV)/bin/pytest tests/traces -s
 
@@ -171,7 +177,7 @@ lint: venv tools-helm
 
 # Two workers, each with a control plane of its own; a file's tests stay together, in order.
 TEST_WORKERS ?= 2
-test: venv tools-control-plane tools-helm browser faketime postgres mcp-agent mcp-servers mcp-conformance participant-kit lint
+test: venv tools-control-plane tools-helm browser faketime postgres mcp-agent mcp-servers mcp-conformance participant-kit bin/hydra lint
 	$(VENV)/bin/pytest -m "not fault" -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The browser suite, its screenshots written over docs/ (make test leaves them in build/screenshots/).

@@ -203,7 +203,10 @@ async def test_the_chart_s_gateway_role_is_all_a_session_needs(
     cluster: Cluster, kube: Kube, namespace: str, tracker: Tracker, tmp_path: Path
 ) -> None:
     documents = rendered(
-        "gateway.enabled=true", f"gateway.namespace={namespace}", f"gateway.config.upstreams.tracker.url={tracker.url}"
+        "gateway.enabled=true",
+        "gateway.config.auth=none",
+        f"gateway.namespace={namespace}",
+        f"gateway.config.upstreams.tracker.url={tracker.url}",
     )
     chart_config = next(d for d in documents if d["kind"] == "ConfigMap" and "gateway" in d["metadata"]["name"])
     from_chart = load_config(chart_config["data"]["gateway.yaml"], tmp_path)

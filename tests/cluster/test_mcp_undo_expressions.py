@@ -123,7 +123,7 @@ def test_a_mapping_that_cannot_work_is_refused_at_start_naming_the_tool_and_the_
     said: str,
 ) -> None:
     path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump(configured(namespace, tracker, tools)))
+    path.write_text(yaml.safe_dump({"auth": "none", **configured(namespace, tracker, tools)}))
     ran = subprocess.run(
         [sys.executable, "-m", "undolog.cli", "mcp", "--config", str(path), "--kubeconfig", str(cluster.kubeconfig)],
         capture_output=True,

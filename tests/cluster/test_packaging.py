@@ -411,7 +411,7 @@ def test_the_chart_as_a_subchart_with_global_values_and_the_naming_conventions(t
             "commonLabels": {"team": "payments"},
             "extraObjects": [extra],
             "dashboard": {"enabled": True},
-            "gateway": {"enabled": True},
+            "gateway": {"enabled": True, "config": {"auth": "none"}},
         },
     }
     (parent / "values.yaml").write_text(yaml.safe_dump(values))
@@ -437,7 +437,8 @@ def test_the_catalog_as_chart_values_gives_the_gateway_a_configuration_it_loads(
     catalog = sorted((CHART / "catalog").glob("*.yaml"))
     for files in [[f] for f in catalog] + [catalog]:
         args = [str(BIN / "helm"), "template", "undolog", str(CHART), "--kube-version", "1.37.2", "-n", "agents"]
-        args += ["--set", "gateway.enabled=true", *(a for f in files for a in ("-f", str(f)))]
+        args += ["--set", "gateway.enabled=true", "--set", "gateway.config.auth=none"]
+        args += [a for f in files for a in ("-f", str(f))]
         documents = [
             d for d in yaml.safe_load_all(subprocess.run(args, capture_output=True, text=True, check=True).stdout) if d
         ]
@@ -456,6 +457,25 @@ def test_the_catalog_as_chart_values_gives_the_gateway_a_configuration_it_loads(
         )
         assert secret["metadata"]["labels"]["undolog.io/webhook-headers"] == "true"
         assert base64.b64decode(secret["data"]["key"]).startswith(b"whsec_")
+
+
+def test_the_chart_refuses_a_gateway_whose_auth_is_not_said_and_binds_token_review_when_asked() -> None:
+    args = [str(BIN / "helm"), "template", "undolog", str(CHART), "--kube-version", "1.37.2", "-n", "agents"]
+    done = subprocess.run([*args, "--set", "gateway.enabled=true"], capture_output=True, text=True, check=False)
+    assert done.returncode != 0
+    assert "gateway.config.auth: say who may call the gateway" in done.stderr
+    reviewing = rendered(
+        "gateway.enabled=true",
+        "gateway.config.auth.resource=https://undolog-gateway.agents.svc/mcp",
+        "gateway.config.auth.serviceAccounts=true",
+    )
+    [binding] = [d for d in reviewing if d["kind"] == "ClusterRoleBinding" and "gateway" in d["metadata"]["name"]]
+    assert binding["roleRef"]["name"] == "system:auth-delegator"
+    assert not [
+        d
+        for d in rendered("gateway.enabled=true", "gateway.config.auth=none")
+        if d["kind"] == "ClusterRoleBinding" and "gateway" in d["metadata"]["name"]
+    ]
 
 
 def test_every_alert_links_its_section_of_the_runbook() -> None:

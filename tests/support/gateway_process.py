@@ -33,6 +33,10 @@ HANDLE_KEY = "the-test-gateways-handle-key"  # every replica of a test shares it
 
 
 class GatewayProcess:
+    """The gateway as a process. A configuration without `auth` is served with `auth: none`: the
+    tests of everything but authentication call it as anyone (the gateway itself refuses a
+    configuration that does not say)."""
+
     def __init__(
         self,
         kubeconfig: Path,
@@ -44,7 +48,7 @@ class GatewayProcess:
     ) -> None:
         self.port = port or free_port()
         path = tmp_path / f"gateway-{self.port}.yaml"
-        path.write_text(yaml.safe_dump(config))
+        path.write_text(yaml.safe_dump({"auth": "none", **config}))
         self.log_path = tmp_path / f"gateway-{self.port}.log"
         self.log = self.log_path.open("w")
         command = [sys.executable, "-m", "undolog.cli", "mcp", "--config", str(path), "--port", str(self.port)]

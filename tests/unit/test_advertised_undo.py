@@ -41,7 +41,12 @@ SERVER = {
 
 def config(**tools: Any) -> GatewayConfig:
     return GatewayConfig.model_validate(
-        {"namespace": "agents", "upstreams": {"shop": {"url": "http://127.0.0.1:1/mcp"}}, "tools": tools}
+        {
+            "namespace": "agents",
+            "auth": "none",
+            "upstreams": {"shop": {"url": "http://127.0.0.1:1/mcp"}},
+            "tools": tools,
+        }
     )
 
 

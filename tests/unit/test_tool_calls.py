@@ -30,6 +30,7 @@ def config(**overrides: Any) -> GatewayConfig:
     return GatewayConfig.model_validate(
         {
             "namespace": "agents",
+            "auth": "none",
             "upstreams": {"tracker": {"url": "http://127.0.0.1:1/mcp"}, "files": {"command": ["files-server"]}},
             "tools": {
                 "tracker.create_issue": {

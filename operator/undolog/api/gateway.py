@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -133,6 +133,62 @@ class OperatorCalls(Strict):
     )
 
 
+class Issuer(Strict):
+    """An OAuth authorization server whose JWT access tokens the gateway accepts."""
+
+    issuer: str = Field(pattern=r"^https?://", max_length=2048, description="Its `iss`, exactly as in its tokens.")
+    jwks_uri: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        max_length=2048,
+        description="Where it publishes its keys; default: its metadata's jwks_uri (/.well-known/openid-configuration, "
+        "else /.well-known/oauth-authorization-server).",
+    )
+    algorithms: list[str] = Field(
+        default_factory=lambda: ["RS256", "ES256", "PS256", "EdDSA"],
+        min_length=1,
+        description="The signature algorithms accepted (never `none`, never HMAC).",
+    )
+
+    @model_validator(mode="after")
+    def asymmetric(self) -> Self:
+        refused = [a for a in self.algorithms if a.lower() == "none" or a.upper().startswith("HS")]
+        if refused:
+            raise ValueError(f"algorithms: {', '.join(refused)} refused: only public-key signatures prove an issuer")
+        return self
+
+
+class Auth(Strict):
+    """Who may call the gateway: bearer JWTs of configured issuers, and the cluster's own
+    ServiceAccount tokens, each issued for `resource` (the gateway's audience)."""
+
+    resource: str = Field(
+        pattern=r"^https?://",
+        max_length=2048,
+        description="The gateway's own resource URL (https://undolog-gateway.agents.svc/mcp): a token's audience "
+        "must name it (RFC 8707), and the Protected Resource Metadata says it.",
+    )
+    issuers: list[Issuer] = Field(default_factory=list, max_length=20)
+    service_accounts: bool = Field(
+        default=False,
+        description="Accept the cluster's ServiceAccount tokens issued for `resource` (a projected token with that "
+        "audience), checked by TokenReview.",
+    )
+    clock_skew_seconds: int = Field(default=30, ge=0, le=300, description="Allowed on exp and nbf.")
+
+    @model_validator(mode="after")
+    def some_way_in(self) -> Self:
+        if not self.issuers and not self.service_accounts:
+            raise ValueError("auth: name issuers, or serviceAccounts: true, or both (or `auth: none`)")
+        return self
+
+
+AUTH_UNSAID = (
+    "auth: say who may call the gateway: `auth: {resource: <its URL>, issuers: [...], serviceAccounts: true}`, or "
+    "`auth: none` to serve anyone who reaches its port"
+)
+
+
 class GatewayConfig(Strict):
     namespace: str = Field(max_length=63, pattern=DNS_LABEL, description="Where sessions' sagas are created.")
     org: str | None = Field(default=None, max_length=63, description="spec.orgId of the sagas.")
@@ -146,6 +202,11 @@ class GatewayConfig(Strict):
     upstreams: dict[str, Upstream] = Field(min_length=1)
     tools: dict[str, ToolRule] = Field(default_factory=dict, description="Keyed <upstream>.<tool>.")
     operator_calls: OperatorCalls = Field(default_factory=OperatorCalls)
+    auth: Auth | Literal["none"] | None = Field(
+        default=None,
+        description="Who may call it over HTTP, which it refuses to serve without it: `none` serves anyone who "
+        "reaches the port (said in the log). Over stdio the caller is the process that started it.",
+    )
 
     @model_validator(mode="after")
     def known_upstreams(self) -> Self:

@@ -30,6 +30,7 @@ def mcp(
 ) -> None:
     """Serve MCP in front of your MCP servers: every tool call that can be undone gets its
     UndoEntry before it runs, and each session is a saga an abort undoes, newest first."""
+    from undolog.api.gateway import AUTH_UNSAID
     from undolog.gateway.run import MappingRefused, load, serve_http, serve_stdio
     from undolog.kube import Kube
 
@@ -37,6 +38,8 @@ def mcp(
         loaded = load(config)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--config") from None
+    if loaded.auth is None and not stdio:
+        raise typer.BadParameter(f"{config}: {AUTH_UNSAID}", param_hint="--config")
     user = connection(ctx)
 
     async def connect() -> Kube:

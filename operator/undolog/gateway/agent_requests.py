@@ -10,14 +10,16 @@ from typing import Any, get_args
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
-from mcp.server.request_state import authenticated_principal
 from mcp.server.session import ServerSession
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from undolog.decisions.principals import Principal
 
 STDIO_SESSION = "stdio"
 SESSION_HEADER = "mcp-session-id"
 LOG_LEVEL_META = "io.modelcontextprotocol/logLevel"  # a stateless request's opt-in to log messages
 ASKABLE = ("sampling", "elicitation", "roots")  # what a client can be asked, if it declares it
+PRINCIPAL_SCOPE = "undolog.principal"  # the ASGI scope's key of the principal its token proved (protected.py)
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,12 @@ class AgentRequest:
     stateless: bool = False
     declared: frozenset[str] = frozenset()  # of ASKABLE, what the agent declared it can be asked
     log_level: types.LoggingLevel | None = None
-    identity: str | None = None  # the authenticated principal, where the transport has one
+    principal: Principal | None = None  # who calls, proved by its token (None: auth none, or stdio)
+
+    @property
+    def identity(self) -> str | None:
+        """The principal's name, as handles are bound to it and the ledger records it."""
+        return self.principal.name if self.principal is not None else None
 
     @property
     def agent(self) -> str:
@@ -79,5 +86,12 @@ def of(ctx: ServerRequestContext[Any]) -> AgentRequest:
         stateless=stateless,
         declared=declared,
         log_level=next((known for known in levels if known == level), None),
-        identity=authenticated_principal(ctx) if stateless else None,
+        principal=principal_of(ctx),
     )
+
+
+def principal_of(ctx: ServerRequestContext[Any]) -> Principal | None:
+    """The principal the HTTP request's token proved; None over stdio or with `auth: none`."""
+    scope = getattr(ctx.request, "scope", None)
+    found = scope.get(PRINCIPAL_SCOPE) if isinstance(scope, dict) else None
+    return found if isinstance(found, Principal) else None

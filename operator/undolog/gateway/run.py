@@ -8,9 +8,11 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import uvicorn
 import yaml
 from mcp.server.stdio import stdio_server
@@ -19,14 +21,17 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from undolog.api.gateway import Compensations, GatewayConfig
+from undolog.api.gateway import Auth, Compensations, GatewayConfig
 from undolog.decisions.advertised_undo import with_advertised
 from undolog.decisions.tool_calls import expression_problems
+from undolog.errors import KubeError
 from undolog.gateway.agent_requests import SESSION_HEADER, STDIO_SESSION
+from undolog.gateway.authentication import Authenticator
 from undolog.gateway.catalogue import ToolCatalogue, listed_tools, mapping_problems
 from undolog.gateway.operator_calls import OperatorCalls
+from undolog.gateway.protected import Protected, metadata_routes
 from undolog.gateway.server import Gateway
 from undolog.gateway.subscriptions import Subscriptions
 from undolog.gateway.upstreams import Upstreams
@@ -89,16 +94,57 @@ class Serving(uvicorn.Server):
 
 
 def ending_sessions(app: ASGIApp, ended: Callable[[str], Any]) -> ASGIApp:
-    """The ASGI app, telling `ended` of a session its client ended (DELETE with its id)."""
+    """The ASGI app, telling `ended` of a session its client ended (a DELETE with its id that the
+    SDK accepted: it refuses one of an unknown session, or of another principal's)."""
 
     async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
-        await app(scope, receive, send)
-        if scope["type"] == "http" and scope["method"] == "DELETE":
+        status = 0
+
+        async def sent(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        await app(scope, receive, sent)
+        if scope["type"] == "http" and scope["method"] == "DELETE" and 200 <= status < 300:
             key = dict(scope["headers"]).get(SESSION_HEADER.encode())
             if key:
                 await ended(key.decode("latin-1"))
 
     return wrapped
+
+
+@dataclass(frozen=True)
+class Door:
+    """What /mcp requires of a caller: a token its authenticator takes, the metadata it names."""
+
+    auth: Auth
+    authenticator: Authenticator
+    servers: list[str]  # the authorization servers the Protected Resource Metadata names
+
+
+async def door(config: GatewayConfig, kube: Kube, http: httpx2.AsyncClient) -> Door | None:
+    """The door of `auth`; None with `auth: none`, said in the log."""
+    if not isinstance(config.auth, Auth):
+        log.warning(
+            "auth: none: whoever reaches this port calls every upstream tool with the gateway's own reach, and every "
+            "saga goes to namespace %s; set auth (issuers, serviceAccounts) to know who calls",
+            config.namespace,
+        )
+        return None
+    servers = [issuer.issuer for issuer in config.auth.issuers] or [await cluster_issuer(kube)]
+    return Door(config.auth, Authenticator(config.auth, kube, http), servers)
+
+
+async def cluster_issuer(kube: Kube) -> str:
+    """The issuer of the cluster's ServiceAccount tokens, as its discovery document says."""
+    try:
+        found = await kube.request("GET", "/.well-known/openid-configuration")
+    except KubeError as error:
+        log.warning("the cluster's ServiceAccount issuer could not be read (%s): metadata names the default", error)
+        return "https://kubernetes.default.svc.cluster.local"
+    return str(found.get("issuer") or "https://kubernetes.default.svc.cluster.local")
 
 
 @contextlib.asynccontextmanager
@@ -118,8 +164,9 @@ async def serving(
         await kube.close()
 
 
-def http_app(gateway: Gateway, operator_calls: OperatorCalls, host: str) -> ASGIApp:
-    """/mcp for agents, the operator's route to stdio upstreams' compensations, /metrics, /healthz."""
+def http_app(gateway: Gateway, operator_calls: OperatorCalls, host: str, guard: Door | None) -> ASGIApp:
+    """/mcp for agents (behind the door), the operator's route to stdio upstreams' compensations
+    (which checks the operator's signatures), /metrics, /healthz, and the Protected Resource Metadata."""
 
     async def metrics(_: Request) -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
@@ -127,22 +174,27 @@ def http_app(gateway: Gateway, operator_calls: OperatorCalls, host: str) -> ASGI
     async def healthz(_: Request) -> Response:
         return PlainTextResponse("ok")
 
+    routes = [Route("/metrics", metrics), Route("/healthz", healthz), operator_calls.route()]
     app = gateway.server.streamable_http_app(
         streamable_http_path=MCP_PATH,
         host=host,
         session_idle_timeout=gateway.config.idle_seconds,
-        custom_starlette_routes=[Route("/metrics", metrics), Route("/healthz", healthz), operator_calls.route()],
+        custom_starlette_routes=routes + (metadata_routes(guard.auth, guard.servers) if guard else []),
     )
-    return ending_sessions(app, lambda key: gateway.close_session(key, "the client ended it"))
+    ending = ending_sessions(app, lambda key: gateway.close_session(key, "the client ended it"))
+    return Protected(ending, MCP_PATH, guard.auth, guard.authenticator) if guard else ending
 
 
 async def serve_http(
     config: GatewayConfig, host: str, port: int, connect: Callable[[], Awaitable[Kube]], handle_key: bytes
 ) -> None:
-    async with serving(config, connect, handle_key) as gateway:
+    async with (
+        serving(config, connect, handle_key) as gateway,
+        httpx2.AsyncClient(trust_env=False, timeout=10.0) as http,
+    ):
         operator_calls = OperatorCalls(gateway.config, gateway.upstreams, gateway.catalogue, gateway.kube)
         await operator_calls.publish()
-        app = http_app(gateway, operator_calls, host)
+        app = http_app(gateway, operator_calls, host, await door(gateway.config, gateway.kube, http))
         server = Serving(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
         reaper = asyncio.create_task(gateway.reap_idle())
         try:
