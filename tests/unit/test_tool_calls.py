@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from undolog.api.common import MAX_ARGS
 from undolog.api.gateway import GatewayConfig, ToolRule
 from undolog.decisions.arguments import resolve
+from undolog.decisions.expressions import ExpressionError
 from undolog.decisions.tool_calls import (
     PassThrough,
     Refuse,
@@ -21,7 +22,7 @@ from undolog.decisions.tool_calls import (
     decide,
     expression_problems,
 )
-from undolog.decisions.undo_expressions import COMPUTED, ExpressionError, computed, expressions_in
+from undolog.decisions.undo_expressions import COMPUTED, computed, expressions_in
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 

@@ -20,7 +20,8 @@ from undolog.api import Call
 from undolog.api.gateway import GatewayConfig, ToolRule, Unmapped
 from undolog.conventions import MAX_CALL_BYTES
 from undolog.decisions.arguments import within
-from undolog.decisions.undo_expressions import ExpressionError, Filled, compile_expression, expressions_in, fill
+from undolog.decisions.expressions import ExpressionError
+from undolog.decisions.undo_expressions import Filled, compile_expression, expressions_in, fill
 from undolog.errors import ArgumentsTooLarge
 
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cel_expr_python import cel
+from undolog.decisions.expressions import Environment, ExpressionError
 
 VARIABLES = ("args", "output", "before")
 OUTPUT_PATH = re.compile(r"output(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -28,11 +28,7 @@ _PATH = re.compile(r"(args|output|before)(\.[A-Za-z0-9_]+)*")
 COMPUTED = "undolog_undo"  # the key of the recorded output that holds output-derived arguments
 SKELETON_DEPTH = 16  # nesting a schema's skeleton follows (a recursive $ref stops there)
 _READS = {name: re.compile(rf"(?<![\w.]){name}\b") for name in VARIABLES}
-_ENV = cel.NewEnv(variables=dict.fromkeys(VARIABLES, cel.Type.DYN))
-
-
-class ExpressionError(ValueError):
-    """An expression that does not compile or cannot be evaluated; the message names it."""
+_ENV = Environment(VARIABLES)
 
 
 @dataclass(frozen=True)
@@ -44,11 +40,7 @@ class Compiled:
 
 def compile_expression(source: str) -> Compiled:
     source = _indexed(source)
-    try:
-        program = _ENV.compile(source)
-    except RuntimeError as error:
-        said = str(error).split("ERROR: ", 1)[-1].split(" [INVALID_ARGUMENT]")[0]
-        raise ExpressionError(f"${{{source}}} does not compile: {' '.join(said.split())}") from None
+    program = _ENV.compile(source, f"${{{source}}}")
     return Compiled(source, program, frozenset(v for v, read in _READS.items() if read.search(source)))
 
 
@@ -108,23 +100,7 @@ def expressions_in(value: Any) -> list[str]:
 
 def evaluate(compiled: Compiled, variables: Mapping[str, Any]) -> Any:
     """Its value over `variables`; ExpressionError saying what failed."""
-    data = {name: variables.get(name) for name in VARIABLES}
-    try:
-        value = compiled.program.eval(data=data)
-    except RuntimeError as error:
-        raise ExpressionError(f"${{{compiled.source}}} cannot be evaluated: {error}") from None
-    if value.type() == cel.Type.ERROR:
-        raise ExpressionError(f"${{{compiled.source}}} cannot be evaluated: {value.plain_value()}")
-    return _plain(value.plain_value())
-
-
-def _plain(value: Any) -> Any:
-    """CEL's values as JSON's (its maps may hold non-string keys: said as text)."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
+    return _ENV.evaluate(compiled.program, variables, f"${{{compiled.source}}}")
 
 
 @dataclass
