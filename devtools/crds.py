@@ -211,11 +211,12 @@ def definitions() -> dict[str, JsonSchema]:
             ),
             _column("Org", ".spec.orgId", priority=1),
             _column("Failed-Step", ".status.failedStep", priority=1),
+            _column("Principal", ".spec.principal", description="Who opened it through the gateway", priority=1),
         ],
         spec_required=False,
         root_rules=SAGA_ROOT_RULES,
         # kubectl get sagas --field-selector status.phase=Halted (and undolog list --field-selector)
-        selectable=[".status.phase", ".spec.orgId"],
+        selectable=[".status.phase", ".spec.orgId", ".spec.principal"],
     )
     undo_entry = _definition(
         kind="UndoEntry",

@@ -144,6 +144,11 @@ def duration(text: str) -> timedelta:
         raise ValueError(f"{shown} is longer than any age (at most {timedelta.max.days} days)") from None
 
 
+def field_value(value: str) -> str:
+    """A value in a field selector, escaped as the API parses it (`\\`, `,` and `=`)."""
+    return value.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=")
+
+
 @dataclass
 class Inspector:
     kube: Kube
@@ -207,14 +212,16 @@ class Inspector:
         *,
         phase: SagaPhase | None = None,
         org: str | None = None,
+        principal: str | None = None,
         function: str | None = None,
         older_than: timedelta | None = None,
         label_selector: str | None = None,
         field_selector: str | None = None,
     ) -> SagaListing:
-        """Sagas of a namespace (or all), halted first, then oldest first. `function`: sagas that
-        call it to undo a step; the ages compare with the saga's creation. With them, the sagas
-        the API took and UndoLog cannot read (whatever the filters: their fields are unknown)."""
+        """Sagas of a namespace (or all), halted first, then oldest first. `principal`: sagas the
+        gateway opened for it (spec.principal). `function`: sagas that call it to undo a step; the
+        ages compare with the saga's creation. With them, the sagas the API took and UndoLog
+        cannot read (whatever the filters: their fields are unknown)."""
         selector = ",".join(
             part
             for part in (
@@ -223,8 +230,9 @@ class Inspector:
             )
             if part
         )
+        fields = [f"spec.principal={field_value(principal)}" if principal else "", field_selector or ""]
         parsed, version = await self.ledger.sagas(
-            namespace, label_selector=selector or None, field_selector=field_selector
+            namespace, label_selector=selector or None, field_selector=",".join(f for f in fields if f) or None
         )
         listed = [s for s in parsed if isinstance(s, Saga)]
         unreadable = [s for s in parsed if isinstance(s, UnreadableSaga)]

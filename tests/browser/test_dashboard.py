@@ -343,7 +343,8 @@ async def test_the_filters_live_in_the_url_and_a_batch_retry_after_a_fix(
     for name in ("pay-1", "pay-2"):
         await external_saga(kube, namespace, name, [call("release"), call("refund")], orgId="shop")
         await abort(kube, namespace, name)
-    await external_saga(kube, namespace, "open", [call("release")], orgId="other")
+    opened_for = "system:serviceaccount:team-b:agent"
+    await external_saga(kube, namespace, "open", [call("release")], orgId="other", principal=opened_for)
     steps = [{"name": "one", "action": {"function": "release"}, "compensation": {"function": "release"}}]
     await kube.create("sagas", namespace, saga("done", steps))
     for name in ("pay-1", "pay-2"):
@@ -357,7 +358,7 @@ async def test_the_filters_live_in_the_url_and_a_batch_retry_after_a_fix(
     await page.get_by_label("Phase").select_option("Halted")
     await page.get_by_role("button", name="Filter").click()
     await expect(page).to_have_url(
-        f"{dashboard.url}/sagas?namespace={namespace}&name=&phase=Halted&org=&function=&older_than="
+        f"{dashboard.url}/sagas?namespace={namespace}&name=&phase=Halted&org=&principal=&function=&older_than="
     )
     await expect(rows).to_have_count(2)
     for typed, said in (("15x", "is not a duration such as 90s"), ("1000000000d", "is longer than any age")):
@@ -366,6 +367,11 @@ async def test_the_filters_live_in_the_url_and_a_batch_retry_after_a_fix(
     await page.goto(f"{dashboard.url}/sagas?namespace={namespace}&org=other")
     await expect(rows).to_have_count(1)
     await expect(rows.first).to_contain_text("open")
+    await page.goto(f"{dashboard.url}/sagas?namespace={namespace}&principal={opened_for}")
+    await expect(rows).to_have_count(1)
+    await expect(rows.first).to_contain_text("open")
+    await page.goto(f"{dashboard.url}/sagas/{namespace}/open")
+    await expect(page.get_by_text(f"opened for {opened_for}")).to_be_visible()
     await page.goto(f"{dashboard.url}/sagas?namespace={namespace}&function=refund")
     await expect(rows).to_have_count(2)  # the sagas that call refund to undo a step
 

@@ -90,7 +90,7 @@ async def test_list_puts_halted_first_and_filters(
     names = undolog(cluster, "list", "-n", namespace, "-o", "name")
     assert names.stdout.split() == ["saga.undolog.io/stuck", "saga.undolog.io/fine"]
     wide = undolog(cluster, "list", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split()[-3:] == ["ORG", "FAILED-STEP", "MESSAGE"]
+    assert wide[0].split()[-4:] == ["ORG", "FAILED-STEP", "PRINCIPAL", "MESSAGE"]
     assert "acme" in wide[1]
     calling = undolog(cluster, "list", "-n", namespace, "--function", "revoke", "-o", "name")
     assert calling.stdout.split() == ["saga.undolog.io/stuck"]

@@ -21,13 +21,18 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from devtools.control_plane.local import free_port
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
+from tests.cluster.test_cli import undolog
 from tests.cluster.test_mcp_gateway import tracker  # noqa: F401 (a fixture)
+from tests.cluster.test_mcp_stateless import HANDLE, handle_of, text
 from tests.conftest import Cluster
 from tests.support.gateway_process import GatewayProcess, gateway_config
 from tests.support.hydra import Hydra
+from tests.support.manifests import webhook
 from tests.support.mcp_tracker import Tracker
-from tests.support.waiting import eventually
+from tests.support.operator_process import OperatorProcess
+from tests.support.waiting import eventually, saga_phase
 from undolog.kube import Kube
 
 pytestmark = pytest.mark.cluster
@@ -185,3 +190,134 @@ def _client(hydra: Hydra, resource: str) -> str:
 
 async def _now() -> float:
     return time.time()
+
+
+@pytest_asyncio.fixture
+async def teams(kube: Kube) -> AsyncIterator[tuple[str, str]]:
+    """Two teams' namespaces, each with its Webhook to close an issue (the tracker's undo)."""
+    names = (f"team-a-{uuid.uuid4().hex[:6]}", f"team-b-{uuid.uuid4().hex[:6]}")
+    for name in names:
+        await kube.create_namespace(name, {})
+    yield names
+    for name in names:
+        await kube.delete_namespace(name)
+
+
+def session_request(token: str, body: dict[str, Any], session: str | None = None) -> tuple[dict[str, str], Any]:
+    headers = {"accept": "application/json, text/event-stream", "authorization": f"Bearer {token}"}
+    if session is not None:
+        headers |= {"mcp-session-id": session, "mcp-protocol-version": "2025-11-25"}
+    return headers, body
+
+
+async def test_two_teams_through_one_gateway_each_with_its_own_sagas_and_neither_reaching_the_other_s(
+    cluster: Cluster,
+    kube: Kube,
+    tracker: Tracker,  # noqa: F811
+    hydra: Hydra,
+    teams: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    team_a, team_b = teams
+    for team in teams:
+        await kube.create(
+            "webhooks", team, webhook("tracker.close-issue", url=tracker.url, mcp={"tool": "close_issue"})
+        )
+    await kube.request("POST", f"/api/v1/namespaces/{team_b}/serviceaccounts", {"metadata": {"name": "agent"}})
+    port = free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    hydra.client("team-a-agent", [resource])
+    a_principal = f"{hydra.issuer}#team-a-agent"
+    b_principal = f"system:serviceaccount:{team_b}:agent"
+    auth = {"resource": resource, "issuers": [{"issuer": hydra.issuer}], "serviceAccounts": True}
+    tenancy = {"table": {a_principal: team_a}}  # team B's ServiceAccount: its own namespace
+    config = gateway_config(team_a, tracker, auth=auth, tenancy=tenancy)
+    gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path, port=port)
+    operators = [OperatorProcess(cluster.kubeconfig, team, tmp_path) for team in teams]
+    for operator in operators:
+        operator.start()
+    a_token = hydra.token("team-a-agent", resource)
+    b_token = await service_account_token(kube, team_b, "agent", resource)
+    try:
+        async with agent(gateway.url, a_token, "auto") as a, agent(gateway.url, b_token, "auto") as b:
+            a_handle = handle_of(await a.call_tool("create_issue", {"title": "a1"}))
+            assert not (await a.call_tool("create_issue", {"title": "a2", HANDLE: a_handle})).is_error
+            b_handle = handle_of(await b.call_tool("create_issue", {"title": "b1"}))
+            [a_saga] = await kube.list("sagas", team_a)
+            [b_saga] = await kube.list("sagas", team_b)
+            assert (a_saga["spec"]["principal"], b_saga["spec"]["principal"]) == (a_principal, b_principal)
+            # B with A's handle: refused, saying so, and nothing called or changed.
+            with pytest.raises(MCPError, match="minted for another client identity"):
+                await b.call_tool("create_issue", {"title": "b-in-a", HANDLE: a_handle})
+            for own, arguments in [
+                ("undolog_status", {}),
+                ("undolog_abort", {"reason": "not mine"}),
+                ("undolog_rewind", {"to_step": "1", "reason": "not mine"}),
+            ]:
+                said = await b.call_tool(own, {HANDLE: a_handle, **arguments})
+                assert said.is_error, own
+                assert "minted for another client identity" in text(said), (own, text(said))
+            assert len(tracker.issues.opened) == 3
+            assert (await kube.get("sagas", team_a, a_saga["metadata"]["name"]))["spec"].get("outcome") is None
+            # Each aborts its own saga: everything of its own is undone, in its own namespace.
+            assert not (await a.call_tool("undolog_abort", {HANDLE: a_handle, "reason": "a is done"})).is_error
+            assert not (await b.call_tool("undolog_abort", {HANDLE: b_handle, "reason": "b is done"})).is_error
+        a_done = await saga_phase(kube, team_a, a_saga["metadata"]["name"], "Compensated")
+        b_done = await saga_phase(kube, team_b, b_saga["metadata"]["name"], "Compensated")
+        assert sorted(close.number for close in tracker.issues.closes) == [1, 2, 3]
+        assert a_done["metadata"]["annotations"]["undolog.io/abort-reason"] == f"a is done (aborted by {a_principal})"
+        assert b_principal in b_done["metadata"]["annotations"]["undolog.io/abort-reason"]
+        # Who opened each, as people see it: kubectl's wide columns, the field selector, the CLI.
+        wide = cluster.kubectl("get", "sagas", "-A", "-o", "wide").stdout
+        assert "PRINCIPAL" in wide
+        assert a_principal in wide
+        assert b_principal in wide
+        selected = cluster.kubectl(
+            "get", "sagas", "-A", "--field-selector", f"spec.principal={b_principal}", "-o", "name"
+        )
+        assert selected.stdout.split() == [f"saga.undolog.io/{b_saga['metadata']['name']}"]
+        listed = undolog(cluster, "list", "-A", "--principal", a_principal, "-o", "wide")
+        assert listed.returncode == 0, listed.stderr
+        assert a_saga["metadata"]["name"] in listed.stdout
+        assert b_saga["metadata"]["name"] not in listed.stdout
+        shown = undolog(cluster, "show", a_saga["metadata"]["name"], "-n", team_a)
+        assert f"opened for: {a_principal}" in shown.stdout
+    finally:
+        gateway.stop()
+        for operator in operators:
+            operator.stop()
+
+
+async def test_a_session_answers_only_the_principal_that_opened_it(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,  # noqa: F811
+    hydra: Hydra,
+    gateway: Authenticated,
+    service_account: str,
+) -> None:
+    """Team A's session id in team B's hands: its requests and its DELETE are answered as if the
+    session did not exist, and A's session goes on."""
+    resource = gateway.resource
+    a_token = hydra.token(_client(hydra, resource), resource)
+    b_token = await service_account_token(kube, namespace, service_account, resource)
+    url = gateway.process.url
+    async with httpx.AsyncClient(timeout=10) as http:
+        opened = await http.post(url, json=raw_request("session")[1], headers=session_request(a_token, {})[0])
+        session = opened.headers["mcp-session-id"]
+        call = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "create_issue", "arguments": {"title": "x"}},
+        }
+        stolen = await http.post(url, json=call, headers=session_request(b_token, call, session)[0])
+        assert stolen.status_code == 404, stolen.text
+        ended = await http.delete(url, headers=session_request(b_token, {}, session)[0])
+        assert ended.status_code == 404, ended.text
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        await http.post(url, json=initialized, headers=session_request(a_token, {}, session)[0])
+        own = await http.post(url, json=call, headers=session_request(a_token, call, session)[0])
+        assert own.status_code == 200, own.text
+    assert [issue["title"] for issue in tracker.issues.opened.values()] == ["x"]

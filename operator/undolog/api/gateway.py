@@ -183,6 +183,38 @@ class Auth(Strict):
         return self
 
 
+class Tenancy(Strict):
+    """Which namespace a caller's sagas go to: its principal in `table`, else what `rule` gives,
+    else a ServiceAccount's own namespace, else the gateway's `namespace`."""
+
+    table: dict[str, str] = Field(
+        default_factory=dict,
+        description="By principal name (<issuer>#<subject>, system:serviceaccount:<ns>:<name>), its namespace.",
+    )
+    rule: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="CEL over `principal` (name, issuer, subject, claims, serviceAccount) giving the namespace, "
+        "e.g. `principal.claims.team`; checked when the configuration loads.",
+    )
+    namespaces: list[str] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="The namespaces the gateway puts sagas in; a caller whose namespace is not one is refused. "
+        "Empty: any the gateway's RBAC lets it write.",
+    )
+
+    @model_validator(mode="after")
+    def namespaces_named(self) -> Self:
+        for where, namespace in [
+            *(("table." + k, v) for k, v in self.table.items()),
+            *(("namespaces", n) for n in self.namespaces),
+        ]:
+            if not re.fullmatch(DNS_LABEL, namespace):
+                raise ValueError(f"tenancy.{where}: {namespace!r} is not a namespace name")
+        return self
+
+
 AUTH_UNSAID = (
     "auth: say who may call the gateway: `auth: {resource: <its URL>, issuers: [...], serviceAccounts: true}`, or "
     "`auth: none` to serve anyone who reaches its port"
@@ -202,6 +234,7 @@ class GatewayConfig(Strict):
     upstreams: dict[str, Upstream] = Field(min_length=1)
     tools: dict[str, ToolRule] = Field(default_factory=dict, description="Keyed <upstream>.<tool>.")
     operator_calls: OperatorCalls = Field(default_factory=OperatorCalls)
+    tenancy: Tenancy = Field(default_factory=Tenancy)
     auth: Auth | Literal["none"] | None = Field(
         default=None,
         description="Who may call it over HTTP, which it refuses to serve without it: `none` serves anyone who "

@@ -337,6 +337,14 @@ class SagaSpec(Model):
         pattern=LABEL_VALUE,
         description="Tenant id, copied to the undolog.io/org label and the Undolog-Org header: a label value.",
     )
+    principal: str | None = Field(
+        default=None,
+        max_length=512,
+        description=(
+            "Who opened the saga through the MCP gateway, as its token proved: <issuer>#<subject>, or "
+            "system:serviceaccount:<namespace>:<name>. Set at creation, never changed."
+        ),
+    )
     steps: list[Step] | None = Field(
         default=None,
         max_length=MAX_STEPS,
@@ -407,6 +415,11 @@ class SagaSpec(Model):
                 {
                     "rule": "!has(oldSelf.orgId) || (has(self.orgId) && self.orgId == oldSelf.orgId)",
                     "message": "spec.orgId cannot be changed or removed once set",
+                },
+                {
+                    "rule": "has(self.principal) == has(oldSelf.principal) && "
+                    "(!has(self.principal) || self.principal == oldSelf.principal)",
+                    "message": "spec.principal is set when the saga is created and never changed",
                 },
             ]
         }

@@ -288,6 +288,7 @@ def saga_row(saga: Saga, output: Output, with_namespace: bool) -> list[str]:
             expires_in(saga),
             saga.spec.org_id or "",
             status.failed_step or "",
+            saga.spec.principal or "",
             (status.message or "").replace("\n", " ")[:120],
         ]
     return row
@@ -298,7 +299,7 @@ def saga_header(output: Output, with_namespace: bool) -> list[str]:
     if with_namespace:
         header.insert(0, "NAMESPACE")
     if output == Output.wide:
-        header += ["EXPIRES", "ORG", "FAILED-STEP", "MESSAGE"]
+        header += ["EXPIRES", "ORG", "FAILED-STEP", "PRINCIPAL", "MESSAGE"]
     return header
 
 
@@ -321,6 +322,8 @@ def render_detail(detail: SagaDetail, output: Output) -> str:
     lines = [f"{saga.reference}  {status.phase or '<none>'}  {status.reason or ''}".rstrip()]
     if detail.archived:
         lines.append(f"archived: gone from the cluster, read-only (finished {age(status.completion_time)} ago)")
+    if saga.spec.principal:
+        lines.append(f"opened for: {printable(saga.spec.principal)}")
     if status.message:
         lines.append(printable(status.message))
     if status.failed_step:
@@ -415,11 +418,16 @@ def list_sagas(
         SagaPhase | None, typer.Option(case_sensitive=False, help="Only sagas in this phase, e.g. Halted.")
     ] = None,
     org: Annotated[str | None, typer.Option(help="Only this spec.orgId.")] = None,
+    principal: Annotated[
+        str | None, typer.Option(help="Only sagas the gateway opened for this caller (spec.principal).")
+    ] = None,
     function: Annotated[str | None, typer.Option(help="Only sagas that call this function to undo a step.")] = None,
     selector: Annotated[str | None, typer.Option("--selector", "-l", help="A label selector.")] = None,
     field_selector: Annotated[
         str | None,
-        typer.Option(help="A field selector: metadata.name, status.phase or spec.orgId, e.g. status.phase=Halted."),
+        typer.Option(
+            help="A field selector: metadata.name, status.phase, spec.orgId, spec.principal; e.g. status.phase=Halted."
+        ),
     ] = None,
     older_than: Annotated[str | None, typer.Option(help="Only sagas older than this, e.g. 15m.")] = None,
     output: OutputOption = "table",
@@ -436,6 +444,7 @@ def list_sagas(
             where.scope,
             phase=phase,
             org=org,
+            principal=principal,
             function=function,
             older_than=minimum_age,
             label_selector=selector,

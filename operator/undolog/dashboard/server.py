@@ -197,10 +197,11 @@ async def saga_list(current: Page) -> web.StreamResponse:
         namespace,
         phase=phase,
         org=query.get("org") or None,
+        principal=query.get("principal") or None,
         function=query.get("function") or None,
         older_than=older_than,
     )
-    filters = {k: query.get(k, "") for k in ("phase", "org", "function", "older_than", "name")}
+    filters = {k: query.get(k, "") for k in ("phase", "org", "principal", "function", "older_than", "name")}
     filters["namespace"] = namespace or ""
     sagas = [s for s in listed.sagas if filters["name"].strip() in s.metadata.name]
     shown = page_of(sagas, query.get("page", ""))

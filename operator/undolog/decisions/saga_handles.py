@@ -61,7 +61,7 @@ def mint(key: bytes, saga: SagaHandle, identity: str | None) -> str:
 
 
 def opened(key: bytes, text: str, identity: str | None, namespace: str) -> SagaHandle | HandleRefusal:
-    """The saga a handle stands for, for this client in this gateway's namespace; or why not."""
+    """The saga a handle stands for, for this caller (`identity`) in its namespace; or why not."""
     parts = text.split(".") if isinstance(text, str) else []
     if len(parts) != 3 or parts[0] != PREFIX:
         return HandleRefusal("malformed", f"{_shown(text)} is not a saga handle this gateway minted ({PREFIX}.…)")
@@ -74,12 +74,12 @@ def opened(key: bytes, text: str, identity: str | None, namespace: str) -> SagaH
         who = str(body["who"])
     except (binascii.Error, ValueError, KeyError, TypeError):
         return HandleRefusal("malformed", f"{_shown(text)} does not hold a saga")
-    if handle.namespace != namespace:
-        return HandleRefusal(
-            "foreign", f"the handle is of namespace {handle.namespace}, not this gateway's ({namespace})"
-        )
     if not hmac.compare_digest(who, _who(identity)):
         return HandleRefusal("foreign", "the handle was minted for another client identity")
+    if handle.namespace != namespace:
+        return HandleRefusal(
+            "foreign", f"the handle is of namespace {handle.namespace}, not the caller's ({namespace})"
+        )
     return handle
 
 

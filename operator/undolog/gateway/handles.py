@@ -74,9 +74,10 @@ class HandleSagas:
     def handle_of(self, run: SagaRun, identity: str | None) -> str:
         return saga_handles.mint(self.key, SagaHandle(run.namespace, run.name, run.uid), identity)
 
-    async def resumed(self, text: str, identity: str | None) -> SagaRun:
-        """The saga a handle stands for, as the ledger has it now; HandleRefused saying why not."""
-        found = saga_handles.opened(self.key, text, identity, self.config.namespace)
+    async def resumed(self, text: str, identity: str | None, namespace: str) -> SagaRun:
+        """The saga a handle stands for, as the ledger has it now, if it is the caller's (minted
+        for it, in its namespace); HandleRefused saying why not."""
+        found = saga_handles.opened(self.key, text, identity, namespace)
         if isinstance(found, HandleRefusal):
             raise HandleRefused(f"{HANDLE_ARG}: {found.message}; nothing was called")
         saga = f"saga {found.namespace}/{found.name}"
@@ -94,12 +95,13 @@ class HandleSagas:
             raise HandleRefused(f"{HANDLE_ARG}: {saga} is another saga of that name now; nothing was called")
         return run
 
-    async def opened(self) -> SagaRun:
+    async def opened(self, namespace: str, identity: str | None) -> SagaRun:
         config = self.config
         return await open_saga(
             generate_name="mcp-",
-            namespace=config.namespace,
+            namespace=namespace,
             org=config.org,
+            principal=identity,
             deadline_seconds=config.deadline_seconds,
             kube=self.kube,
         )
@@ -112,16 +114,22 @@ class HandleBinding(SagaBinding):
     carry_on = f"carry on with the same {HANDLE_ARG}"
 
     def __init__(
-        self, sagas: HandleSagas, identity: str | None, text: object, carried: OpenRound | None, rounds: Rounds
+        self,
+        sagas: HandleSagas,
+        caller: tuple[str | None, str],
+        text: object,
+        carried: OpenRound | None,
+        rounds: Rounds,
     ) -> None:
-        self.sagas, self.identity, self.carried, self.rounds = sagas, identity, carried, rounds
+        self.sagas, self.carried, self.rounds = sagas, carried, rounds
+        self.identity, self.namespace = caller  # who calls, and its namespace
         self.text = carried.handle if carried is not None else text
         self.confirmed = carried is not None and carried.confirmed
 
     async def named(self, tool: str) -> SagaRun:
         if not isinstance(self.text, str):
             raise HandleRefused(f"{tool} needs {HANDLE_ARG}: the handle a mapped call's result gave")
-        return await self.sagas.resumed(self.text, self.identity)
+        return await self.sagas.resumed(self.text, self.identity, self.namespace)
 
     async def opened(self) -> SagaRun:
         run = await self._run()
@@ -130,8 +138,8 @@ class HandleBinding(SagaBinding):
 
     async def _run(self) -> SagaRun:
         if self.text is not None:
-            return await self.sagas.resumed(str(self.text), self.identity)
-        return await self.sagas.opened()
+            return await self.sagas.resumed(str(self.text), self.identity, self.namespace)
+        return await self.sagas.opened(self.namespace, self.identity)
 
     def meta(self, run: SagaRun) -> dict[str, Any]:
         return {HANDLE_META: self.sagas.handle_of(run, self.identity)}
@@ -172,7 +180,7 @@ class HandleBinding(SagaBinding):
 
 def binding(
     sagas: HandleSagas,
-    identity: str | None,
+    caller: tuple[str | None, str],
     tool: str,
     arguments: dict[str, Any],
     request_state: str | None,
@@ -185,4 +193,4 @@ def binding(
         raise NotCalled(f"tool {tool} was not called: {carried.message}")
     answers = {k: v for k, v in (responses or {}).items() if k != CONFIRM_INPUT}
     rounds = Rounds(answers or None, carried.state if carried is not None else request_state)
-    return HandleBinding(sagas, identity, arguments.pop(HANDLE_ARG, None), carried, rounds)
+    return HandleBinding(sagas, caller, arguments.pop(HANDLE_ARG, None), carried, rounds)

@@ -60,11 +60,13 @@ class OwnTools:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
 
-    async def call(self, tool: str, binding: SagaBinding, arguments: dict[str, Any]) -> Said:
+    async def call(self, tool: str, binding: SagaBinding, arguments: dict[str, Any], who: str | None) -> Said:
+        """`who`: the caller, named in the abort's reason (who undid it)."""
         if tool == "undolog_commit":
             return await self.end(tool, binding, OnClose.COMMIT, "committed by the agent")
         if tool == "undolog_abort":
-            return await self.end(tool, binding, OnClose.ABORT, str(arguments.get("reason") or "aborted by the agent"))
+            reason = str(arguments.get("reason") or "aborted by the agent")
+            return await self.end(tool, binding, OnClose.ABORT, f"{reason} (aborted by {who})" if who else reason)
         if tool == "undolog_rewind":
             return await self.rewind(tool, binding, str(arguments.get("to_step", "")), arguments.get("reason"))
         run = await binding.named(tool)

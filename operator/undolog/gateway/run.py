@@ -25,6 +25,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from undolog.api.gateway import Auth, Compensations, GatewayConfig
 from undolog.decisions.advertised_undo import with_advertised
+from undolog.decisions.expressions import ExpressionError
+from undolog.decisions.tenancy import Tenants
 from undolog.decisions.tool_calls import expression_problems
 from undolog.errors import KubeError
 from undolog.gateway.agent_requests import SESSION_HEADER, STDIO_SESSION
@@ -56,6 +58,10 @@ def load(path: str) -> GatewayConfig:
     problems = expression_problems(config)
     if problems:
         raise ValueError(f"{path}: {'; '.join(problems)}")
+    try:
+        Tenants(config)
+    except ExpressionError as error:
+        raise ValueError(f"{path}: {error}") from None
     return config
 
 

@@ -21,6 +21,7 @@ from mcp.shared.exceptions import MCPError
 from prometheus_client import Counter
 
 from undolog.api.gateway import GatewayConfig, OnClose
+from undolog.decisions.tenancy import TenantRefused, Tenants
 from undolog.decisions.tool_calls import PassThrough, Refuse, Register, ToolDecision, decide
 from undolog.errors import UndoLogError
 from undolog.gateway import agent_requests, confirmations, handles
@@ -89,6 +90,7 @@ class Gateway:
         handle_key: bytes,
     ) -> None:
         self.config, self.kube, self.upstreams, self.catalogue = config, kube, upstreams, catalogue
+        self.tenants = Tenants(config)
         self.sessions = SessionSagas(config, kube)
         self.handles = HandleSagas(config, kube, handle_key)
         self.steps = Steps(upstreams, catalogue)
@@ -136,12 +138,16 @@ class Gateway:
     def _binding(
         self, request: AgentRequest, tool: str, params: types.CallToolRequestParams, arguments: dict[str, Any]
     ) -> SagaBinding:
-        """The saga this request belongs to: its session's, or its handle's (taken out of `arguments`)."""
+        """The saga this request belongs to, in its caller's namespace: its session's, or its
+        handle's (taken out of `arguments`); NotCalled when the caller has no namespace here."""
+        try:
+            namespace = self.tenants.namespace_of(request.principal)
+        except TenantRefused as refused:
+            raise NotCalled(f"tool {tool} was not called: {refused}") from None
         if not request.stateless:
-            return SessionBinding(self.sessions.of(request, tool))
-        return handles.binding(
-            self.handles, request.identity, tool, arguments, params.request_state, params.input_responses
-        )
+            return SessionBinding(self.sessions.of(request, tool, namespace))
+        caller = (request.identity, namespace)
+        return handles.binding(self.handles, caller, tool, arguments, params.request_state, params.input_responses)
 
     async def call_tool(self, request: AgentRequest, params: types.CallToolRequestParams) -> Answer:
         name, arguments = params.name, dict(params.arguments or {})
@@ -173,7 +179,7 @@ class Gateway:
     ) -> types.CallToolResult:
         try:
             binding = self._binding(request, name, params, arguments)
-            told = await self.own.call(name, binding, arguments)
+            told = await self.own.call(name, binding, arguments, request.identity)
         except (UndoLogError, ValueError, TimeoutError) as error:
             return said(f"{name}: {error}", error=True)
         if told.ended is not None:

@@ -27,6 +27,8 @@ class SessionSaga:
 
     config: GatewayConfig
     kube: Kube
+    namespace: str  # the caller's (decisions/tenancy.py)
+    principal: str | None  # the caller's name, recorded on its sagas
     run: SagaRun | None = None
     steps: int = 0  # names steps uniquely within the saga: <tool>-<n>
     last_seen: float = field(default_factory=time.monotonic)
@@ -37,8 +39,9 @@ class SessionSaga:
             if self.run is None:
                 self.run = await open_saga(
                     generate_name="mcp-",
-                    namespace=self.config.namespace,
+                    namespace=self.namespace,
                     org=self.config.org,
+                    principal=self.principal,
                     deadline_seconds=self.config.deadline_seconds,
                     kube=self.kube,
                 )
@@ -78,7 +81,8 @@ class SessionSagas:
         self.config, self.kube = config, kube
         self.sessions: dict[str, SessionSaga] = {}
 
-    def of(self, request: AgentRequest, tool: str) -> SessionSaga:
+    def of(self, request: AgentRequest, tool: str, namespace: str) -> SessionSaga:
+        """The request's session (its sagas in `namespace`, the caller's), opened on its first request."""
         key = request.session_key
         if key is None:
             raise MCPError(
@@ -88,7 +92,7 @@ class SessionSagas:
             )
         session = self.sessions.get(key)
         if session is None:
-            session = self.sessions[key] = SessionSaga(self.config, self.kube)
+            session = self.sessions[key] = SessionSaga(self.config, self.kube, namespace, request.identity)
         session.last_seen = time.monotonic()
         return session
 

@@ -418,6 +418,7 @@ async def open_saga(
     generate_name: str | None = None,
     namespace: str | None = None,
     org: str | None = None,
+    principal: str | None = None,
     deadline_seconds: int | None = None,
     policy: CompensationPolicy | None = None,
     ttl_seconds_after_finished: int | None = None,
@@ -431,7 +432,8 @@ async def open_saga(
     `resume=True` (with `name`): when the saga exists and is still Active (an earlier run of
     this agent died inside its block), carry on with it as it is (its spec, its entries; new
     steps come after its last) instead of failing with AlreadyExists. SagaEnded if it ended.
-    `ttl_seconds_after_finished`: how long the finished saga stays (else the operator's default)."""
+    `ttl_seconds_after_finished`: how long the finished saga stays (else the operator's default).
+    `principal`: who the saga is opened for (spec.principal; the MCP gateway names its caller)."""
     if (name is None) == (generate_name is None):
         raise ValueError("give exactly one of name or generate_name")
     if resume and name is None:
@@ -441,6 +443,7 @@ async def open_saga(
     client = kube or await Kube.connect(kubeconfig)
     spec = SagaSpec(
         org_id=org,
+        principal=principal,
         active_deadline_seconds=deadline_seconds,
         compensation_policy=policy or CompensationPolicy(),
         ttl_seconds_after_finished=ttl_seconds_after_finished,

@@ -126,6 +126,7 @@ def open_saga(
     generate_name: str | None = None,
     namespace: str | None = None,
     org: str | None = None,
+    principal: str | None = None,
     deadline_seconds: int | None = None,
     policy: CompensationPolicy | None = None,
     ttl_seconds_after_finished: int | None = None,
