@@ -25,7 +25,7 @@ from mcp.shared.exceptions import MCPError
 
 from tests.cluster.test_cli import undolog
 from tests.cluster.test_mcp_gateway import tracker  # noqa: F401 (a fixture)
-from tests.cluster.test_mcp_stateless import HANDLE, handle_of, text
+from tests.cluster.test_mcp_stateless import HANDLE, confirming, handle_of, text
 from tests.conftest import Cluster
 from tests.support.gateway_process import GatewayProcess, gateway_config
 from tests.support.hydra import Hydra
@@ -130,9 +130,9 @@ async def refused(gateway: Authenticated, token: str | None, reason: str) -> Non
         assert token is None or reason in challenge
 
 
-def agent(url: str, token: str, mode: str) -> Client:
+def agent(url: str, token: str, mode: str, **callbacks: Any) -> Client:
     http = httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"}, timeout=30)
-    return Client(streamable_http_client(url, http_client=http), mode=mode)
+    return Client(streamable_http_client(url, http_client=http), mode=mode, **callbacks)
 
 
 async def test_a_token_that_proves_no_principal_is_refused_saying_why_and_nothing_is_called(
@@ -321,3 +321,80 @@ async def test_a_session_answers_only_the_principal_that_opened_it(
         own = await http.post(url, json=call, headers=session_request(a_token, call, session)[0])
         assert own.status_code == 200, own.text
     assert [issue["title"] for issue in tracker.issues.opened.values()] == ["x"]
+
+
+TEAM_B_RULE = "principal.serviceAccount != null && principal.serviceAccount.name == 'agent'"
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_policy_denies_one_tool_and_asks_before_another_for_one_team_only(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,  # noqa: F811
+    hydra: Hydra,
+    service_account: str,
+    tmp_path: Path,
+    mode: str,
+) -> None:
+    port = free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    auth = {"resource": resource, "issuers": [{"issuer": hydra.issuer}], "serviceAccounts": True}
+    policies = [
+        {"name": "b-never-labels", "when": f"{TEAM_B_RULE} && tool == 'tracker.label_issue'", "action": "deny"},
+        {"name": "b-asks-to-create", "when": f"{TEAM_B_RULE} && tool == 'tracker.create_issue'", "action": "confirm"},
+    ]
+    config = gateway_config(namespace, tracker, auth=auth, policies=policies, unmapped="pass")
+    gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path, port=port)
+    a_token = hydra.token(_client(hydra, resource), resource)
+    b_token = await service_account_token(kube, namespace, service_account, resource)
+    asked: dict[str, list[str]] = {"a": [], "b": []}
+    try:
+        async with (
+            agent(gateway.url, a_token, mode, elicitation_callback=confirming("decline", asked["a"])) as a,
+            agent(gateway.url, b_token, mode, elicitation_callback=confirming("decline", asked["b"])) as b,
+        ):
+            assert "label_issue" not in {tool.name for tool in (await b.list_tools()).tools}
+            assert "label_issue" in {tool.name for tool in (await a.list_tools()).tools}
+            with pytest.raises(
+                MCPError, match=r"tool tracker\.label_issue was not called: denied by policy b-never-labels"
+            ):
+                await b.call_tool("label_issue", {"number": 1, "label": "b"})
+            declined = await b.call_tool("create_issue", {"title": "b asked"})
+            assert declined.is_error, text(declined)
+            assert asked["b"]
+            assert "Policy b-asks-to-create asks you first" in asked["b"][0]
+            assert tracker.issues.opened == {}  # nothing of B's reached the tracker
+            assert not (await a.call_tool("create_issue", {"title": "a"})).is_error
+            assert not (await a.call_tool("label_issue", {"number": 1, "label": "a"})).is_error
+        assert asked["a"] == []  # team A is never asked
+        assert tracker.issues.opened[1].get("labels") == ["a"]
+    finally:
+        gateway.stop()
+
+
+async def test_a_caller_past_its_limits_is_told_which_and_nothing_is_called(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,  # noqa: F811
+    service_account: str,
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    limits = {"callsPerSecond": 0.2, "burst": 3, "openSagas": 1}  # a token every 5 s: the four calls fit well within
+    config = gateway_config(namespace, tracker, auth={"resource": resource, "serviceAccounts": True}, limits=limits)
+    gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path, port=port)
+    token = await service_account_token(kube, namespace, service_account, resource)
+    try:
+        async with agent(gateway.url, token, "auto") as called:
+            assert not (await called.call_tool("create_issue", {"title": "one"})).is_error
+            with pytest.raises(MCPError, match=r"has 1 sagas open in .* \(limits.openSagas 1\): commit or abort one"):
+                await called.call_tool("create_issue", {"title": "a second saga"})
+            assert (await called.call_tool("list_issues", {})).content
+            with pytest.raises(MCPError, match=r"past its 0.2 calls a second \(limits.callsPerSecond, burst 3\)"):
+                await called.call_tool("list_issues", {})
+        assert [issue["title"] for issue in tracker.issues.opened.values()] == ["one"]
+    finally:
+        gateway.stop()

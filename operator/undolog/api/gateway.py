@@ -215,6 +215,35 @@ class Tenancy(Strict):
         return self
 
 
+class PolicyAction(StrEnum):
+    ALLOW = "allow"  # the call goes on as the mapping says; later rules are not asked
+    DENY = "deny"  # refused, naming the rule; nothing is sent upstream
+    CONFIRM = "confirm"  # the user is asked first (as confirm: true asks), then it goes on as mapped
+
+
+class Policy(Strict):
+    """One rule: when `when` (CEL over `principal`, `tool` and `args`) holds, `action`. The first
+    rule that holds decides; none: the mapping decides alone."""
+
+    name: str = Field(max_length=63, pattern=DNS_LABEL, description="Named in a refusal and in the log.")
+    when: str = Field(
+        max_length=4096,
+        description="CEL: `principal` (name, issuer, subject, claims, serviceAccount; null without auth), `tool` "
+        "(<upstream>.<tool>), `args` (the call's arguments). A rule that cannot be evaluated refuses the call.",
+    )
+    action: PolicyAction
+
+
+class CallerLimits(Strict):
+    """Per caller (its principal; callers without one share one), in each gateway replica."""
+
+    calls_per_second: float | None = Field(default=None, gt=0, description="tools/call requests a second.")
+    burst: int | None = Field(default=None, ge=1, description="Calls at once past the rate; default the rate.")
+    open_sagas: int | None = Field(
+        default=None, ge=1, description="Sagas open at once (not ended by a commit or an abort) in its namespace."
+    )
+
+
 AUTH_UNSAID = (
     "auth: say who may call the gateway: `auth: {resource: <its URL>, issuers: [...], serviceAccounts: true}`, or "
     "`auth: none` to serve anyone who reaches its port"
@@ -235,11 +264,21 @@ class GatewayConfig(Strict):
     tools: dict[str, ToolRule] = Field(default_factory=dict, description="Keyed <upstream>.<tool>.")
     operator_calls: OperatorCalls = Field(default_factory=OperatorCalls)
     tenancy: Tenancy = Field(default_factory=Tenancy)
+    policies: list[Policy] = Field(default_factory=list, max_length=200, description="Asked in order, per call.")
+    limits: CallerLimits = Field(default_factory=CallerLimits)
     auth: Auth | Literal["none"] | None = Field(
         default=None,
         description="Who may call it over HTTP, which it refuses to serve without it: `none` serves anyone who "
         "reaches the port (said in the log). Over stdio the caller is the process that started it.",
     )
+
+    @model_validator(mode="after")
+    def policies_named_once(self) -> Self:
+        names = [policy.name for policy in self.policies]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"policies: each name once ({', '.join(repeated)} repeated)")
+        return self
 
     @model_validator(mode="after")
     def known_upstreams(self) -> Self:

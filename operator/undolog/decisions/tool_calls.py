@@ -33,10 +33,12 @@ class PassThrough:
 @dataclass(frozen=True)
 class Register:
     """A step, its entry written before the call; `rule` None for an unmapped tool under the
-    `pass` or `confirm` policy; `confirm`: the user is asked first (it will not be undone)."""
+    `pass` or `confirm` policy; `confirm`: the user is asked first (it will not be undone, or
+    `asked_by` a policy of that name)."""
 
     rule: ToolRule | None
     confirm: bool = False
+    asked_by: str | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 import mcp_types as types
 
 from undolog.conventions import timestamp
+from undolog.decisions.tool_calls import Register
 from undolog.gateway.agent_requests import AgentRequest
 from undolog.gateway.catalogue import UpstreamTool
 from undolog.kube import Kube
@@ -24,19 +25,23 @@ ANNOTATION_PREFIX = "undolog.io/confirmation-"
 EMPTY_FORM: dict[str, Any] = {"type": "object", "properties": {}}
 
 
-def question(tool: UpstreamTool, arguments: dict[str, Any]) -> str:
+def question(tool: UpstreamTool, arguments: dict[str, Any], decision: Register) -> str:
     shown = json.dumps(arguments, sort_keys=True)
     shown = shown if len(shown) <= 300 else shown[:297] + "..."
-    return (
-        f"The agent wants to call {tool.qualified} with {shown}. UndoLog cannot undo this call: if the work is "
-        "aborted later, its effect stays. Allow it?"
-    )
+    asked = f"The agent wants to call {tool.qualified} with {shown}."
+    if decision.rule is not None and decision.rule.compensation is not None:
+        return (
+            f"{asked} Policy {decision.asked_by} asks you first (UndoLog undoes it if the work is aborted). Allow it?"
+        )
+    if decision.asked_by is not None:
+        asked += f" Policy {decision.asked_by} asks you first."
+    return f"{asked} UndoLog cannot undo this call: if the work is aborted later, its effect stays. Allow it?"
 
 
-def asked(tool: UpstreamTool, arguments: dict[str, Any]) -> types.InputRequiredResult:
+def asked(tool: UpstreamTool, arguments: dict[str, Any], decision: Register) -> types.InputRequiredResult:
     """The stateless revision's way to ask: the client asks its user, then calls again."""
     request = types.ElicitRequest(
-        params=types.ElicitRequestFormParams(message=question(tool, arguments), requested_schema=EMPTY_FORM)
+        params=types.ElicitRequestFormParams(message=question(tool, arguments, decision), requested_schema=EMPTY_FORM)
     )
     return types.InputRequiredResult(input_requests={CONFIRM_INPUT: request})
 
@@ -50,10 +55,13 @@ def answered(params: types.CallToolRequestParams) -> str | None:
     return str(action) if action is not None else None
 
 
-async def ask_in_session(request: AgentRequest, tool: UpstreamTool, arguments: dict[str, Any]) -> str:
+async def ask_in_session(
+    request: AgentRequest, tool: UpstreamTool, arguments: dict[str, Any], decision: Register
+) -> str:
     """The session's way to ask (elicitation); `cancel` when the client cannot ask its user."""
     try:
-        result = await request.session.elicit_form(question(tool, arguments), EMPTY_FORM, request.request_id)
+        asking = question(tool, arguments, decision)
+        result = await request.session.elicit_form(asking, EMPTY_FORM, request.request_id)
     except Exception:  # no elicitation capability or back-channel: nobody was asked, so not allowed
         return "cancel"
     return str(result.action)

@@ -17,6 +17,7 @@ from undolog.decisions.saga_handles import HandleRefusal, OpenRound, SagaHandle
 from undolog.errors import AlreadyExists, NotFound, SagaEnded, UndoLogError
 from undolog.gateway.bindings import SagaBinding, StepAt
 from undolog.gateway.confirmations import CONFIRM_INPUT
+from undolog.gateway.sessions import Opening
 from undolog.gateway.steps import Answer, NotCalled
 from undolog.gateway.upstreams import Rounds
 from undolog.kube import Kube
@@ -56,8 +57,8 @@ def said_handle(handle: str) -> types.TextContent:
 class HandleSagas:
     """The sagas of this gateway's handles: read from the ledger, opened there."""
 
-    def __init__(self, config: GatewayConfig, kube: Kube, key: bytes) -> None:
-        self.config, self.kube, self.key = config, kube, key
+    def __init__(self, config: GatewayConfig, kube: Kube, key: bytes, opening: Opening) -> None:
+        self.config, self.kube, self.key, self.opening = config, kube, key, opening
         # The last position this replica registered in each saga, so a call needs no LIST of its
         # entries; a position another replica took since shows as AlreadyExists, and is re-read.
         self.positions: OrderedDict[str, int] = OrderedDict()
@@ -97,6 +98,7 @@ class HandleSagas:
 
     async def opened(self, namespace: str, identity: str | None) -> SagaRun:
         config = self.config
+        await self.opening(identity, namespace)
         return await open_saga(
             generate_name="mcp-",
             namespace=namespace,

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from undolog.api.gateway import Auth, Compensations, GatewayConfig
 from undolog.decisions.advertised_undo import with_advertised
 from undolog.decisions.expressions import ExpressionError
+from undolog.decisions.policies import Policies
 from undolog.decisions.tenancy import Tenants
 from undolog.decisions.tool_calls import expression_problems
 from undolog.errors import KubeError
@@ -59,7 +60,7 @@ def load(path: str) -> GatewayConfig:
     if problems:
         raise ValueError(f"{path}: {'; '.join(problems)}")
     try:
-        Tenants(config)
+        Tenants(config), Policies(config)
     except ExpressionError as error:
         raise ValueError(f"{path}: {error}") from None
     return config

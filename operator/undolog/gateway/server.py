@@ -21,12 +21,14 @@ from mcp.shared.exceptions import MCPError
 from prometheus_client import Counter
 
 from undolog.api.gateway import GatewayConfig, OnClose
+from undolog.decisions.policies import Policies, with_policy
 from undolog.decisions.tenancy import TenantRefused, Tenants
 from undolog.decisions.tool_calls import PassThrough, Refuse, Register, ToolDecision, decide
 from undolog.errors import UndoLogError
 from undolog.gateway import agent_requests, confirmations, handles
 from undolog.gateway.agent_requests import AgentRequest
 from undolog.gateway.bindings import SagaBinding
+from undolog.gateway.caller_limits import LimitReached, Limits
 from undolog.gateway.catalogue import ToolCatalogue, UpstreamTool
 from undolog.gateway.changes import Changes
 from undolog.gateway.handles import HANDLE_ARG, HandleSagas, advertised
@@ -90,9 +92,10 @@ class Gateway:
         handle_key: bytes,
     ) -> None:
         self.config, self.kube, self.upstreams, self.catalogue = config, kube, upstreams, catalogue
-        self.tenants = Tenants(config)
-        self.sessions = SessionSagas(config, kube)
-        self.handles = HandleSagas(config, kube, handle_key)
+        self.tenants, self.policies = Tenants(config), Policies(config)
+        self.limits = Limits(config.limits, kube)
+        self.sessions = SessionSagas(config, kube, self.limits.opening)
+        self.handles = HandleSagas(config, kube, handle_key, self.limits.opening)
         self.steps = Steps(upstreams, catalogue)
         self.own = OwnTools(kube)
         self.relay = Relay(upstreams, subscriptions)  # resources, prompts, completion, logging: passed through
@@ -122,13 +125,18 @@ class Gateway:
     async def list_tools(
         self, request: AgentRequest, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        shown = {
+            name: found
+            for name, found in self.catalogue.tools.items()
+            if self.policies.shown(request.principal, found.qualified)
+        }
         listed = [
             types.Tool.model_validate({**found.tool.model_dump(by_alias=True, exclude_none=True), "name": name})
-            for name, found in self.catalogue.tools.items()
+            for name, found in shown.items()
         ]
         if not request.stateless:
             return types.ListToolsResult(tools=[*listed, *OWN_TOOLS])
-        steps = [isinstance(self._decided(found), Register) for found in self.catalogue.tools.values()]
+        steps = [isinstance(self._decided(found), Register) for found in shown.values()]
         tools = [advertised(tool) if step else tool for tool, step in zip(listed, steps, strict=True)]
         return types.ListToolsResult(tools=[*tools, *(advertised(own) for own in OWN_TOOLS)])
 
@@ -151,12 +159,18 @@ class Gateway:
 
     async def call_tool(self, request: AgentRequest, params: types.CallToolRequestParams) -> Answer:
         name, arguments = params.name, dict(params.arguments or {})
+        try:
+            self.limits.called(request.identity)
+        except LimitReached as reached:
+            raise MCPError(types.INVALID_REQUEST, f"tool {name} was not called: {reached}") from None
         if name in OWN_NAMES:
             return await self._own(request, name, params, arguments)
         found = self.catalogue.tools.get(name)
         if found is None:
             raise MCPError(types.INVALID_PARAMS, f"unknown tool {name!r}")
-        decision = self._decided(found)
+        given = {k: v for k, v in arguments.items() if not (request.stateless and k == HANDLE_ARG)}
+        ruled = self.policies.ruled(request.principal, found.qualified, given)
+        decision = with_policy(self._decided(found), ruled, found.qualified)
         if isinstance(decision, PassThrough):
             tool_calls.labels(found.qualified, "passed").inc()
             arguments.pop(HANDLE_ARG, None)
@@ -199,7 +213,7 @@ class Gateway:
         the outcome to count: `refused` while the user is asked, or has not allowed it."""
         binding = self._binding(request, found.qualified, params, arguments)
         if decision.confirm and not binding.confirmed:
-            asking = await self._confirmed(request, params, binding, found, arguments)
+            asking = await self._confirmed(request, params, binding, found, arguments, decision)
             if asking is not None:
                 return asking, "refused"
             binding.confirmed = True
@@ -213,16 +227,17 @@ class Gateway:
         binding: SagaBinding,
         found: UpstreamTool,
         arguments: dict[str, Any],
+        decision: Register,
     ) -> Answer | None:
-        """The user asked before a call that cannot be undone: None when they allowed it (the
-        call goes on); else what to answer the agent (the question, or that it was declined).
-        Either answer is recorded on the saga."""
+        """The user asked before a call that cannot be undone (or that a policy asks about):
+        None when they allowed it (the call goes on); else what to answer the agent (the
+        question, or that it was declined). Either answer is recorded on the saga."""
         if request.stateless:
             answer = confirmations.answered(params)
             if answer is None:
-                return confirmations.asked(found, arguments)
+                return confirmations.asked(found, arguments, decision)
         else:
-            answer = await confirmations.ask_in_session(request, found, arguments)
+            answer = await confirmations.ask_in_session(request, found, arguments, decision)
         try:
             run = await binding.opened()
         except UndoLogError as refused:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import mcp_types as types
@@ -20,6 +21,12 @@ from undolog.gateway.steps import Answer, NotCalled
 from undolog.kube import Kube
 from undolog.sdk import SagaRun, open_saga
 
+Opening = Callable[[str | None, str], Awaitable[None]]  # who opens a saga, where: refused past its limit
+
+
+async def no_limit(who: str | None, namespace: str) -> None:
+    return None
+
 
 @dataclass
 class SessionSaga:
@@ -29,6 +36,7 @@ class SessionSaga:
     kube: Kube
     namespace: str  # the caller's (decisions/tenancy.py)
     principal: str | None  # the caller's name, recorded on its sagas
+    opening: Opening = no_limit
     run: SagaRun | None = None
     steps: int = 0  # names steps uniquely within the saga: <tool>-<n>
     last_seen: float = field(default_factory=time.monotonic)
@@ -37,6 +45,7 @@ class SessionSaga:
     async def saga(self) -> SagaRun:
         async with self._opening:
             if self.run is None:
+                await self.opening(self.principal, self.namespace)
                 self.run = await open_saga(
                     generate_name="mcp-",
                     namespace=self.namespace,
@@ -77,8 +86,8 @@ class SessionBinding(SagaBinding):
 class SessionSagas:
     """The sessions the gateway serves, by key (their Mcp-Session-Id, or the stdio connection)."""
 
-    def __init__(self, config: GatewayConfig, kube: Kube) -> None:
-        self.config, self.kube = config, kube
+    def __init__(self, config: GatewayConfig, kube: Kube, opening: Opening) -> None:
+        self.config, self.kube, self.opening = config, kube, opening
         self.sessions: dict[str, SessionSaga] = {}
 
     def of(self, request: AgentRequest, tool: str, namespace: str) -> SessionSaga:
@@ -92,7 +101,8 @@ class SessionSagas:
             )
         session = self.sessions.get(key)
         if session is None:
-            session = self.sessions[key] = SessionSaga(self.config, self.kube, namespace, request.identity)
+            session = SessionSaga(self.config, self.kube, namespace, request.identity, self.opening)
+            self.sessions[key] = session
         session.last_seen = time.monotonic()
         return session
 
