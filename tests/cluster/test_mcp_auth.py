@@ -24,6 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from tests.cluster.test_cli import undolog
+from tests.cluster.test_mcp_catalog import serving_operator_calls
 from tests.cluster.test_mcp_gateway import tracker  # noqa: F401 (a fixture)
 from tests.cluster.test_mcp_stateless import HANDLE, confirming, handle_of, text
 from tests.conftest import Cluster
@@ -398,3 +399,41 @@ async def test_a_caller_past_its_limits_is_told_which_and_nothing_is_called(
         assert [issue["title"] for issue in tracker.issues.opened.values()] == ["one"]
     finally:
         gateway.stop()
+
+
+@pytest.mark.usefixtures("operator")
+async def test_an_upstream_s_own_token_is_the_gateway_s_never_the_agent_s_and_the_undo_carries_it_too(
+    cluster: Cluster, kube: Kube, namespace: str, service_account: str, tmp_path: Path
+) -> None:
+    """The tracker takes only its own token, which the gateway holds in a Secret: the agent's
+    calls reach it with that token (never the agent's), and when the agent is gone and its saga
+    runs out of time, the operator's undo calls reach it, through the gateway, with it too."""
+    own = "the-tracker-s-own-token"
+    guarded = Tracker(token=own)
+    secret = {"metadata": {"name": "tracker-credentials"}, "stringData": {"Authorization": f"Bearer {own}"}}
+    await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret)
+    port = free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    upstream = {"url": guarded.url, "credentials": {"headersFrom": {"name": "tracker-credentials"}}}
+    config = {
+        **gateway_config(namespace, guarded, auth={"resource": resource, "serviceAccounts": True}),
+        "upstreams": {"tracker": upstream},
+        "deadlineSeconds": 3,  # the operator aborts the saga of an agent that went away
+    }
+    gateway = await serving_operator_calls(cluster, kube, namespace, tmp_path, config, port=port)
+    token = await service_account_token(kube, namespace, service_account, resource)
+    try:
+        async with agent(gateway.url, token, "auto") as called:
+            handle = handle_of(await called.call_tool("create_issue", {"title": "one"}))
+            assert not (await called.call_tool("create_issue", {"title": "two", HANDLE: handle})).is_error
+        # The agent is gone without a word: past its deadline the operator undoes both, through the gateway.
+        [saga] = await kube.list("sagas", namespace)
+        await saga_phase(kube, namespace, saga["metadata"]["name"], "Compensated", within=60)
+    finally:
+        gateway.stop()
+        guarded.stop()
+    assert [close.number for close in guarded.issues.closes] == [2, 1]
+    seen = set(guarded.issues.authorizations)
+    print(f"\nthe tracker saw {len(guarded.issues.authorizations)} requests, bearing {seen}")
+    assert seen == {f"Bearer {own}"}  # never the agent's token, never none
+    assert all(token not in said for said in guarded.issues.authorizations if said)

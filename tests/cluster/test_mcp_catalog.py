@@ -74,13 +74,14 @@ def data(tmp_path: Path) -> Path:
 
 
 async def serving_operator_calls(
-    cluster: Cluster, kube: Kube, namespace: str, tmp_path: Path, config: dict[str, Any]
+    cluster: Cluster, kube: Kube, namespace: str, tmp_path: Path, config: dict[str, Any], port: int | None = None
 ) -> GatewayProcess:
-    """The gateway serving its stdio servers' compensations to the operator: it makes their
-    Webhooks at start, signed with the Secret it checks the calls against."""
+    """The gateway serving its stdio servers' compensations (and those of upstreams it holds
+    credentials for) to the operator: it makes their Webhooks at start, signed with the Secret
+    it checks the calls against."""
     secret = {"metadata": {"name": "operator-calls", "labels": {"undolog.io/webhook-headers": "true"}}}
     await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret | {"stringData": {"key": SIGNING}})
-    port = free_port()
+    port = port or free_port()
     calls = {"url": f"http://127.0.0.1:{port}", "signingSecret": "operator-calls"}
     return GatewayProcess(
         cluster.kubeconfig, {"namespace": namespace, **config, "operatorCalls": calls}, tmp_path, port=port

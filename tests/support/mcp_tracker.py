@@ -33,6 +33,7 @@ import mcp_types as types
 import uvicorn
 from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 from pydantic import BaseModel
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 KEY_META = "io.undolog/idempotency-key"
 SLOW_SECONDS = 4.0
@@ -75,6 +76,7 @@ class Issues:
     created_keys: list[str | None] = field(default_factory=list)
     closes: list[Close] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
+    authorizations: list[str | None] = field(default_factory=list)  # each HTTP request's Authorization header
     answer: threading.Event = field(default_factory=answering)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -224,15 +226,32 @@ def tracker(issues: Issues) -> MCPServer:
     return server
 
 
-class Tracker:
-    """The tracker served on a free loopback port until `stop`."""
+def guarded(app: ASGIApp, issues: Issues, token: str | None) -> ASGIApp:
+    """The app, each request's Authorization header recorded, and with `token` required of it (401 without)."""
 
-    def __init__(self) -> None:
+    async def served(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            said = dict(scope["headers"]).get(b"authorization")
+            issues.authorizations.append(said.decode() if said else None)
+            if token is not None and said != f"Bearer {token}".encode():
+                await send({"type": "http.response.start", "status": 401, "headers": []})
+                await send({"type": "http.response.body", "body": b"the tracker's own token is required"})
+                return
+        await app(scope, receive, send)
+
+    return served
+
+
+class Tracker:
+    """The tracker served on a free loopback port until `stop`; with `token`, only to requests
+    that bear it."""
+
+    def __init__(self, token: str | None = None) -> None:
         self.issues = Issues()
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
-        app = tracker(self.issues).streamable_http_app()
+        app = guarded(tracker(self.issues).streamable_http_app(), self.issues, token)
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()), daemon=True)
         self._thread.start()

@@ -47,17 +47,37 @@ class Compensations(StrEnum):
     FROM_ANNOTATIONS = "fromAnnotations"  # also what servers advertise (SEP-3172 recovery, x-compensation-pair)
 
 
+class SecretName(Strict):
+    name: str = Field(max_length=253, pattern=DNS_SUBDOMAIN, description="A Secret in the gateway's namespace.")
+
+
+class UpstreamCredentials(Strict):
+    """The gateway's own credential for an upstream (never the agent's)."""
+
+    headers_from: SecretName = Field(
+        description="A Secret whose keys are HTTP headers sent with every request to the upstream (Authorization: "
+        "Bearer ..., an API key), read again at most every 10 s (a rotation shows within it)."
+    )
+
+
 class Upstream(Strict):
     """An MCP server the gateway fronts: a streamable HTTP `url`, or a stdio `command`."""
 
     url: str | None = Field(default=None, pattern=r"^https?://", description="Its streamable HTTP endpoint.")
     command: list[str] | None = Field(default=None, min_length=1, description="A local server: argv, over stdio.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment of the command.")
+    credentials: UpstreamCredentials | None = Field(
+        default=None,
+        description="What the gateway presents to it (an HTTP upstream): its compensations are then served to the "
+        "operator by the gateway too (operatorCalls), so an undo carries the same credential.",
+    )
 
     @model_validator(mode="after")
     def one_way_in(self) -> Self:
         if (self.url is None) == (self.command is None):
             raise ValueError("an upstream needs exactly one of url or command")
+        if self.credentials is not None and self.url is None:
+            raise ValueError("credentials are for an upstream reached by url; give a command its env")
         return self
 
 

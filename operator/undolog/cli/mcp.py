@@ -32,6 +32,7 @@ def mcp(
     UndoEntry before it runs, and each session is a saga an abort undoes, newest first."""
     from undolog.api.gateway import AUTH_UNSAID
     from undolog.gateway.run import MappingRefused, load, serve_http, serve_stdio
+    from undolog.gateway.upstream_credentials import CredentialsUnreadable
     from undolog.kube import Kube
 
     try:
@@ -65,6 +66,6 @@ def mcp(
             asyncio.run(serve_stdio(loaded, connect, key))
         else:
             asyncio.run(serve_http(loaded, address, port, connect, key))
-    except MappingRefused as refused:
+    except (MappingRefused, CredentialsUnreadable) as refused:
         typer.echo(f"error: {config}: {refused}", err=True)
         raise typer.Exit(1) from None

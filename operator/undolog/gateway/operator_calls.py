@@ -56,11 +56,16 @@ class Served:
 
 
 def compensation_tools(config: GatewayConfig, catalogue: ToolCatalogue) -> dict[str, dict[str, Served]]:
-    """By stdio upstream and tool name, the tools the configuration names as compensations."""
+    """By upstream and tool name, the tools the configuration names as compensations of the
+    upstreams the operator cannot call itself: those run as commands, and those the gateway
+    holds credentials for (the undo then carries the same credential as the call)."""
     served: dict[str, dict[str, Served]] = {}
     for rule in config.tools.values():
         undo = rule.compensation
-        if undo is None or undo.tool is None or config.upstreams[undo.tool.split(".", 1)[0]].command is None:
+        if undo is None or undo.tool is None:
+            continue
+        upstream = config.upstreams[undo.tool.split(".", 1)[0]]
+        if upstream.command is None and upstream.credentials is None:
             continue
         found = catalogue.qualified(undo.tool)
         served.setdefault(found.upstream, {})[found.tool.name] = Served(found, undo.webhook, undo.version)
@@ -176,7 +181,9 @@ class OperatorCalls:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         upstream = scope.get("path_params", {}).get("upstream")
         if upstream not in self.tools:
-            return await answer(send, Answer(404, {"error": f"no stdio upstream {upstream!r} has a compensation here"}))
+            return await answer(
+                send, Answer(404, {"error": f"no upstream {upstream!r} has a compensation served here"})
+            )
         body = await read_body(receive)
         if body is None:
             return await answer(send, Answer(413, {"error": f"a request over {MAX_BODY_BYTES} bytes"}))

@@ -37,6 +37,7 @@ from undolog.gateway.operator_calls import OperatorCalls
 from undolog.gateway.protected import Protected, metadata_routes
 from undolog.gateway.server import Gateway
 from undolog.gateway.subscriptions import Subscriptions
+from undolog.gateway.upstream_credentials import UpstreamCredentials
 from undolog.gateway.upstreams import Upstreams
 from undolog.kube import Kube
 
@@ -161,8 +162,9 @@ async def serving(
     """The gateway, its upstreams connected and its mappings checked against them, until the end."""
     kube = await connect()
     try:
-        subscriptions = Subscriptions()
-        async with Upstreams(config.upstreams, subscriptions) as upstreams:
+        subscriptions, credentials = Subscriptions(), UpstreamCredentials(config.upstreams, kube, config.namespace)
+        await credentials.read()
+        async with Upstreams(config.upstreams, subscriptions, credentials) as upstreams:
             catalogue = ToolCatalogue()
             await catalogue.list_tools(upstreams.clients)
             config = await checked(config, upstreams, catalogue)

@@ -29,6 +29,7 @@ from undolog.gateway.agent_requests import AgentRequest, Requester
 from undolog.gateway.catalogue import UpstreamTool
 from undolog.gateway.connections import Connection, progress_of
 from undolog.gateway.subscriptions import Subscriptions
+from undolog.gateway.upstream_credentials import UpstreamCredentials
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 STATELESS_CLIENTS = "stateless:"  # the key of the stateless agents' clients, by what they declare
@@ -79,8 +80,10 @@ class Upstreams:
     the HTTP upstreams (connections.py says why), opened on its first request that needs one and
     closed with the session; what the connections announce goes to `subscriptions`."""
 
-    def __init__(self, upstreams: dict[str, Upstream], subscriptions: Subscriptions) -> None:
-        self.config, self.subscriptions = upstreams, subscriptions
+    def __init__(
+        self, upstreams: dict[str, Upstream], subscriptions: Subscriptions, credentials: UpstreamCredentials
+    ) -> None:
+        self.config, self.subscriptions, self.credentials = upstreams, subscriptions, credentials
         self.shared: dict[str, Connection] = {}
         self.sessions: dict[str, dict[str, Connection]] = {}
         self.discovered: dict[str, tuple[str, types.DiscoverResult]] = {}  # upstreams of the stateless revision
@@ -119,7 +122,7 @@ class Upstreams:
         callbacks = connection.callbacks()
         if upstream.url is not None:
             async with (
-                httpx2.AsyncClient(event_hooks={"request": [keyed]}, trust_env=False, timeout=None) as http,
+                self._http_client(connection.upstream) as http,
                 Client(
                     streamable_http_client(upstream.url, http_client=http), mode="legacy", cache=None, **callbacks
                 ) as client,
@@ -132,12 +135,15 @@ class Upstreams:
         async with Client(stdio_client(parameters), mode="legacy", cache=None, **callbacks) as client:
             yield client
 
+    def _http_client(self, upstream: str) -> httpx2.AsyncClient:
+        """An HTTP client of the upstream: each request with its Idempotency-Key and the gateway's credentials."""
+        hooks = [keyed, *self.credentials.hooks(upstream)]
+        return httpx2.AsyncClient(event_hooks={"request": hooks}, trust_env=False, timeout=None)
+
     async def _discover(self, name: str, url: str) -> None:
         """Whether the upstream speaks the stateless revision: its discovery kept, so each
         stateless agent request gets a client of its own without asking again."""
-        http = self._http[name] = await self._stack.enter_async_context(
-            httpx2.AsyncClient(event_hooks={"request": [keyed]}, trust_env=False, timeout=None)
-        )
+        http = self._http[name] = await self._stack.enter_async_context(self._http_client(name))
         async with Client(streamable_http_client(url, http_client=http), mode="auto", cache=None) as probe:
             found = probe.session.discover_result
             if found is not None and modern(probe):
