@@ -10,14 +10,18 @@ from pathlib import Path
 
 import anyio
 import pytest
+from devtools.control_plane.local import free_port
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ResourceUpdated
 
+from tests.cluster.test_mcp_auth import service_account_token
 from tests.conftest import Cluster
 from tests.support import conformance_suite
 from tests.support.gateway_process import GatewayProcess
+from tests.support.round_robin import RoundRobin
 from tests.support.told_of_changes import both_eras_told
+from undolog.kube import Kube
 
 pytestmark = pytest.mark.cluster
 
@@ -28,20 +32,36 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
+@pytest.mark.parametrize("auth", ["none", "serviceAccounts"])
 @pytest.mark.parametrize("era", list(conformance_suite.ERAS))
-def test_what_passes_directly_passes_through_the_gateway(
-    cluster: Cluster, namespace: str, upstream: str, tmp_path: Path, era: str
+async def test_what_passes_directly_passes_through_the_gateway(
+    cluster: Cluster, kube: Kube, namespace: str, upstream: str, tmp_path: Path, era: str, auth: str
 ) -> None:
+    """With authentication on, the suite (which sends no token) reaches the gateway through a
+    proxy that puts a ServiceAccount's token for the gateway on each of its requests."""
     direct = conformance_suite.scenarios(upstream, era, tmp_path)
     config = {"namespace": namespace, "unmapped": "pass", "upstreams": {"everything": {"url": upstream}}}
-    gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+    port = free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    if auth != "none":
+        config["auth"] = {"resource": resource, "serviceAccounts": True}
+    gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path, port=port)
+    bearing = None
+    if auth != "none":
+        await kube.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": "suite"}})
+        token = await service_account_token(kube, namespace, "suite", resource)
+        bearing = RoundRobin([gateway.base], {"authorization": f"Bearer {token}"})
     try:
-        through = conformance_suite.scenarios(gateway.url, era, tmp_path)
+        url = bearing.url if bearing else gateway.url
+        through = await anyio.to_thread.run_sync(conformance_suite.scenarios, url, era, tmp_path)
     finally:
+        if bearing:
+            bearing.stop()
         gateway.stop()
     width = max(map(len, direct))
     print("\n" + "\n".join(f"{n:<{width}}  direct {direct[n]!s:<5}  through {through.get(n)}" for n in direct))
-    print(f"{era}: {sum(direct.values())}/{len(direct)} directly, {sum(through.values())}/{len(direct)} through")
+    passed = f"{sum(direct.values())}/{len(direct)} directly, {sum(through.values())}/{len(direct)} through"
+    print(f"{era}, auth {auth}: {passed}")
     assert [n for n in direct if direct[n] and not through.get(n)] == []
 
 

@@ -17,8 +17,10 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "host", "content-
 
 
 class RoundRobin:
-    def __init__(self, backends: list[str]) -> None:
+    def __init__(self, backends: list[str], added: dict[str, str] | None = None) -> None:
+        """`added`: headers put on every request (a client's bearer token, for one that cannot send it)."""
         self.backends = backends  # base URLs, http://127.0.0.1:<port>
+        self.added = added or {}
         self.turns = itertools.cycle(range(len(backends)))
         self.served: list[str] = []  # the backend of each request, in order
         self.port = free_port()
@@ -37,7 +39,7 @@ class RoundRobin:
         asyncio.set_event_loop(self.loop)
         app = web.Application()
         app.router.add_route("*", "/{path:.*}", self.forward)
-        self.runner = web.AppRunner(app)
+        self.runner = web.AppRunner(app, handler_cancellation=True)  # a client gone: its relay stops
         self.loop.run_until_complete(self.runner.setup())
         self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
         self.session = self.loop.run_until_complete(self._session())
@@ -50,7 +52,7 @@ class RoundRobin:
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP} | self.added
         for _ in self.backends:
             backend = self.backends[next(self.turns)]
             try:
