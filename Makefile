@@ -215,7 +215,7 @@ bin/.temporal-$(TEMPORAL_CLI):
 	GOBIN=$(CURDIR)/bin go install github.com/temporalio/cli/cmd/temporal@$(TEMPORAL_CLI)
 	touch $@
 
-bench: venv tools-control-plane postgres participant-kit mcp-conformance bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.temporal-$(TEMPORAL_CLI)
+bench: venv tools-control-plane postgres participant-kit mcp-conformance bin/hydra bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.temporal-$(TEMPORAL_CLI)
 	$(PY) -m pip install -q --require-hashes -r requirements/bench.txt
 	$(PY) -m bench.compensation --sizes 1 10 100 1000
 	$(PY) -m bench.forward --concurrency 1 100

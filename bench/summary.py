@@ -53,6 +53,10 @@ KEYS = (
     "mcp_gateway_entry_writes_per_call",
     "mcp_gateway_session_added_p50_ms",
     "mcp_gateway_session_added_p99_ms",
+    "mcp_gateway_auth_service_account_added_p50_ms",
+    "mcp_gateway_auth_service_account_added_p99_ms",
+    "mcp_gateway_auth_jwt_added_p50_ms",
+    "mcp_gateway_auth_jwt_added_p99_ms",
     "mcp_conformance_scenarios_direct",
     "mcp_conformance_scenarios_through_gateway",
     "mcp_conformance_scenarios_direct_2026",
@@ -185,6 +189,10 @@ def summarize() -> dict[str, Any]:
         if session := gateway["results"].get("session"):  # the same on the session era (2025-11-25)
             figures["mcp_gateway_session_added_p50_ms"] = session["added"]["p50_ms"]
             figures["mcp_gateway_session_added_p99_ms"] = session["added"]["p99_ms"]
+        # What requiring a token adds, against the gateway without auth in the same rounds.
+        for kind, measured in gateway["results"].get("authenticated", {}).items():
+            figures[f"mcp_gateway_auth_{kind}_added_p50_ms"] = measured["auth_added"]["p50_ms"]
+            figures[f"mcp_gateway_auth_{kind}_added_p99_ms"] = measured["auth_added"]["p99_ms"]
 
     if conformance := sources["conformance"]:
         # The suite's server scenarios: 0.1.16's (the session era), and 2026-07-28's requirements.

@@ -478,6 +478,30 @@ def test_the_chart_refuses_a_gateway_whose_auth_is_not_said_and_binds_token_revi
     ]
 
 
+def test_the_gateway_is_reached_by_agents_and_the_operator_only_and_serves_its_tenants_namespaces() -> None:
+    documents = rendered("gateway.enabled=true", "gateway.config.auth=none", "gateway.tenantNamespaces={team-a,team-b}")
+    policies = {d["metadata"]["name"]: d["spec"] for d in documents if d["kind"] == "NetworkPolicy"}
+    operator, gateway = policies["undolog"], policies["undolog-gateway"]
+    beside = [{"key": "app.kubernetes.io/component", "operator": "DoesNotExist"}]
+    assert operator["podSelector"]["matchExpressions"] == beside  # not the gateway's pods, nor the dashboard's
+    assert gateway["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "gateway"
+    [door] = gateway["ingress"]
+    assert door["ports"] == [{"port": "mcp", "protocol": "TCP"}]
+    operator_pods, agents = door["from"]
+    assert operator_pods["podSelector"]["matchExpressions"] == beside
+    assert agents == {"namespaceSelector": {}, "podSelector": {"matchLabels": {"undolog.io/agent": "true"}}}
+    tenants = {
+        d["metadata"]["namespace"]
+        for d in documents
+        if d["kind"] == "Role" and d["metadata"]["name"] == "undolog-gateway"
+    }
+    assert {"team-a", "team-b"} <= tenants
+    bound = [d for d in documents if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == "team-a"]
+    assert bound[0]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "undolog-gateway", "namespace": "undolog-system"}
+    ]
+
+
 def test_every_alert_links_its_section_of_the_runbook() -> None:
     rule = next(d for d in rendered("metrics.prometheusRule.enabled=true") if d["kind"] == "PrometheusRule")
     sections = {line[3:].strip().lower() for line in (REPO / "docs" / "runbook.md").read_text().splitlines()
