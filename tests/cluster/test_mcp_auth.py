@@ -6,6 +6,9 @@ anything is called."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -25,7 +28,7 @@ from mcp.shared.exceptions import MCPError
 
 from tests.cluster.test_cli import undolog
 from tests.cluster.test_mcp_catalog import serving_operator_calls
-from tests.cluster.test_mcp_gateway import tracker  # noqa: F401 (a fixture)
+from tests.cluster.test_mcp_gateway import AGENT, close_issue_webhook, tracker  # noqa: F401 (fixtures)
 from tests.cluster.test_mcp_stateless import HANDLE, confirming, handle_of, text
 from tests.conftest import Cluster
 from tests.support.gateway_process import GatewayProcess, gateway_config
@@ -437,3 +440,49 @@ async def test_an_upstream_s_own_token_is_the_gateway_s_never_the_agent_s_and_th
     print(f"\nthe tracker saw {len(guarded.issues.authorizations)} requests, bearing {seen}")
     assert seen == {f"Bearer {own}"}  # never the agent's token, never none
     assert all(token not in said for said in guarded.issues.authorizations if said)
+
+
+def typescript_agent(script: str, url: str, scenario: str, token: str | None) -> subprocess.CompletedProcess[str]:
+    """An agent on the official TypeScript SDK (tests/mcp_agent), its requests bearing `token`."""
+    node = shutil.which("node")
+    assert node, "node is needed for the TypeScript agents (the machine's Node 20)"
+    environment = {**os.environ, **({"UNDOLOG_AGENT_TOKEN": token} if token else {})}
+    return subprocess.run(
+        [node, script, url, scenario], cwd=AGENT, env=environment, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.usefixtures("close_issue_webhook", "operator")
+async def test_typescript_agents_of_both_sdk_majors_bear_their_tokens_and_get_undo(
+    kube: Kube,
+    namespace: str,
+    tracker: Tracker,  # noqa: F811
+    hydra: Hydra,
+    gateway: Authenticated,
+    service_account: str,
+) -> None:
+    """The SDK 1.x agent (sessions) with a Hydra JWT, the 2.x agent (stateless) with a
+    ServiceAccount token: each undone newest first; the 2.x agent without a token is refused."""
+    resource = gateway.resource
+    refused = typescript_agent("agent2026.mjs", gateway.process.url, "abort-after-three", None)
+    assert refused.returncode != 0
+    assert "401" in refused.stderr, refused.stderr[-2000:]
+    jwt_token = hydra.token(_client(hydra, resource), resource)
+    session = typescript_agent("agent.mjs", gateway.process.url, "fail-third", jwt_token)
+    assert session.returncode == 0, session.stderr
+    account_token = await service_account_token(kube, namespace, service_account, resource)
+    stateless = typescript_agent("agent2026.mjs", gateway.process.url, "abort-after-three", account_token)
+    assert stateless.returncode == 0, stateless.stderr
+    sagas = await eventually(lambda: kube.list("sagas", namespace), lambda s: len(s) == 2, 10, "two sagas")
+    for saga in sagas:
+        await saga_phase(kube, namespace, saga["metadata"]["name"], "Compensated")
+    principals = sorted(s["spec"]["principal"] for s in sagas)
+    assert principals == sorted(
+        [
+            f"{hydra.issuer}#{jwt.decode(jwt_token, options={'verify_signature': False})['sub']}",
+            f"system:serviceaccount:{namespace}:agent",
+        ]
+    )
+    closed = [close.number for close in tracker.issues.closes]
+    assert [n for n in closed if n <= 3] == [3, 2, 1]  # each saga newest first (the two were undone at once)
+    assert [n for n in closed if n > 3] == [6, 5, 4]

@@ -1,11 +1,14 @@
 // An MCP agent with no UndoLog code: the official TypeScript SDK's client, talking to the
 // UndoLog gateway as to any MCP server. Prints one JSON line per tool call it made.
 //   node agent.mjs <gateway url> fail-third | rewind
+// With UNDOLOG_AGENT_TOKEN set, every request bears it (Authorization: Bearer).
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
 const [url, scenario] = process.argv.slice(2);
-const transport = new StreamableHTTPClientTransport(new URL(url));
+const token = process.env.UNDOLOG_AGENT_TOKEN;
+const requestInit = token ? { headers: { Authorization: `Bearer ${token}` } } : undefined;
+const transport = new StreamableHTTPClientTransport(new URL(url), { requestInit });
 const client = new Client({ name: "ts-agent", version: "1.0.0" });
 await client.connect(transport);
 

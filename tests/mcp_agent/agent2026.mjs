@@ -3,13 +3,17 @@
 // first mapped call's result gives and passes it back. No UndoLog code beyond that argument.
 // Prints one JSON line per tool call.
 //   node agent2026.mjs <gateway url> abort-after-three
+// With UNDOLOG_AGENT_TOKEN set, every request bears it (Authorization: Bearer), as an agent's
+// token from its authorization server or its pod's ServiceAccount would.
 import { Client, StreamableHTTPClientTransport } from "@modelcontextprotocol/client";
 
 const [url, scenario] = process.argv.slice(2);
+const token = process.env.UNDOLOG_AGENT_TOKEN;
+const requestInit = token ? { headers: { Authorization: `Bearer ${token}` } } : undefined;
 // The SDK's own default is the 2025 handshake; "auto" probes with server/discover and speaks
 // 2026-07-28 to a server that does, as the SDK's guide tells agents to.
 const client = new Client({ name: "ts-agent-2026", version: "1.0.0" }, { versionNegotiation: { mode: "auto" } });
-await client.connect(new StreamableHTTPClientTransport(new URL(url)));
+await client.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit }));
 
 async function call(name, args = {}) {
   const result = await client.callTool({ name, arguments: args });
