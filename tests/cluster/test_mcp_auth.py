@@ -404,23 +404,53 @@ async def test_a_caller_past_its_limits_is_told_which_and_nothing_is_called(
         gateway.stop()
 
 
-@pytest.mark.usefixtures("operator")
-async def test_an_upstream_s_own_token_is_the_gateway_s_never_the_agent_s_and_the_undo_carries_it_too(
-    cluster: Cluster, kube: Kube, namespace: str, service_account: str, tmp_path: Path
-) -> None:
-    """The tracker takes only its own token, which the gateway holds in a Secret: the agent's
-    calls reach it with that token (never the agent's), and when the agent is gone and its saga
-    runs out of time, the operator's undo calls reach it, through the gateway, with it too."""
-    own = "the-tracker-s-own-token"
-    guarded = Tracker(token=own)
-    secret = {"metadata": {"name": "tracker-credentials"}, "stringData": {"Authorization": f"Bearer {own}"}}
+TRACKER_AUDIENCE = "http://127.0.0.1:1/the-tracker"  # the tracker's own audience at Hydra
+
+
+async def upstream_credentials(kind: str, kube: Kube, namespace: str, hydra: Hydra) -> tuple[Tracker, dict[str, Any]]:
+    """A tracker that takes only its own credential, and the gateway's upstream that holds it:
+    a fixed token from a Secret, or a token Hydra grants the gateway's client (which the tracker
+    asks Hydra about: active, and for the tracker's audience)."""
+    if kind == "headersFrom":
+        own = "the-tracker-s-own-token"
+        secret = {"metadata": {"name": "tracker-credentials"}, "stringData": {"Authorization": f"Bearer {own}"}}
+        await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret)
+        return Tracker(token=own), {"headersFrom": {"name": "tracker-credentials"}}
+    hydra.client("gateway-to-tracker", [TRACKER_AUDIENCE])
+    client = {"client_id": "gateway-to-tracker", "client_secret": hydra.secret("gateway-to-tracker")}
+    secret = {"metadata": {"name": "tracker-client"}, "stringData": client}
     await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret)
+
+    async def introspected(said: str | None) -> bool:
+        if not said or not said.startswith("Bearer "):
+            return False
+        async with httpx.AsyncClient() as http:
+            url = f"http://127.0.0.1:{hydra.admin}/admin/oauth2/introspect"
+            found = (await http.post(url, data={"token": said.removeprefix("Bearer ")}, timeout=10)).json()
+        return found.get("active") is True and TRACKER_AUDIENCE in found.get("aud", [])
+
+    grant = {
+        "tokenUrl": f"{hydra.issuer}oauth2/token",
+        "secret": {"name": "tracker-client"},
+        "audience": TRACKER_AUDIENCE,
+    }
+    return Tracker(accepts=introspected), {"clientCredentials": grant}
+
+
+@pytest.mark.parametrize("kind", ["headersFrom", "clientCredentials"])
+@pytest.mark.usefixtures("operator")
+async def test_an_upstream_s_own_credential_is_the_gateway_s_never_the_agent_s_and_the_undo_carries_it_too(
+    cluster: Cluster, kube: Kube, namespace: str, hydra: Hydra, service_account: str, tmp_path: Path, kind: str
+) -> None:
+    """The tracker takes only its own credential, which the gateway holds: the agent's calls
+    reach it with that (never the agent's token), and when the agent is gone and its saga runs
+    out of time, the operator's undo calls reach it, through the gateway, with it too."""
+    guarded, credentials = await upstream_credentials(kind, kube, namespace, hydra)
     port = free_port()
     resource = f"http://127.0.0.1:{port}/mcp"
-    upstream = {"url": guarded.url, "credentials": {"headersFrom": {"name": "tracker-credentials"}}}
     config = {
         **gateway_config(namespace, guarded, auth={"resource": resource, "serviceAccounts": True}),
-        "upstreams": {"tracker": upstream},
+        "upstreams": {"tracker": {"url": guarded.url, "credentials": credentials}},
         "deadlineSeconds": 3,  # the operator aborts the saga of an agent that went away
     }
     gateway = await serving_operator_calls(cluster, kube, namespace, tmp_path, config, port=port)
@@ -436,10 +466,17 @@ async def test_an_upstream_s_own_token_is_the_gateway_s_never_the_agent_s_and_th
         gateway.stop()
         guarded.stop()
     assert [close.number for close in guarded.issues.closes] == [2, 1]
-    seen = set(guarded.issues.authorizations)
-    print(f"\nthe tracker saw {len(guarded.issues.authorizations)} requests, bearing {seen}")
-    assert seen == {f"Bearer {own}"}  # never the agent's token, never none
-    assert all(token not in said for said in guarded.issues.authorizations if said)
+    seen = guarded.issues.authorizations
+    print(f"\n{kind}: the tracker saw {len(seen)} requests, bearing {len(set(seen))} distinct credentials")
+    assert None not in seen
+    assert all(token not in said for said in seen if said)  # never the agent's token
+    if kind == "headersFrom":
+        assert set(seen) == {"Bearer the-tracker-s-own-token"}
+    else:
+        granted = {
+            jwt.decode(s.removeprefix("Bearer "), options={"verify_signature": False})["client_id"] for s in seen if s
+        }
+        assert granted == {"gateway-to-tracker"}
 
 
 def typescript_agent(script: str, url: str, scenario: str, token: str | None) -> subprocess.CompletedProcess[str]:

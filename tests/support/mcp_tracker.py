@@ -26,6 +26,7 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -226,14 +227,17 @@ def tracker(issues: Issues) -> MCPServer:
     return server
 
 
-def guarded(app: ASGIApp, issues: Issues, token: str | None) -> ASGIApp:
-    """The app, each request's Authorization header recorded, and with `token` required of it (401 without)."""
+Accepts = Callable[[str | None], Awaitable[bool]]  # whether a request's Authorization header lets it in
+
+
+def guarded(app: ASGIApp, issues: Issues, accepts: Accepts | None) -> ASGIApp:
+    """The app, each request's Authorization header recorded, and refused 401 unless `accepts` it."""
 
     async def served(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             said = dict(scope["headers"]).get(b"authorization")
             issues.authorizations.append(said.decode() if said else None)
-            if token is not None and said != f"Bearer {token}".encode():
+            if accepts is not None and not await accepts(said.decode() if said else None):
                 await send({"type": "http.response.start", "status": 401, "headers": []})
                 await send({"type": "http.response.body", "body": b"the tracker's own token is required"})
                 return
@@ -242,16 +246,23 @@ def guarded(app: ASGIApp, issues: Issues, token: str | None) -> ASGIApp:
     return served
 
 
+def bearing(token: str) -> Accepts:
+    async def accepts(said: str | None) -> bool:
+        return said == f"Bearer {token}"
+
+    return accepts
+
+
 class Tracker:
     """The tracker served on a free loopback port until `stop`; with `token`, only to requests
-    that bear it."""
+    that bear it, with `accepts`, to those it lets in."""
 
-    def __init__(self, token: str | None = None) -> None:
+    def __init__(self, token: str | None = None, accepts: Accepts | None = None) -> None:
         self.issues = Issues()
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
-        app = guarded(tracker(self.issues).streamable_http_app(), self.issues, token)
+        app = guarded(tracker(self.issues).streamable_http_app(), self.issues, bearing(token) if token else accepts)
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()), daemon=True)
         self._thread.start()

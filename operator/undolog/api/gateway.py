@@ -51,13 +51,37 @@ class SecretName(Strict):
     name: str = Field(max_length=253, pattern=DNS_SUBDOMAIN, description="A Secret in the gateway's namespace.")
 
 
-class UpstreamCredentials(Strict):
-    """The gateway's own credential for an upstream (never the agent's)."""
+class ClientCredentials(Strict):
+    """An OAuth 2 client-credentials grant: the gateway's own access token for the upstream."""
 
-    headers_from: SecretName = Field(
-        description="A Secret whose keys are HTTP headers sent with every request to the upstream (Authorization: "
-        "Bearer ..., an API key), read again at most every 10 s (a rotation shows within it)."
+    token_url: str = Field(
+        pattern=r"^https?://", max_length=2048, description="The authorization server's token endpoint."
     )
+    secret: SecretName = Field(description="Its keys client_id and client_secret (sent as the form's fields).")
+    audience: str | None = Field(
+        default=None, max_length=2048, description="The `audience` asked for (RFC 8707's resource)."
+    )
+    scopes: list[str] = Field(default_factory=list, max_length=50)
+
+
+class UpstreamCredentials(Strict):
+    """The gateway's own credential for an upstream (never the agent's): one of these."""
+
+    headers_from: SecretName | None = Field(
+        default=None,
+        description="A Secret whose keys are HTTP headers sent with every request to the upstream (Authorization: "
+        "Bearer ..., an API key), read again at most every 10 s (a rotation shows within it).",
+    )
+    client_credentials: ClientCredentials | None = Field(
+        default=None,
+        description="A token from an authorization server, asked for again before it expires, sent as the bearer.",
+    )
+
+    @model_validator(mode="after")
+    def one_kind(self) -> Self:
+        if (self.headers_from is None) == (self.client_credentials is None):
+            raise ValueError("credentials: exactly one of headersFrom or clientCredentials")
+        return self
 
 
 class Upstream(Strict):

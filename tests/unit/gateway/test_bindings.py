@@ -1,0 +1,91 @@
+"""Which saga a request belongs to (gateway/sessions.py, gateway/handles.py) and the per-caller
+limits on opening one (gateway/caller_limits.py), on the fake API: each caller's sagas in its
+namespace, with its name; a handle refused to anyone else."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from tests.support.fakes import FakeKube
+from undolog.api.gateway import CallerLimits, GatewayConfig
+from undolog.gateway.caller_limits import LimitReached, Limits
+from undolog.gateway.handles import HandleRefused, HandleSagas, binding
+from undolog.gateway.sessions import SessionBinding, SessionSaga, no_limit
+from undolog.gateway.upstreams import Rounds
+from undolog.kube import Kube
+
+CONFIG = GatewayConfig.model_validate(
+    {"namespace": "agents", "auth": "none", "upstreams": {"tracker": {"url": "http://127.0.0.1:1/mcp"}}}
+)
+ALICE, BOB = "https://login.example/#alice", "system:serviceaccount:team-b:agent"
+
+
+def handles(kube: FakeKube, limits: Limits | None = None) -> HandleSagas:
+    opening = limits.opening if limits is not None else no_limit
+    return HandleSagas(CONFIG, cast(Kube, kube), b"the-unit-tests-handle-key", opening)
+
+
+def stateless(sagas: HandleSagas, who: str, namespace: str, arguments: dict[str, Any]) -> Any:
+    return binding(sagas, (who, namespace), "tracker.create_issue", arguments, None, None)
+
+
+async def test_a_handle_opens_the_caller_s_saga_in_its_namespace_and_is_refused_to_anyone_else() -> None:
+    kube = FakeKube()
+    sagas = handles(kube)
+    opened = await stateless(sagas, ALICE, "team-a", {}).opened()
+    [saga] = await kube.list("sagas", "team-a")
+    assert saga["spec"]["principal"] == ALICE
+    handle = sagas.handle_of(opened, ALICE)
+    arguments = {"undolog_saga": handle, "title": "x"}
+    again = stateless(sagas, ALICE, "team-a", arguments)
+    assert "undolog_saga" not in arguments  # taken out: it never goes upstream
+    assert (await again.named("undolog_status")).uid == opened.uid
+    with pytest.raises(HandleRefused, match="minted for another client identity"):
+        await stateless(sagas, BOB, "team-a", {"undolog_saga": handle}).named("undolog_abort")
+    with pytest.raises(HandleRefused, match=r"of namespace team-a, not the caller's \(team-b\)"):
+        await stateless(sagas, ALICE, "team-b", {"undolog_saga": handle}).named("undolog_abort")
+    with pytest.raises(HandleRefused, match="undolog_commit needs undolog_saga"):
+        await stateless(sagas, ALICE, "team-a", {}).named("undolog_commit")
+
+
+async def test_a_session_keeps_one_saga_until_it_ends_then_opens_another() -> None:
+    kube = FakeKube()
+    session = SessionSaga(CONFIG, cast(Kube, kube), "team-b", BOB)
+    bound = SessionBinding(session)
+    assert await bound.named("undolog_status") is None
+    first = await bound.opened()
+    assert (await bound.opened()).uid == first.uid
+    bound.ended()
+    second = await bound.opened()
+    assert second.uid != first.uid
+    listed = await kube.list("sagas", "team-b")
+    assert [s["spec"]["principal"] for s in listed] == [BOB, BOB]
+
+
+async def test_a_caller_with_its_open_sagas_at_the_limit_opens_no_other_until_one_ends() -> None:
+    kube = FakeKube()
+    limits = Limits(CallerLimits(open_sagas=1), cast(Kube, kube))
+    sagas = handles(kube, limits)
+    opened = await stateless(sagas, ALICE, "team-a", {}).opened()
+    with pytest.raises(LimitReached, match=r"has 1 sagas open in team-a \(limits.openSagas 1\)"):
+        await stateless(sagas, ALICE, "team-a", {}).opened()
+    await stateless(sagas, BOB, "team-a", {}).opened()  # another caller's count is its own
+    await opened.commit()
+    await stateless(sagas, ALICE, "team-a", {}).opened()
+
+
+def test_calls_past_the_rate_are_refused_per_caller() -> None:
+    limits = Limits(CallerLimits(calls_per_second=0.001, burst=2), cast(Kube, FakeKube()))
+    limits.called(ALICE)
+    limits.called(ALICE)
+    with pytest.raises(LimitReached, match=r"past its 0.001 calls a second \(limits.callsPerSecond, burst 2\)"):
+        limits.called(ALICE)
+    limits.called(BOB)
+
+
+def test_rounds_of_a_stateless_request_pass_the_server_s_state_on() -> None:
+    sagas = handles(FakeKube())
+    bound = binding(sagas, (ALICE, "team-a"), "t.x", {}, "the-server-s-own-state", None)
+    assert bound.rounds == Rounds(None, "the-server-s-own-state")
