@@ -71,7 +71,8 @@ async def test_history_and_show_read_the_archive_and_another_tenants_history_is_
         participant.handle("/refund", fail_first)
         for ns in (namespace, other_namespace):
             await register(kube, ns, participant, "refund")
-            await external_saga(kube, ns, "order-7", [call("refund", amount=30)], orgId="acme")
+            opened_for = f"system:serviceaccount:{ns}:agent"  # as the gateway records who opened it
+            await external_saga(kube, ns, "order-7", [call("refund", amount=30)], orgId="acme", principal=opened_for)
             await kube.patch(
                 "sagas",
                 ns,
@@ -96,6 +97,9 @@ async def test_history_and_show_read_the_archive_and_another_tenants_history_is_
         [namespace, other_namespace]
     )
     assert undolog(cluster, "history", "-A", "--text", "no such words", env_dsn).stdout == ""
+    whose = f"system:serviceaccount:{other_namespace}:agent"
+    by_principal = undolog(cluster, "history", "-A", "--principal", whose, "-o", "json", env_dsn)
+    assert [i["metadata"]["namespace"] for i in json.loads(by_principal.stdout)["items"]] == [other_namespace]
 
     shown = undolog(cluster, "show", "order-7", "-n", namespace, archive=postgres.dsn)
     assert shown.returncode == 0, shown.stderr
@@ -103,6 +107,7 @@ async def test_history_and_show_read_the_archive_and_another_tenants_history_is_
     assert "HTTP 500" in shown.stdout  # the failed attempt, kept on the entry
     assert "Failed" in shown.stdout
     assert "card declined" in shown.stdout
+    assert f"opened for: system:serviceaccount:{namespace}:agent" in shown.stdout  # who, kept in the archive
     other = undolog(cluster, "show", "order-7", "-n", other_namespace, archive=postgres.dsn)
     assert "HTTP 500" in other.stdout, other.stdout
 

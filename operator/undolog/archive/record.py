@@ -107,6 +107,7 @@ class HistoryQuery:
     namespaces: list[str] | None = None  # None: every namespace (the caller checks who may see what)
     phase: str | None = None
     org: str | None = None
+    principal: str | None = None  # spec.principal: who opened it through the gateway
     function: str | None = None
     name: str | None = None
     since: datetime | None = None  # finished at or after

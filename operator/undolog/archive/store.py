@@ -334,6 +334,7 @@ def _conditions(query: HistoryQuery) -> tuple[str, list[Any]]:
         (query.namespaces is not None, "namespace = ANY(%s)", [query.namespaces]),
         (query.phase is not None, "phase = %s", [query.phase]),
         (query.org is not None, "org = %s", [query.org]),
+        (query.principal is not None, "saga->'spec'->>'principal' = %s", [query.principal]),
         (query.function is not None, "%s = ANY(functions)", [query.function]),
         (query.name is not None, "name = %s", [query.name]),
         (query.since is not None, "finished_at >= %s", [query.since]),

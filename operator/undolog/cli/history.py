@@ -80,6 +80,9 @@ def history(
         SagaPhase | None, typer.Option(case_sensitive=False, help="Only sagas that finished in this phase.")
     ] = None,
     org: Annotated[str | None, typer.Option(help="Only this spec.orgId.")] = None,
+    principal: Annotated[
+        str | None, typer.Option(help="Only sagas the gateway opened for this caller (spec.principal).")
+    ] = None,
     function: Annotated[
         str | None, typer.Option(help="Only sagas that called this function (forward or undo).")
     ] = None,
@@ -104,6 +107,7 @@ def history(
     query = HistoryQuery(
         phase=phase.value if phase else None,
         org=org,
+        principal=principal,
         function=function,
         since=moment(since, "--since"),
         until=moment(until, "--until"),
