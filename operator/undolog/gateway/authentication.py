@@ -25,7 +25,9 @@ KEYS_AGAIN_AFTER = 10.0  # an unknown key id makes the issuer's keys be fetched 
 KEYS_FOR_SECONDS = 3600.0  # the issuer's keys are fetched again after this, to follow a rotation
 REVIEWED_FOR_SECONDS = 10.0  # a ServiceAccount token's review is kept this long (a deleted pod's token ends)
 VERIFIED_FOR_SECONDS = 60.0  # a JWT's verification is kept this long, and never past its exp
-KNOWN_TOKENS = 10_000  # verified tokens remembered (the least recent forgotten first)
+REFUSED_FOR_SECONDS = 10.0  # a refused token is refused again without a second check this long
+KNOWN_TOKENS = 10_000  # tokens remembered, verified or refused (the least recent forgotten first)
+LEGACY_SERVICE_ACCOUNT_ISSUER = "kubernetes/serviceaccount"  # a token of a ServiceAccount's Secret
 MAX_METADATA_BYTES = 1024 * 1024
 log = logging.getLogger("undolog.gateway")
 
@@ -95,23 +97,36 @@ class IssuerKeys:
 
 
 class Authenticator:
-    def __init__(self, auth: Auth, kube: Kube, http: httpx2.AsyncClient) -> None:
+    def __init__(self, auth: Auth, kube: Kube, http: httpx2.AsyncClient, cluster_issuer: str | None = None) -> None:
+        """`cluster_issuer`: the issuer of the cluster's ServiceAccount tokens, when known; only
+        a token of it (or a legacy Secret's) is sent to TokenReview."""
         self.auth, self.kube = auth, kube
         self.issuers = {issuer.issuer: IssuerKeys(issuer, http) for issuer in auth.issuers}
-        self.known: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
+        self.cluster_issuers = {cluster_issuer, LEGACY_SERVICE_ACCOUNT_ISSUER} if cluster_issuer else None
+        self.known: OrderedDict[str, tuple[Principal | Refused, float]] = OrderedDict()
 
     async def principal(self, token: str) -> Principal:
-        """The principal the token proves; Refused saying why not, Unavailable when it cannot be told now."""
+        """The principal the token proves; Refused saying why not (a refusal is remembered
+        REFUSED_FOR_SECONDS, so a token sent again costs no second review), Unavailable when it
+        cannot be told now."""
         digest = hashlib.sha256(token.encode()).hexdigest()
         known = self.known.get(digest)
         if known is not None and known[1] > time.monotonic():
             self.known.move_to_end(digest)
+            if isinstance(known[0], Refused):
+                raise known[0]
             return known[0]
-        principal, seconds = await self._verified(token)
-        self.known[digest] = (principal, time.monotonic() + seconds)
+        found: Principal | Refused
+        try:
+            found, seconds = await self._verified(token)
+        except Refused as refused:
+            found, seconds = refused, REFUSED_FOR_SECONDS
+        self.known[digest] = (found, time.monotonic() + seconds)
         while len(self.known) > KNOWN_TOKENS:
             self.known.popitem(last=False)
-        return principal
+        if isinstance(found, Refused):
+            raise found
+        return found
 
     async def _verified(self, token: str) -> tuple[Principal, float]:
         try:
@@ -124,9 +139,9 @@ class Authenticator:
             principal = await self._jwt(token, header, keys)
             left = (principal.expires_at or 0) - time.time()
             return principal, max(0.0, min(VERIFIED_FOR_SECONDS, left))
-        if self.auth.service_accounts:
+        if self.auth.service_accounts and (self.cluster_issuers is None or issuer in self.cluster_issuers):
             return await self._service_account(token), REVIEWED_FOR_SECONDS
-        trusted = ", ".join(self.issuers) or "none"
+        trusted = ", ".join([*self.issuers, *(sorted(i for i in self.cluster_issuers or () if i))]) or "none"
         raise Refused(f"its issuer {issuer!r} is not one this gateway trusts ({trusted})")
 
     async def _jwt(self, token: str, header: dict[str, Any], keys: IssuerKeys) -> Principal:

@@ -141,18 +141,25 @@ async def door(config: GatewayConfig, kube: Kube, http: httpx2.AsyncClient) -> D
             config.namespace,
         )
         return None
-    servers = [issuer.issuer for issuer in config.auth.issuers] or [await cluster_issuer(kube)]
-    return Door(config.auth, Authenticator(config.auth, kube, http), servers)
+    cluster = await cluster_issuer(kube) if config.auth.service_accounts else None
+    servers = [issuer.issuer for issuer in config.auth.issuers] or [cluster or DEFAULT_CLUSTER_ISSUER]
+    return Door(config.auth, Authenticator(config.auth, kube, http, cluster), servers)
 
 
-async def cluster_issuer(kube: Kube) -> str:
-    """The issuer of the cluster's ServiceAccount tokens, as its discovery document says."""
+DEFAULT_CLUSTER_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+
+async def cluster_issuer(kube: Kube) -> str | None:
+    """The issuer of the cluster's ServiceAccount tokens, as its discovery document says; None
+    when it cannot be read (then every token not of a listed issuer goes to TokenReview)."""
     try:
         found = await kube.request("GET", "/.well-known/openid-configuration")
     except KubeError as error:
-        log.warning("the cluster's ServiceAccount issuer could not be read (%s): metadata names the default", error)
-        return "https://kubernetes.default.svc.cluster.local"
-    return str(found.get("issuer") or "https://kubernetes.default.svc.cluster.local")
+        log.warning(
+            "the cluster's ServiceAccount issuer could not be read (%s): TokenReview sees every other token", error
+        )
+        return None
+    return str(found["issuer"]) if found.get("issuer") else None
 
 
 @contextlib.asynccontextmanager
