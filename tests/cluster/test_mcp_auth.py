@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import subprocess
 import time
 import uuid
@@ -22,6 +23,7 @@ import pytest
 import pytest_asyncio
 from cryptography.hazmat.primitives.asymmetric import rsa
 from devtools.control_plane.local import free_port
+from devtools.control_plane.pki import certificate_authority, client_certificate, serving_certificate
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -407,10 +409,34 @@ async def test_a_caller_past_its_limits_is_told_which_and_nothing_is_called(
 TRACKER_AUDIENCE = "http://127.0.0.1:1/the-tracker"  # the tracker's own audience at Hydra
 
 
-async def upstream_credentials(kind: str, kube: Kube, namespace: str, hydra: Hydra) -> tuple[Tracker, dict[str, Any]]:
+def tls_folder(folder: Path) -> dict[str, str]:
+    """An authority, the tracker's serving certificate and the gateway's client certificate: the
+    tracker's files written to `folder`, the gateway's Secret returned."""
+    authority = certificate_authority("the tracker's authority")
+    served, client = serving_certificate(authority, "tracker"), client_certificate(authority, "undolog-gateway")
+    folder.mkdir()
+    (folder / "tracker.crt").write_bytes(served.certificate_pem)
+    (folder / "tracker.key").write_bytes(served.key_pem)
+    (folder / "ca.crt").write_bytes(authority.certificate_pem)
+    return {
+        "tls.crt": client.certificate_pem.decode(),
+        "tls.key": client.key_pem.decode(),
+        "ca.crt": authority.certificate_pem.decode(),
+    }
+
+
+async def upstream_credentials(
+    kind: str, kube: Kube, namespace: str, hydra: Hydra, tmp_path: Path
+) -> tuple[Tracker, dict[str, Any]]:
     """A tracker that takes only its own credential, and the gateway's upstream that holds it:
-    a fixed token from a Secret, or a token Hydra grants the gateway's client (which the tracker
-    asks Hydra about: active, and for the tracker's audience)."""
+    a fixed token from a Secret, a token Hydra grants the gateway's client (which the tracker
+    asks Hydra about: active, and for the tracker's audience), or a client certificate (the
+    tracker serves TLS only to a certificate its authority signed)."""
+    if kind == "clientCertificate":
+        pair = tls_folder(tmp_path / "tracker-tls")
+        secret = {"metadata": {"name": "tracker-certificate"}, "stringData": pair}
+        await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret)
+        return Tracker(tls=tmp_path / "tracker-tls"), {"clientCertificate": {"name": "tracker-certificate"}}
     if kind == "headersFrom":
         own = "the-tracker-s-own-token"
         secret = {"metadata": {"name": "tracker-credentials"}, "stringData": {"Authorization": f"Bearer {own}"}}
@@ -437,7 +463,7 @@ async def upstream_credentials(kind: str, kube: Kube, namespace: str, hydra: Hyd
     return Tracker(accepts=introspected), {"clientCredentials": grant}
 
 
-@pytest.mark.parametrize("kind", ["headersFrom", "clientCredentials"])
+@pytest.mark.parametrize("kind", ["headersFrom", "clientCredentials", "clientCertificate"])
 @pytest.mark.usefixtures("operator")
 async def test_an_upstream_s_own_credential_is_the_gateway_s_never_the_agent_s_and_the_undo_carries_it_too(
     cluster: Cluster, kube: Kube, namespace: str, hydra: Hydra, service_account: str, tmp_path: Path, kind: str
@@ -445,7 +471,12 @@ async def test_an_upstream_s_own_credential_is_the_gateway_s_never_the_agent_s_a
     """The tracker takes only its own credential, which the gateway holds: the agent's calls
     reach it with that (never the agent's token), and when the agent is gone and its saga runs
     out of time, the operator's undo calls reach it, through the gateway, with it too."""
-    guarded, credentials = await upstream_credentials(kind, kube, namespace, hydra)
+    guarded, credentials = await upstream_credentials(kind, kube, namespace, hydra, tmp_path)
+    if kind == "clientCertificate":  # a client without the gateway's certificate does not get in
+        trusting = ssl.create_default_context(cafile=str(tmp_path / "tracker-tls" / "ca.crt"))
+        async with httpx.AsyncClient(verify=trusting, timeout=5) as http:
+            with pytest.raises(httpx.TransportError):
+                await http.post(guarded.url, json={})
     port = free_port()
     resource = f"http://127.0.0.1:{port}/mcp"
     config = {
@@ -468,8 +499,11 @@ async def test_an_upstream_s_own_credential_is_the_gateway_s_never_the_agent_s_a
     assert [close.number for close in guarded.issues.closes] == [2, 1]
     seen = guarded.issues.authorizations
     print(f"\n{kind}: the tracker saw {len(seen)} requests, bearing {len(set(seen))} distinct credentials")
-    assert None not in seen
     assert all(token not in said for said in seen if said)  # never the agent's token
+    if kind == "clientCertificate":  # over TLS with the gateway's certificate, no header
+        assert set(seen) == {None}
+        return
+    assert None not in seen
     if kind == "headersFrom":
         assert set(seen) == {"Bearer the-tracker-s-own-token"}
     else:

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any
 
 import mcp_types as types
@@ -257,13 +259,25 @@ class Tracker:
     """The tracker served on a free loopback port until `stop`; with `token`, only to requests
     that bear it, with `accepts`, to those it lets in."""
 
-    def __init__(self, token: str | None = None, accepts: Accepts | None = None) -> None:
+    def __init__(self, token: str | None = None, accepts: Accepts | None = None, tls: Path | None = None) -> None:
+        """`tls`: a folder with tracker.crt, tracker.key and ca.crt: served over TLS, to clients
+        whose certificate that authority signed (and to no other)."""
         self.issues = Issues()
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         app = guarded(tracker(self.issues).streamable_http_app(), self.issues, bearing(token) if token else accepts)
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        secured: dict[str, Any] = {}
+        if tls is not None:
+            secured = {
+                "ssl_certfile": str(tls / "tracker.crt"),
+                "ssl_keyfile": str(tls / "tracker.key"),
+                "ssl_ca_certs": str(tls / "ca.crt"),
+                "ssl_cert_reqs": ssl.CERT_REQUIRED,
+            }
+        self.scheme = "https" if tls is not None else "http"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", **secured)
+        self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()), daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 10
@@ -274,7 +288,7 @@ class Tracker:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
+        return f"{self.scheme}://127.0.0.1:{self.port}/mcp"
 
     def stop(self) -> None:
         self._server.should_exit = True

@@ -76,11 +76,17 @@ class UpstreamCredentials(Strict):
         default=None,
         description="A token from an authorization server, asked for again before it expires, sent as the bearer.",
     )
+    client_certificate: SecretName | None = Field(
+        default=None,
+        description="A Secret with tls.crt and tls.key: the certificate the gateway presents in TLS (and ca.crt, the "
+        "authority the upstream's own certificate is checked against besides the system's), read again every 10 s.",
+    )
 
     @model_validator(mode="after")
     def one_kind(self) -> Self:
-        if (self.headers_from is None) == (self.client_credentials is None):
-            raise ValueError("credentials: exactly one of headersFrom or clientCredentials")
+        given = [self.headers_from, self.client_credentials, self.client_certificate]
+        if sum(kind is not None for kind in given) != 1:
+            raise ValueError("credentials: exactly one of headersFrom, clientCredentials or clientCertificate")
         return self
 
 

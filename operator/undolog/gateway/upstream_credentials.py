@@ -1,16 +1,21 @@
 """The gateway's own credentials for its upstreams (`upstreams.<name>.credentials`), put on
 every HTTP request to that upstream by a request hook: the headers a Secret holds (read again
-at most every READ_AGAIN_AFTER, so a rotation shows within it), or an access token of an OAuth
-client-credentials grant (its client in a Secret; asked for again before it expires). The
-agent's own token never goes upstream: the gateway's connections carry only what is set here."""
+at most every READ_AGAIN_AFTER, so a rotation shows within it), an access token of an OAuth
+client-credentials grant (its client in a Secret; asked for again before it expires), or a
+client certificate presented in TLS (the connections' TLS context, its chain loaded again from
+the Secret as often: a new connection presents the rotated one). The agent's own token never
+goes upstream: the gateway's connections carry only what is set here."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
+import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import httpx2
 
@@ -103,6 +108,41 @@ class GrantedToken(Credential):
         return {"Authorization": f"Bearer {token['access_token']}"}, max(1.0, lives - RENEW_BEFORE)
 
 
+class ClientCertificate(Credential):
+    """No header: the certificate goes into `context`, which the upstream's HTTP client uses."""
+
+    def __init__(self, kube: Kube, namespace: str, upstream: str, name: str) -> None:
+        super().__init__(kube, namespace, upstream)
+        self.name = name
+        self.context = ssl.create_default_context()
+        self.authorities: set[str] = set()
+
+    async def fetched(self) -> tuple[dict[str, str], float]:
+        found = await self.secret(self.name)
+        if found.get("ca.crt") and found["ca.crt"] not in self.authorities:
+            self.context.load_verify_locations(cadata=found["ca.crt"])
+            self.authorities.add(found["ca.crt"])
+        try:
+            chained(self.context, found["tls.crt"], found["tls.key"])
+        except ssl.SSLError as error:
+            raise ValueError(
+                f"Secret {self.namespace}/{self.name} holds no usable tls.crt and tls.key: {error}"
+            ) from None
+        return {}, READ_AGAIN_AFTER
+
+
+def chained(context: ssl.SSLContext, chain: str, key: str) -> None:
+    """The chain loaded into the context, through a private folder: OpenSSL reads one from files
+    only. On the event loop, not a thread, as the loop's handshakes use the context (a few
+    kilobytes written every 10 s)."""
+    with tempfile.TemporaryDirectory() as folder:
+        chain_file, key_file = Path(folder, "tls.crt"), Path(folder, "tls.key")
+        chain_file.write_text(chain)
+        key_file.touch(mode=0o600)
+        key_file.write_text(key)
+        context.load_cert_chain(chain_file, key_file)
+
+
 class UpstreamCredentials:
     """The request hooks of the upstreams that have credentials, by name."""
 
@@ -114,6 +154,8 @@ class UpstreamCredentials:
                 self.by_upstream[name] = SecretHeaders(kube, namespace, name, said.headers_from.name)
             elif said is not None and said.client_credentials is not None:
                 self.by_upstream[name] = GrantedToken(kube, namespace, name, said.client_credentials)
+            elif said is not None and said.client_certificate is not None:
+                self.by_upstream[name] = ClientCertificate(kube, namespace, name, said.client_certificate.name)
 
     async def read(self) -> None:
         """Every credential, once, before the upstreams are connected: CredentialsUnreadable
@@ -124,3 +166,8 @@ class UpstreamCredentials:
     def hooks(self, upstream: str) -> list[RequestHook]:
         found = self.by_upstream.get(upstream)
         return [found.hook] if found is not None else []
+
+    def tls(self, upstream: str) -> ssl.SSLContext | bool:
+        """What the upstream's HTTP client verifies and presents with: its certificate's context, else the defaults."""
+        found = self.by_upstream.get(upstream)
+        return found.context if isinstance(found, ClientCertificate) else True

@@ -138,7 +138,8 @@ class Upstreams:
     def _http_client(self, upstream: str) -> httpx2.AsyncClient:
         """An HTTP client of the upstream: each request with its Idempotency-Key and the gateway's credentials."""
         hooks = [keyed, *self.credentials.hooks(upstream)]
-        return httpx2.AsyncClient(event_hooks={"request": hooks}, trust_env=False, timeout=None)
+        tls = self.credentials.tls(upstream)
+        return httpx2.AsyncClient(event_hooks={"request": hooks}, trust_env=False, timeout=None, verify=tls)
 
     async def _discover(self, name: str, url: str) -> None:
         """Whether the upstream speaks the stateless revision: its discovery kept, so each

@@ -4,10 +4,12 @@ Secret cannot be read, and a start refused, naming the Secret, when it never cou
 
 from __future__ import annotations
 
+import ssl
 from typing import cast
 
 import httpx2
 import pytest
+from devtools.control_plane.pki import certificate_authority, client_certificate
 
 from tests.support.fakes import FakeKube
 from undolog.api.gateway import Upstream
@@ -54,3 +56,25 @@ async def test_a_secret_that_cannot_be_read_at_start_refuses_the_start_naming_it
         CredentialsUnreadable, match=r"upstreams\.tracker\.credentials: Secret agents/tracker-credentials"
     ):
         await credentials.read()
+
+
+async def test_a_client_certificate_goes_into_the_upstream_s_tls_context_and_a_broken_one_is_named() -> None:
+    authority = certificate_authority("an authority")
+    client = client_certificate(authority, "undolog-gateway")
+    kube = FakeKube()
+    pair = {"tls.crt": client.certificate_pem, "tls.key": client.key_pem, "ca.crt": authority.certificate_pem}
+    kube.secrets[("agents", "tracker-certificate")] = ({}, pair)
+    upstream = Upstream.model_validate(
+        {"url": "https://127.0.0.1:1/mcp", "credentials": {"clientCertificate": {"name": "tracker-certificate"}}}
+    )
+    plain = Upstream(url="http://127.0.0.1:2/mcp")
+    credentials = UpstreamCredentials({"tracker": upstream, "plain": plain}, cast(Kube, kube), "agents")
+    await credentials.read()
+    context = credentials.tls("tracker")
+    assert isinstance(context, ssl.SSLContext)
+    assert any(c["subject"] == ((("commonName", "an authority"),),) for c in context.get_ca_certs())
+    assert credentials.tls("plain") is True
+    kube.secrets[("agents", "tracker-certificate")] = ({}, {**pair, "tls.key": b"not a key"})
+    broken = UpstreamCredentials({"tracker": upstream}, cast(Kube, kube), "agents")
+    with pytest.raises(CredentialsUnreadable, match=r"holds no usable tls\.crt and tls\.key"):
+        await broken.read()
