@@ -1,9 +1,8 @@
-"""The compensation tools of stdio upstreams, served to the operator at
-<operatorCalls.url>/upstreams/<upstream>/mcp: the operator calls an MCP tool at a URL, and a
-server the gateway starts as a command has none. At start the gateway keeps a Webhook for each
-such tool (named as the compensation names it, `mcp: {tool: ...}`, signed with
-`operatorCalls.signingSecret`), so the operator's call meets its own egress policy, timeouts,
-retries and signing as any call does.
+"""The compensation tools of stdio upstreams (and of upstreams the gateway holds credentials
+for), served to the operator at <operatorCalls.url>/upstreams/<upstream>/mcp: the operator calls
+an MCP tool at a URL, and a server the gateway starts as a command has none. The gateway keeps a
+Webhook for each such tool (operator_webhooks.py), so the operator's call meets its own egress
+policy, timeouts, retries and signing as any call does.
 
 Here each request is checked as a participant checks the operator's calls (the participant
 kit's barrier): its Standard Webhooks signature, with that Secret's keys, and its fence
@@ -29,10 +28,9 @@ from mcp.shared.exceptions import MCPError
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from undolog.api.common import API_VERSION
 from undolog.api.gateway import GatewayConfig
 from undolog.calls.mcp import KEY_META
-from undolog.errors import AlreadyExists, KubeError, NotFound
+from undolog.errors import KubeError
 from undolog.gateway.agent_requests import OperatorRequest
 from undolog.gateway.catalogue import ToolCatalogue, UpstreamTool
 from undolog.gateway.upstreams import Upstreams
@@ -103,7 +101,7 @@ class SigningKeys:
 
 class OperatorCalls:
     """The ASGI route (the instance itself) and the MCP server behind it; `running()` for the
-    lifetime of the app, `publish()` once at start."""
+    lifetime of the app (operator_webhooks.py keeps the Webhooks that lead the operator here)."""
 
     def __init__(self, config: GatewayConfig, upstreams: Upstreams, catalogue: ToolCatalogue, kube: Kube) -> None:
         self.config, self.upstreams, self.kube = config, upstreams, kube
@@ -120,44 +118,6 @@ class OperatorCalls:
 
     def route(self) -> Route:
         return Route(PATH, endpoint=self, methods=["GET", "POST", "DELETE"])  # an instance: served as ASGI
-
-    async def publish(self) -> None:
-        """A Webhook for each compensation served here, pointing at this gateway; one that exists
-        and is not the gateway's is left as it is (said in the log)."""
-        url = self.config.operator_calls.url
-        if url is None:
-            if self.tools:
-                log.warning("operatorCalls.url is not set: make the Webhooks of %s yourself", self._names())
-            return
-        for upstream, tools in self.tools.items():
-            for tool, served in tools.items():
-                await self._keep(
-                    served.webhook, self._webhook(f"{url.rstrip('/')}/upstreams/{upstream}/mcp", tool, served)
-                )
-
-    def _names(self) -> str:
-        return ", ".join(sorted(s.webhook for tools in self.tools.values() for s in tools.values()))
-
-    def _webhook(self, url: str, tool: str, served: Served) -> dict[str, Any]:
-        spec: dict[str, Any] = {"versions": [{"name": served.version, "url": url, "mcp": {"tool": tool}}]}
-        if self.config.operator_calls.signing_secret:
-            spec["signing"] = {"secretRef": {"name": self.config.operator_calls.signing_secret}}
-        metadata = {"name": served.webhook, "labels": dict([MANAGED_BY])}
-        return {"apiVersion": API_VERSION, "kind": "Webhook", "metadata": metadata, "spec": spec}
-
-    async def _keep(self, name: str, body: dict[str, Any]) -> None:
-        namespace = self.config.namespace
-        try:
-            existing = await self.kube.get("webhooks", namespace, name)
-        except NotFound:
-            with contextlib.suppress(AlreadyExists):  # another replica made it first
-                await self.kube.create("webhooks", namespace, body)
-            return
-        labels = existing["metadata"].get("labels") or {}
-        if labels.get(MANAGED_BY[0]) != MANAGED_BY[1]:
-            log.warning("Webhook %s/%s exists and is not the gateway's: left as it is", namespace, name)
-            return
-        await self.kube.patch("webhooks", namespace, name, {"spec": body["spec"]})
 
     def _served(self, ctx: ServerRequestContext[Any]) -> dict[str, Served]:
         path = str(getattr(ctx.request, "url", "")).split("/upstreams/", 1)[-1]

@@ -34,6 +34,7 @@ from undolog.gateway.agent_requests import SESSION_HEADER, STDIO_SESSION
 from undolog.gateway.authentication import Authenticator
 from undolog.gateway.catalogue import ToolCatalogue, listed_tools, mapping_problems
 from undolog.gateway.operator_calls import OperatorCalls
+from undolog.gateway.operator_webhooks import OperatorWebhooks
 from undolog.gateway.protected import Protected, metadata_routes
 from undolog.gateway.server import Gateway
 from undolog.gateway.subscriptions import Subscriptions
@@ -209,7 +210,7 @@ async def serve_http(
         httpx2.AsyncClient(trust_env=False, timeout=10.0) as http,
     ):
         operator_calls = OperatorCalls(gateway.config, gateway.upstreams, gateway.catalogue, gateway.kube)
-        await operator_calls.publish()
+        await OperatorWebhooks(gateway.config, operator_calls.tools, gateway.kube).publish()
         app = http_app(gateway, operator_calls, host, await door(gateway.config, gateway.kube, http))
         server = Serving(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
         reaper = asyncio.create_task(gateway.reap_idle())
