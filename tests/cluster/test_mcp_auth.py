@@ -557,3 +557,41 @@ async def test_typescript_agents_of_both_sdk_majors_bear_their_tokens_and_get_un
     closed = [close.number for close in tracker.issues.closes]
     assert [n for n in closed if n <= 3] == [3, 2, 1]  # each saga newest first (the two were undone at once)
     assert [n for n in closed if n > 3] == [6, 5, 4]
+
+
+async def test_a_tenant_s_undo_through_the_gateway_finds_its_webhooks_in_the_tenant_s_namespace(
+    cluster: Cluster, kube: Kube, hydra: Hydra, teams: tuple[str, str], tmp_path: Path
+) -> None:
+    """Team B's agent (a ServiceAccount of team-b) on a gateway of team-a's namespace, whose
+    upstream needs the gateway's credential: the saga is team-b's, so the operator looks for its
+    undo's Webhook there; the gateway keeps it there (with its signing keys) before it opens the
+    saga, and the undo reaches the tracker through the gateway."""
+    team_a, team_b = teams
+    await kube.request("POST", f"/api/v1/namespaces/{team_b}/serviceaccounts", {"metadata": {"name": "agent"}})
+    guarded, credentials = await upstream_credentials("headersFrom", kube, team_a, hydra, tmp_path)
+    port = free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    config = {
+        **gateway_config(team_a, guarded, auth={"resource": resource, "serviceAccounts": True}),
+        "upstreams": {"tracker": {"url": guarded.url, "credentials": credentials}},
+    }
+    gateway = await serving_operator_calls(cluster, kube, team_a, tmp_path, config, port=port)
+    operator = OperatorProcess(cluster.kubeconfig, team_b, tmp_path)
+    operator.start()
+    token = await service_account_token(kube, team_b, "agent", resource)
+    try:
+        async with agent(gateway.url, token, "auto") as called:
+            handle = handle_of(await called.call_tool("create_issue", {"title": "b's"}))
+            assert not (await called.call_tool("undolog_abort", {HANDLE: handle, "reason": "undo b's"})).is_error
+        [saga] = await kube.list("sagas", team_b)
+        await saga_phase(kube, team_b, saga["metadata"]["name"], "Compensated")
+    finally:
+        gateway.stop()
+        operator.stop()
+        guarded.stop()
+    kept = await kube.get("webhooks", team_b, "tracker.close-issue")
+    assert kept["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "undolog-gateway"
+    assert kept["spec"]["versions"][0]["url"] == f"http://127.0.0.1:{port}/upstreams/tracker/mcp"
+    labels, _ = await kube.secret(team_b, "operator-calls")
+    assert labels["undolog.io/webhook-headers"] == "true"
+    assert [close.number for close in guarded.issues.closes] == [1]

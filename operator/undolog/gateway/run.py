@@ -33,7 +33,7 @@ from undolog.errors import KubeError
 from undolog.gateway.agent_requests import SESSION_HEADER, STDIO_SESSION
 from undolog.gateway.authentication import Authenticator
 from undolog.gateway.catalogue import ToolCatalogue, listed_tools, mapping_problems
-from undolog.gateway.operator_calls import OperatorCalls
+from undolog.gateway.operator_calls import OperatorCalls, compensation_tools
 from undolog.gateway.operator_webhooks import OperatorWebhooks
 from undolog.gateway.protected import Protected, metadata_routes
 from undolog.gateway.server import Gateway
@@ -176,7 +176,8 @@ async def serving(
             catalogue = ToolCatalogue()
             await catalogue.list_tools(upstreams.clients)
             config = await checked(config, upstreams, catalogue)
-            yield Gateway(config, kube, upstreams, catalogue, subscriptions, handle_key)
+            webhooks = OperatorWebhooks(config, compensation_tools(config, catalogue), kube)
+            yield Gateway(config, kube, upstreams, catalogue, subscriptions, handle_key, webhooks)
     finally:
         await kube.close()
 
@@ -210,7 +211,7 @@ async def serve_http(
         httpx2.AsyncClient(trust_env=False, timeout=10.0) as http,
     ):
         operator_calls = OperatorCalls(gateway.config, gateway.upstreams, gateway.catalogue, gateway.kube)
-        await OperatorWebhooks(gateway.config, operator_calls.tools, gateway.kube).publish()
+        await gateway.webhooks.serve_in(gateway.config.namespace)
         app = http_app(gateway, operator_calls, host, await door(gateway.config, gateway.kube, http))
         server = Serving(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
         reaper = asyncio.create_task(gateway.reap_idle())

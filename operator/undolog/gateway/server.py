@@ -32,6 +32,7 @@ from undolog.gateway.caller_limits import LimitReached, Limits
 from undolog.gateway.catalogue import ToolCatalogue, UpstreamTool
 from undolog.gateway.changes import Changes
 from undolog.gateway.handles import HANDLE_ARG, HandleSagas, advertised
+from undolog.gateway.operator_webhooks import OperatorWebhooks
 from undolog.gateway.own_tools import OWN_NAMES, OWN_TOOLS, OwnTools
 from undolog.gateway.relay import Relay
 from undolog.gateway.sessions import SessionBinding, SessionSagas
@@ -90,12 +91,13 @@ class Gateway:
         catalogue: ToolCatalogue,
         subscriptions: Subscriptions,
         handle_key: bytes,
+        webhooks: OperatorWebhooks,
     ) -> None:
         self.config, self.kube, self.upstreams, self.catalogue = config, kube, upstreams, catalogue
         self.tenants, self.policies = Tenants(config), Policies(config)
-        self.limits = Limits(config.limits, kube)
-        self.sessions = SessionSagas(config, kube, self.limits.opening)
-        self.handles = HandleSagas(config, kube, handle_key, self.limits.opening)
+        self.limits, self.webhooks = Limits(config.limits, kube), webhooks
+        self.sessions = SessionSagas(config, kube, self._opening)
+        self.handles = HandleSagas(config, kube, handle_key, self._opening)
         self.steps = Steps(upstreams, catalogue)
         self.own = OwnTools(kube)
         self.relay = Relay(upstreams, subscriptions)  # resources, prompts, completion, logging: passed through
@@ -109,6 +111,11 @@ class Gateway:
         self.server: Server[Any] = ListChangingServer(
             "undolog-gateway", on_subscriptions_listen=self.changes.listen, **handlers
         )
+
+    async def _opening(self, who: str | None, namespace: str) -> None:
+        """Before a caller's saga opens: within its limits, and its undo callable in its namespace."""
+        await self.limits.opening(who, namespace)
+        await self.webhooks.serve_in(namespace)
 
     def _served(
         self, handler: Callable[[AgentRequest, P], Awaitable[R]]
