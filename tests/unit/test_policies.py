@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from undolog.api.gateway import GatewayConfig, PolicyAction, ToolRule
+from tests.support.gateway_settings import settings
+from undolog.api.gateway import PolicyAction, ToolRule
 from undolog.decisions.expressions import ExpressionError
 from undolog.decisions.policies import Policies, Ruled, with_policy
 from undolog.decisions.principals import Principal, ServiceAccount
@@ -26,16 +27,7 @@ DENY, CONFIRM = PolicyAction.DENY, PolicyAction.CONFIRM
 
 
 def policies(rules: list[dict[str, Any]]) -> Policies:
-    return Policies(
-        GatewayConfig.model_validate(
-            {
-                "namespace": "agents",
-                "auth": "none",
-                "upstreams": {"tracker": {"url": "http://127.0.0.1:1/mcp"}},
-                "policies": rules,
-            }
-        )
-    )
+    return Policies(settings(policies=rules))
 
 
 def test_the_first_rule_that_holds_decides_and_names_itself() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from undolog.api.gateway import GatewayConfig
+from tests.support.gateway_settings import settings
 from undolog.decisions.expressions import ExpressionError
 from undolog.decisions.principals import Principal, ServiceAccount, reviewed, service_account_of
 from undolog.decisions.tenancy import TenantRefused, Tenants
@@ -18,16 +18,7 @@ ROBOT = Principal("kubernetes", "system:serviceaccount:team-b:agent", {}, Servic
 
 
 def tenants(**tenancy: Any) -> Tenants:
-    return Tenants(
-        GatewayConfig.model_validate(
-            {
-                "namespace": "agents",
-                "auth": "none",
-                "upstreams": {"t": {"url": "http://127.0.0.1:1/mcp"}},
-                "tenancy": tenancy,
-            }
-        )
-    )
+    return Tenants(settings(tenancy=tenancy))
 
 
 def test_by_default_a_service_account_is_its_own_namespace_and_anyone_else_the_gateway_s() -> None:

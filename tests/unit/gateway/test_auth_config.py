@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from undolog.api.gateway import Auth, GatewayConfig
+from tests.support.gateway_settings import UPSTREAMS
+from tests.support.gateway_settings import settings as config
+from undolog.api.gateway import Auth
 from undolog.cli.app import app
-
-UPSTREAMS = {"tracker": {"url": "http://127.0.0.1:1/mcp"}}
-
-
-def config(**fields: Any) -> GatewayConfig:
-    return GatewayConfig.model_validate({"namespace": "agents", "upstreams": UPSTREAMS, **fields})
 
 
 def test_auth_needs_a_way_in_and_takes_no_shared_secret_signatures() -> None:

@@ -9,16 +9,15 @@ from typing import Any, cast
 import pytest
 
 from tests.support.fakes import FakeKube
-from undolog.api.gateway import CallerLimits, GatewayConfig
+from tests.support.gateway_settings import settings
+from undolog.api.gateway import CallerLimits
 from undolog.gateway.caller_limits import LimitReached, Limits
 from undolog.gateway.handles import HandleRefused, HandleSagas, binding
 from undolog.gateway.sessions import SessionBinding, SessionSaga, no_limit
 from undolog.gateway.upstreams import Rounds
 from undolog.kube import Kube
 
-CONFIG = GatewayConfig.model_validate(
-    {"namespace": "agents", "auth": "none", "upstreams": {"tracker": {"url": "http://127.0.0.1:1/mcp"}}}
-)
+CONFIG = settings()
 ALICE, BOB = "https://login.example/#alice", "system:serviceaccount:team-b:agent"
 
 
