@@ -6,6 +6,7 @@ rules are compiled once, when the configuration loads."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -46,34 +47,26 @@ class Policies:
         ]
 
     def ruled(self, principal: Principal | None, tool: str, args: dict[str, Any]) -> Ruled:
-        variables = {"principal": principal.readable() if principal else None, "tool": tool, "args": args}
-        for rule in self.rules:
-            try:
-                held = _ENV.evaluate(rule.program, variables, f"policies.{rule.name}.when")
-            except ExpressionError as error:
-                return Ruled(rule.name, PolicyAction.DENY, f"{error}: refused, as its rule could have been a deny")
-            if held is True:
-                return Ruled(rule.name, rule.action)
-        return Ruled(None, None)
+        return _first(self.rules, principal, tool, args)
 
     def shown(self, principal: Principal | None, tool: str) -> bool:
         """Whether the caller is shown the tool: no rule, asked in order up to the first that
         reads the arguments, refuses it."""
-        for rule in self.rules:
-            if rule.reads_args:
-                return True
-            ruled = self.ruled_by(rule, principal, tool)
-            if ruled is not None:
-                return ruled != PolicyAction.DENY
-        return True
+        leading = list(itertools.takewhile(lambda rule: not rule.reads_args, self.rules))
+        return _first(leading, principal, tool, {}).action != PolicyAction.DENY
 
-    def ruled_by(self, rule: Rule, principal: Principal | None, tool: str) -> PolicyAction | None:
-        variables = {"principal": principal.readable() if principal else None, "tool": tool, "args": {}}
+
+def _first(rules: list[Rule], principal: Principal | None, tool: str, args: dict[str, Any]) -> Ruled:
+    """The first rule that holds; one that cannot be evaluated refuses."""
+    variables = {"principal": principal.readable() if principal else None, "tool": tool, "args": args}
+    for rule in rules:
         try:
-            held = _ENV.evaluate(rule.program, variables, rule.name)
-        except ExpressionError:
-            return PolicyAction.DENY
-        return rule.action if held is True else None
+            held = _ENV.evaluate(rule.program, variables, f"policies.{rule.name}.when")
+        except ExpressionError as error:
+            return Ruled(rule.name, PolicyAction.DENY, f"{error}: refused, as its rule could have been a deny")
+        if held is True:
+            return Ruled(rule.name, rule.action)
+    return Ruled(None, None)
 
 
 def with_policy(decision: ToolDecision, ruled: Ruled, tool: str) -> ToolDecision:

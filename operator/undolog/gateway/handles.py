@@ -157,20 +157,20 @@ class HandleBinding(SagaBinding):
             except (ValueError, UndoLogError) as error:
                 raise NotCalled(f"tool {tool} was not called: {error}") from error
             position = carried.position if carried is not None else run.last_position + 1
+            handle = self.sagas.handle_of(run, self.identity)
             try:
-                result = await call(run, position, self.meta(run), carried is not None)
+                result = await call(run, position, {HANDLE_META: handle}, carried is not None)
             except NotCalled as refused:
                 self.sagas.forget(run)
                 if isinstance(refused.__cause__, AlreadyExists) and self.text is not None and tries < REGISTER_TRIES:
                     continue
                 raise
             self.sagas.remember(run)
-            return self._told(run, position, result)
+            return self._told(handle, position, result)
         raise AssertionError("unreachable")  # the loop returns or raises
 
-    def _told(self, run: SagaRun, position: int, result: Answer) -> Answer:
+    def _told(self, handle: str, position: int, result: Answer) -> Answer:
         """The handle in the result; a server's question sealed with the open step in its state."""
-        handle = self.sagas.handle_of(run, self.identity)
         if isinstance(result, types.CallToolResult):
             result.content = [*result.content, said_handle(handle)]
             return result

@@ -3,10 +3,10 @@ the saga its request is bound to, in either era."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
+from prometheus_client import Counter
 
 from undolog.api.gateway import OnClose
 from undolog.gateway.bindings import SagaBinding
@@ -14,6 +14,9 @@ from undolog.gateway.steps import plan_text
 from undolog.kube import Kube
 
 NONE_OPEN = "no saga is open in this session"
+sessions_ended = Counter(
+    "undolog_gateway_sessions", "Agents' sagas ended through the gateway (either era), by how", ["outcome"]
+)
 
 
 def _schema(**properties: str) -> dict[str, Any]:
@@ -48,19 +51,11 @@ OWN_TOOLS = [
 OWN_NAMES = frozenset(tool.name for tool in OWN_TOOLS)
 
 
-@dataclass(frozen=True)
-class Said:
-    """What an own tool tells the agent, and how it ended the saga, if it did."""
-
-    text: str
-    ended: OnClose | None = None
-
-
 class OwnTools:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
 
-    async def call(self, tool: str, binding: SagaBinding, arguments: dict[str, Any], who: str | None) -> Said:
+    async def call(self, tool: str, binding: SagaBinding, arguments: dict[str, Any], who: str | None) -> str:
         """`who`: the caller, named in the abort's reason (who undid it)."""
         if tool == "undolog_commit":
             return await self.end(tool, binding, OnClose.COMMIT, "committed by the agent")
@@ -71,27 +66,27 @@ class OwnTools:
             return await self.rewind(tool, binding, str(arguments.get("to_step", "")), arguments.get("reason"))
         run = await binding.named(tool)
         if run is None:
-            return Said(f"{NONE_OPEN}: no step has run that could be undone")
-        return Said(
-            f"saga {run.namespace}/{run.name}; undone on abort, newest first: {await plan_text(self.kube, run)}"
-        )
+            return f"{NONE_OPEN}: no step has run that could be undone"
+        return f"saga {run.namespace}/{run.name}; undone on abort, newest first: {await plan_text(self.kube, run)}"
 
-    async def end(self, tool: str, binding: SagaBinding, outcome: OnClose, reason: str) -> Said:
-        """Commit or abort the request's saga; what was done, said for the agent."""
+    async def end(self, tool: str, binding: SagaBinding, outcome: OnClose, reason: str) -> str:
+        """Commit or abort the request's saga (counted); what was done, said for the agent."""
         run = await binding.named(tool)
         if run is None:
-            return Said(f"{NONE_OPEN}: nothing to commit or abort")
+            return f"{NONE_OPEN}: nothing to commit or abort"
         binding.ended()
         saga = f"saga {run.namespace}/{run.name}"
         if outcome == OnClose.COMMIT:
             await run.commit()
-            return Said(f"{saga} committed: its steps stay done", outcome)
+            sessions_ended.labels("committed").inc()
+            return f"{saga} committed: its steps stay done"
         plan = await plan_text(self.kube, run)
         await run.abort(reason)
-        return Said(f"{saga} aborted ({reason}); the operator undoes, newest first: {plan}", outcome)
+        sessions_ended.labels("aborted").inc()
+        return f"{saga} aborted ({reason}); the operator undoes, newest first: {plan}"
 
-    async def rewind(self, tool: str, binding: SagaBinding, to_step: str, reason: object) -> Said:
+    async def rewind(self, tool: str, binding: SagaBinding, to_step: str, reason: object) -> str:
         run = await binding.named(tool) or await binding.opened()
         await run.rewind_to(int(to_step) if to_step.isdigit() else to_step, str(reason or "rewind"))
         saga = f"saga {run.namespace}/{run.name}"
-        return Said(f"{saga} rewound to {to_step}: the steps after it are undone; {binding.carry_on}")
+        return f"{saga} rewound to {to_step}: the steps after it are undone; {binding.carry_on}"

@@ -20,7 +20,7 @@ from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.shared.exceptions import MCPError
 from prometheus_client import Counter
 
-from undolog.api.gateway import GatewayConfig, OnClose
+from undolog.api.gateway import GatewayConfig
 from undolog.decisions.policies import Policies, with_policy
 from undolog.decisions.tenancy import TenantRefused, Tenants
 from undolog.decisions.tool_calls import PassThrough, Refuse, Register, ToolDecision, decide
@@ -47,9 +47,6 @@ tool_calls = Counter(
     "undolog_gateway_tool_calls",
     "Agents' tool calls through the gateway, by what it did with them",
     ["tool", "outcome"],
-)
-sessions_ended = Counter(
-    "undolog_gateway_sessions", "Agents' sagas ended through the gateway (either era), by how", ["outcome"]
 )
 
 
@@ -203,9 +200,7 @@ class Gateway:
             told = await self.own.call(name, binding, arguments, request.identity)
         except (UndoLogError, ValueError, TimeoutError) as error:
             return said(f"{name}: {error}", error=True)
-        if told.ended is not None:
-            sessions_ended.labels("committed" if told.ended == OnClose.COMMIT else "aborted").inc()
-        return said(told.text)
+        return said(told)
 
     async def _step(
         self,
@@ -261,9 +256,7 @@ class Gateway:
         session = self.sessions.sessions.pop(key, None)
         if session is not None and session.run is not None:
             reason = f"the agent's session ended without a commit ({why})"
-            told = await self.own.end("onClose", SessionBinding(session), self.config.on_close, reason)
-            if told.ended is not None:
-                sessions_ended.labels("committed" if told.ended == OnClose.COMMIT else "aborted").inc()
+            await self.own.end("onClose", SessionBinding(session), self.config.on_close, reason)
 
     async def reap_idle(self) -> None:
         """End sessions idle past idleSeconds (the SDK forgets them; their sagas must not wait)."""

@@ -43,6 +43,8 @@ class Credential(ABC):
         self.lock = asyncio.Lock()
 
     async def current(self) -> dict[str, str]:
+        if time.monotonic() < self.good_until:  # every request asks: the fresh case takes no lock
+            return self.headers
         async with self.lock:  # one read or grant at a time, whatever the requests in flight
             if time.monotonic() < self.good_until:
                 return self.headers
