@@ -42,7 +42,6 @@ def shared(expected: dict[str, int]) -> Callable[[dict[int, str]], bool]:
 async def test_replicas_share_the_shards_and_a_killed_replica_is_finished_by_another(
     kube: Kube, namespace: str, participant: Participant, cluster: Cluster, tmp_path: Path
 ) -> None:
-    participant.handle("/undo", lambda request: Reply(200, delay=0.2))
     a, b = (
         OperatorProcess(
             cluster.kubeconfig, namespace, tmp_path / name, (f"--shards={SHARDS}",), lease_seconds=LEASE_SECONDS
@@ -58,13 +57,18 @@ async def test_replicas_share_the_shards_and_a_killed_replica_is_finished_by_ano
             lambda: holders(kube, namespace), shared({a.identity: 2, b.identity: 2}), 30, "a and b 2 shards each"
         )
         rebalanced = time.monotonic() - joined_at
+        of_a = {f"{i}/{SHARDS}" for i, holder in held.items() if holder == a.identity}
+        # a's calls are answered slowly, so that a still has work when it is killed: at 0.2 s it
+        # had sent all of its shards' calls before the kill (CI: nothing of a's left to take over).
+        participant.handle(
+            "/undo", lambda request: Reply(200, delay=1.5 if request.headers["undolog-shard"] in of_a else 0.2)
+        )
         await register(kube, namespace, participant, "undo")
         sagas = evenly_sharded(namespace, per_shard=6)
         for name in sagas:
             await external_saga(kube, namespace, name, [call("undo", n=p, saga=name) for p in (1, 2, 3)])
         for name in sagas:
             await abort(kube, namespace, name)
-        of_a = {f"{i}/{SHARDS}" for i, holder in held.items() if holder == a.identity}
         # Both replicas are compensating when a is killed.
         await participant.until(
             lambda received: (
