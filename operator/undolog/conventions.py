@@ -20,6 +20,7 @@ from undolog.api import (
     API_VERSION,
     MAX_MESSAGE,
     Call,
+    Guard,
     ObjectMeta,
     OmittedOutput,
     OutputOmission,
@@ -36,6 +37,9 @@ PHASE_LABEL = "undolog.io/phase"  # the phase in lower case: `kubectl get sagas 
 ORG_LABEL = "undolog.io/org"  # spec.orgId
 RETRY_ANNOTATION = "undolog.io/retry"  # on a Saga: a person's retry (the value says why)
 SKIP_ANNOTATION = "undolog.io/skip"  # on an UndoEntry: a person's skip (the value says why)
+# On an UndoEntry halted as Conflict: a person's "undo anyway" (the value says why), sent unchecked.
+UNDO_ANYWAY_ANNOTATION = "undolog.io/undo-anyway"
+ENTRY_RESOLUTIONS = (SKIP_ANNOTATION, UNDO_ANYWAY_ANNOTATION)  # what a person annotates an entry with
 ABORT_REASON_ANNOTATION = "undolog.io/abort-reason"  # why the agent or person aborted (SDK, CLI)
 FAILED_STEP_ANNOTATION = "undolog.io/failed-step"  # the step whose failure made the agent abort
 HEADERS_SECRET_LABEL = "undolog.io/webhook-headers"  # =true: a Secret may be sent as a Webhook's headers
@@ -248,6 +252,7 @@ def new_undo_entry(
     registered_at: datetime | None = None,
     depends_on: list[str] | None = None,
     effect_id: str | None = None,
+    guard: Guard | None = None,
 ) -> UndoEntry:
     """The UndoEntry that registers `step` of `saga` at `position`, before the step runs."""
     meta = saga.metadata
@@ -267,6 +272,7 @@ def new_undo_entry(
             compensation=compensation,
             registered_at=registered_at or now(),
             depends_on=depends_on,
+            guard=guard,
         ),
     )
 

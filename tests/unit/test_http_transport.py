@@ -26,6 +26,7 @@ from undolog.calls.http import CALLS_PER_PARTICIPANT, MAX_CONTEXTS, HttpTranspor
 from undolog.calls.transport import PreparedCall, Target
 from undolog.conventions import MAX_ANSWER_BYTES
 from undolog.decisions.egress import EgressPolicy
+from undolog.decisions.retry import Verdict, classify
 from undolog.errors import NotLeading
 
 
@@ -292,6 +293,7 @@ import asyncio, json, sys
 from undolog.calls.http import HttpTransport
 from undolog.calls.transport import PreparedCall, Target
 from undolog.decisions.egress import EgressPolicy
+from undolog.decisions.retry import Verdict, classify
 from undolog.decisions.retry import CallOutcome
 
 async def main(url: str) -> None:
@@ -519,3 +521,17 @@ async def test_tls_material_that_is_no_pem_refuses_the_call_before_anything_is_s
     outcome = await transport.send(PreparedCall(target, {}, {}))
     assert outcome.refusal == refusal
     assert said in str(outcome.error)
+
+
+async def test_a_409_naming_a_conflict_is_no_retry_and_one_without_is(
+    participant: Participant, transport: HttpTransport
+) -> None:
+    """A participant refuses the undo because the state changed since the step: a Conflict for a
+    person. A bare 409 stays the Idempotency-Key draft's "still processing", retried as is."""
+    participant.script("/undo", Reply(409, body={"conflict": "balance changed since the step", "now": 70}))
+    said = await transport.send(call(participant, "/undo"))
+    assert (said.conflict, classify(said)) == (True, Verdict.PERMANENT)
+    assert "balance changed since the step" in str(said.error)
+    participant.script("/undo", Reply(409, body={"detail": "in progress"}))
+    busy = await transport.send(call(participant, "/undo"))
+    assert (busy.conflict, classify(busy)) == (False, Verdict.TRANSIENT)

@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from undolog.api import EntryState, Saga, SagaPhase, SagaReason, UndoEntry
-from undolog.conventions import FINALIZER, PHASE_LABEL, RETRY_ANNOTATION, SKIP_ANNOTATION
-from undolog.decisions import compensation_plan, moves, phases
+from undolog.api import EntryReason, EntryState, Saga, SagaPhase, SagaReason, UndoEntry
+from undolog.conventions import FINALIZER, PHASE_LABEL, RETRY_ANNOTATION, SKIP_ANNOTATION, UNDO_ANYWAY_ANNOTATION
+from undolog.decisions import compensation_plan, moves, phases, resolutions
 from undolog.decisions.moves import EntryProof
 from undolog.decisions.stack import Stack
 
@@ -379,3 +379,27 @@ def test_entries_the_saga_does_not_own_halt_it_instead_of_compensated() -> None:
     move = phases.decide(saga, [make_entry(1, "Compensated")], NOW, FRESH)
     assert isinstance(move, moves.Transition)
     assert move.phase == SagaPhase.COMPENSATED
+
+
+def test_a_conflict_halts_naming_the_three_ways_out_and_only_a_conflict_may_be_undone_anyway() -> None:
+    conflict = make_entry(2, "Failed")
+    conflict.status.reason = EntryReason.CONFLICT
+    conflict.status.last_error = "what the step left has changed since: replicas differ. " + (
+        resolutions.how_to_resolve_conflict(make_saga("Halted"), conflict)
+    )
+    move = phases.decide(make_saga("Compensating"), [make_entry(1), conflict], NOW, FRESH)
+    assert isinstance(move, moves.Transition)
+    assert (move.phase, move.reason) == (SagaPhase.HALTED, SagaReason.CONFLICT)
+    assert "entry s-2 (step step2) was not undone: what the step left has changed since" in move.message
+    for way in ("undolog skip s 2 -n ns", "undolog undo-anyway s 2 -n ns", "undolog retry s -n ns"):
+        assert way in move.message
+
+    conflict.metadata.annotations[UNDO_ANYWAY_ANNOTATION] = "the autoscaler's change is wrong"
+    assert phases.decide(make_saga("Halted"), [make_entry(1), conflict], NOW) == moves.UndoAnyway(
+        conflict, "the autoscaler's change is wrong", SagaPhase.COMPENSATING
+    )
+    failed = make_entry(2, "Failed")  # failed for another reason: no conflict to override
+    failed.metadata.annotations[UNDO_ANYWAY_ANNOTATION] = "x"
+    move = phases.decide(make_saga("Halted"), [make_entry(1), failed], NOW)
+    assert isinstance(move, moves.RefuseAnnotation)
+    assert "only an entry of a Halted saga that failed as Conflict" in move.message

@@ -29,6 +29,7 @@ from undolog.api.undo_entry import (
     EffectState,
     EntryReason,
     EntryState,
+    GuardStatus,
     OmittedOutput,
     UndoEntry,
     UndoEntryStatus,
@@ -50,6 +51,7 @@ class EntryStatusChange(TypedDict, total=False):
     output: JsonObject | None
     output_omitted: OmittedOutput | None
     attempts: list[Attempt]
+    guard: GuardStatus | None
 
 
 class ConditionChange(TypedDict, total=False):

@@ -16,6 +16,8 @@ class EventReason(StrEnum):
     ENTRY_COMPENSATED = "EntryCompensated"
     COMPENSATION_RETRY = "CompensationRetry"
     COMPENSATION_FAILED = "CompensationFailed"
+    CONFLICT = "Conflict"  # the undo would overwrite a later change: not sent
+    UNDO_ANYWAY = "UndoAnyway"  # a person's resolution of a Conflict, on the entry
     EFFECT_DELIVERED = "EffectDelivered"
     EFFECT_RETRY = "EffectRetry"
     EFFECT_FAILED = "EffectFailed"

@@ -133,7 +133,12 @@ class Compensation(Strict):
         if self.function is not None:
             return self.function
         assert self.tool is not None
-        return self.tool.lower().replace("_", "-")
+        return webhook_of(self.tool)
+
+
+def webhook_of(tool: str) -> str:
+    """The Webhook the operator calls a tool by: `<upstream>.<tool>`, lower case, '_' as '-'."""
+    return tool.lower().replace("_", "-")
 
 
 class BeforeImage(Strict):
@@ -145,16 +150,49 @@ class BeforeImage(Strict):
     args: JsonObject = Field(default_factory=dict)
 
 
+class AfterImage(Strict):
+    """What the step leaves (a guard): a read-only tool called right after the call (`tool` and
+    `args` default to the before-image's), of whose result `holds` (CEL over `state`) selects
+    what must still hold when the step is undone. The operator reads it again before the undo
+    (through the Webhook named after the tool) and, if the selection changed, halts the entry as
+    Conflict instead of overwriting the later change."""
+
+    tool: str | None = Field(default=None, pattern=QUALIFIED_TOOL, description="<upstream>.<tool>, read-only.")
+    args: JsonObject | None = Field(default=None, description="Expressions over the call's `args`.")
+    holds: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="CEL over `state` (the read's result), e.g. `state.content`; absent: the whole result.",
+    )
+
+    @model_validator(mode="after")
+    def args_with_tool(self) -> Self:
+        if self.args is not None and self.tool is None:
+            raise ValueError("after.args are the arguments of after.tool: name the tool too")
+        return self
+
+
 class ToolRule(Strict):
     """One tool: read-only (passes straight through), or its compensation (and what to read
-    before the call, for it)."""
+    before the call, for it, and after it, for its guard)."""
 
     read_only: bool = False
     compensation: Compensation | None = None
     before: BeforeImage | None = None
+    after: AfterImage | None = None
     confirm: bool = Field(
         default=False, description="Ask the user before the call (it will not be undone); declined: not called."
     )
+
+    @property
+    def guard_read(self) -> BeforeImage | None:
+        """The read of its guard (right after the call, and again before the undo): the after
+        image's own tool, else the before-image's; None without a guard."""
+        if self.after is None:
+            return None
+        if self.after.tool is not None:
+            return BeforeImage(tool=self.after.tool, args=self.after.args or {})
+        return self.before
 
     @model_validator(mode="after")
     def one_kind(self) -> Self:
@@ -340,8 +378,15 @@ class GatewayConfig(Strict):
                 raise ValueError(f"tools.{tool}: a key of the form <upstream>.<tool>, e.g. tracker.create_issue")
             if rule.before is not None and rule.compensation is None:
                 raise ValueError(f"tools.{tool}.before: a before-image is read only for a compensation")
+            if rule.after is not None and rule.compensation is None:
+                raise ValueError(f"tools.{tool}.after: a guard is read only for a compensation")
+            if rule.after is not None and rule.after.tool is None and rule.before is None:
+                raise ValueError(
+                    f"tools.{tool}.after: name its tool (or give the mapping a before-image to read again)"
+                )
             before = rule.before.tool if rule.before else None
-            for named in (tool, rule.compensation.tool if rule.compensation else None, before):
+            after = rule.after.tool if rule.after else None
+            for named in (tool, rule.compensation.tool if rule.compensation else None, before, after):
                 if named is not None and named.split(".", 1)[0] not in self.upstreams:
                     known = ", ".join(sorted(self.upstreams))
                     raise ValueError(f"tools.{tool}: {named!r} names no upstream (upstreams: {known})")

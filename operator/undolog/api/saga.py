@@ -84,6 +84,7 @@ class SagaReason(StrEnum):
     COMPENSATION_FAILED = "CompensationFailed"
     FUNCTION_NOT_FOUND = "FunctionNotFound"
     PARTICIPANT_UNAVAILABLE = "ParticipantUnavailable"
+    CONFLICT = "Conflict"  # a compensation would overwrite a later change: a person decides
     ENTRY_LOST = "EntryLost"
     UNOWNED_ENTRIES = "UnownedEntries"
     ENTRY_SKIPPED = "EntrySkipped"

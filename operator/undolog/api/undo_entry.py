@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field, JsonValue
+from pydantic import Field, JsonValue, StringConstraints
 
 from undolog.api.common import (
     MAX_DEPENDENCIES,
@@ -20,6 +20,7 @@ from undolog.api.common import (
     Plural,
     Resource,
     StepName,
+    UserFacing,
 )
 
 
@@ -49,6 +50,7 @@ class AttemptKind(StrEnum):
     FORWARD = "Forward"
     COMPENSATION = "Compensation"
     EFFECT = "Effect"
+    GUARD = "Guard"  # the read of what the step left, before its compensation
 
 
 class EntryReason(StrEnum):
@@ -74,6 +76,9 @@ class EntryReason(StrEnum):
     RETRIES_EXHAUSTED = "RetriesExhausted"
     CERTIFICATE_REJECTED = "CertificateRejected"  # retries exhausted on a certificate not accepted
     PARTICIPANT_UNAVAILABLE = "ParticipantUnavailable"  # did not answer for the Webhook's outage budget
+    # What the step left changed since (its guard, or the participant's 409 naming a conflict):
+    # the compensation would overwrite later work, so a person decides.
+    CONFLICT = "Conflict"
     # Settled without a call.
     NO_COMPENSATION = "NoCompensation"
     NOT_SENT = "NotSent"  # the forward call never left: nothing to undo
@@ -182,6 +187,28 @@ STATUS_MESSAGE = (
 )
 
 
+MAX_GUARD_VALUE_BYTES = 16 * 1024  # of a guard's value kept on the entry; a larger one by its digest
+MAX_DIFFERING = 20  # fields named in status.guard.differing
+
+
+class Guard(UserFacing):
+    """What the step leaves, read again before its compensation: the compensation is sent only
+    while what `holds` selects of the read is what it was right after the step."""
+
+    read: Call = Field(description="A read-only call (a Webhook version) whose answer is the state the step changed.")
+    holds: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="CEL over `state` (the read's output) selecting what must still hold, e.g. "
+        "`state.content` or `{'replicas': state.spec.replicas}`; absent: the whole output.",
+    )
+    before: JsonValue = Field(
+        default=None,
+        description="What it selected before the step (for a person; never compared).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
 class UndoEntrySpec(Model):
     """The effect and how to undo it. Immutable once created."""
 
@@ -203,6 +230,11 @@ class UndoEntrySpec(Model):
     )
     registered_at: datetime = Field(
         description="RFC 3339 time with microseconds at which the entry was written, before the effect ran."
+    )
+    guard: Guard | None = Field(
+        default=None,
+        description="Checked before the compensation is sent: a later change to what the step left halts the "
+        "entry as Conflict instead of being overwritten.",
     )
     depends_on: list[StepName] | None = Field(
         default=None,
@@ -241,6 +273,40 @@ class OmittedOutput(Model):
     size_bytes: int | None = Field(default=None, ge=0, description="The body's size, where known.")
 
 
+DifferingField = Annotated[
+    str, StringConstraints(max_length=512), Field(description="A path, e.g. spec.replicas or rows[0].name.")
+]
+
+
+class GuardStatus(Model):
+    """What the guard saw: right after the step, and at the undo when it no longer held."""
+
+    after: JsonValue = Field(
+        default=None,
+        description=f"What held right after the step (spec.guard.holds); not kept above {MAX_GUARD_VALUE_BYTES} bytes.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    after_digest: str | None = Field(
+        default=None,
+        max_length=71,
+        description="sha256:<hex> of what held right after the step (its JSON, keys sorted): what the undo compares.",
+    )
+    now: JsonValue = Field(
+        default=None,
+        description="What the read gave at the undo, when it differed.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    differing: list[DifferingField] = Field(
+        default_factory=list, max_length=MAX_DIFFERING, description="The fields that differ between after and now."
+    )
+    checked_at: datetime | None = Field(default=None, description="When the state was last read for the undo.")
+    overridden: str | None = Field(
+        default=None,
+        max_length=MAX_MESSAGE,
+        description="A person's `undo anyway` (why): the compensation is sent without the check.",
+    )
+
+
 class UndoEntryStatus(Model):
     """Where the effect and its undo stand."""
 
@@ -272,6 +338,9 @@ class UndoEntryStatus(Model):
     )
     attempts: list[Attempt] = Field(
         default_factory=list, max_length=MAX_ATTEMPTS, description="The last calls made for this entry."
+    )
+    guard: GuardStatus | None = Field(
+        default=None, description="What the guard (spec.guard) saw after the step and at the undo."
     )
 
 

@@ -42,7 +42,7 @@ from undolog.calls.transport import PreparedCall, Target
 from undolog.conventions import MAX_ANSWER_BYTES, MAX_ERROR_TEXT, clip, now, shown_url
 from undolog.decisions.egress import EgressPolicy
 from undolog.decisions.outage import DEFAULT_IN_FLIGHT
-from undolog.decisions.retry import CallOutcome
+from undolog.decisions.retry import CallOutcome, Verdict, names_conflict
 from undolog.errors import NotLeading
 from undolog.tls import load_certificate_chain
 
@@ -397,6 +397,10 @@ class HttpTransport:
             if 300 <= status < 400:  # the person fixing it needs where it pointed
                 where = clip(answer_headers.get("location", "nowhere"), MAX_ERROR_TEXT)
                 detail = f" to {where} (redirects are not followed: point the Webhook there){detail}"
+            if names_conflict(status, body):
+                return CallOutcome(
+                    status_code=status, error=f"HTTP 409 conflict{detail}", verdict=Verdict.PERMANENT, conflict=True
+                )
             return CallOutcome(
                 status_code=status, error=f"HTTP {status}{detail}", retry_after=answer_headers.get("retry-after")
             )
@@ -476,7 +480,7 @@ def success(status: int, body: bytes, content_type: str) -> CallOutcome:
             len(body),
         )
     if isinstance(parsed, dict):
-        return CallOutcome(status_code=status, output=parsed)
+        return CallOutcome(status_code=status, output=parsed, state=parsed)
     kind = f"a JSON {type(parsed).__name__}" if parsed is not None else f"{content_type or 'no content type'}"
     return _without_output(
         status,

@@ -10,7 +10,9 @@ protocol on top differs. The call's Idempotency-Key travels in the request's `_m
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, cast
 
 import aiohttp
@@ -158,9 +160,23 @@ def answered(tool: str, status: int, result: CallToolResult) -> CallOutcome:
     else:
         outcome = CallOutcome(status_code=status)
     if not result.is_error:
-        return outcome
+        return replace(outcome, state=result_value(result))
     said = " ".join(t.strip() for t in texts)[:MAX_ERROR_TEXT] or "no text"
     text = f"tool {tool!r} answered isError: {said}"
     return CallOutcome(
         status_code=status, error=text[:MAX_ERROR_TEXT], verdict=Verdict.PERMANENT, output=outcome.output
     )
+
+
+def result_value(result: CallToolResult) -> Any:
+    """A tool's result as an expression reads it: its structuredContent, else its lone text as
+    JSON, else its text (`{"text": ...}`)."""
+    if result.structured_content is not None:
+        return result.structured_content
+    texts = [b.text for b in result.content if isinstance(b, TextContent)]
+    if len(texts) == 1:
+        try:
+            return json.loads(texts[0])
+        except ValueError:
+            pass
+    return {"text": "\n".join(texts)} if texts else None

@@ -1,8 +1,10 @@
 """Compensating one UndoEntry: the call with its retries, then Compensated or Failed.
 
-Each failed attempt is written to the entry (retryCount, lastError, attempts) and posted as an
-Event before the next one starts; a crash at any point leaves the entry Pending or Running,
-and the next operator sends it again under the same Idempotency-Key.
+An entry with a guard has what its step left read again first (guarding.py); a later change
+there halts it as Conflict, unsent. Each failed attempt is written to the entry (retryCount,
+lastError, attempts) and posted as an Event before the next one starts; a crash at any point
+leaves the entry Pending or Running, and the next operator sends it again under the same
+Idempotency-Key.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from undolog.api import AttemptKind, Call, EntryReason, EntryState, EventReason, Saga, SagaPhase, UndoEntry
 from undolog.api.changes import EntryStatusChange, changed
 from undolog.calls.runner import CallResult
+from undolog.controller.guarding import Guarding, NotUndone
 from undolog.controller.recorded_call import CallPlan, CallRecorder, CallRefused, call_trace, failure_changes
 from undolog.conventions import clip, compensation_key, now
 from undolog.decisions import compensation_plan, entry_changes
@@ -43,6 +46,11 @@ class Compensator:
         call = compensation_plan.call_or_skip(entry)
         if not isinstance(call, Call):
             return await self._skipped(saga, entry, *call)
+        checked = await Guarding(self.recorder).check(saga, entry, outputs)
+        if isinstance(checked, NotUndone):  # what the step left changed since, or could not be read
+            entry, not_undone = checked.entry, changed(checked.entry.status, checked.changes)
+            return await self.recorder.ledger.write_entry_status(entry, not_undone)
+        entry = checked
         plan = self._plan(saga, entry, call)
         ended = await self.recorder.call_entry(saga, entry, outputs, plan)
         if isinstance(ended, CallRefused):

@@ -267,6 +267,11 @@ def failure_changes(result: CallResult, saga: Saga, label: str, event: EventReas
         why = "its outage budget spent"
     elif last.outcome.refusal is not None:
         why, reason = "refused: nothing was sent", EntryReason.TARGET_REFUSED
+    elif last.outcome.conflict:
+        why, reason = (
+            "the participant says what the step left has changed since: a person decides",
+            EntryReason.CONFLICT,
+        )
     elif result.verdict == Verdict.PERMANENT:
         why, reason = "permanent failure", EntryReason.PERMANENT_FAILURE
     elif last.outcome.certificate is not None:

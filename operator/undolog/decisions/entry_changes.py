@@ -7,7 +7,7 @@ from datetime import datetime
 
 from undolog.api import EffectState, EntryReason, EntryState, UndoEntryStatus
 from undolog.api.changes import EntryStatusChange
-from undolog.decisions import compensation_plan
+from undolog.decisions import compensation_plan, guards
 
 
 def skipped(reason: EntryReason, why: str, *, rewound_at: datetime | None = None) -> EntryStatusChange:
@@ -17,6 +17,16 @@ def skipped(reason: EntryReason, why: str, *, rewound_at: datetime | None = None
     if rewound_at is not None:
         change["rewound_at"] = rewound_at
     return change
+
+
+def undone_anyway(status: UndoEntryStatus, why: str) -> EntryStatusChange:
+    """A person's undo anyway of a Conflict: owed again, its guard not asked (and why, on it)."""
+    return {
+        "state": EntryState.PENDING,
+        "retry_count": 0,
+        "reason": None,
+        "guard": guards.overridden(status.guard, why),
+    }
 
 
 def not_acted_on(reason: EntryReason, why: str) -> EntryStatusChange:

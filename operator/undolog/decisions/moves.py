@@ -145,6 +145,15 @@ class SkipEntry:
 
 
 @dataclass(frozen=True)
+class UndoAnyway:
+    """A person says an entry halted as Conflict is compensated all the same (its guard not asked)."""
+
+    entry: UndoEntry
+    reason: str
+    resume: SagaPhase
+
+
+@dataclass(frozen=True)
 class RefuseAnnotation:
     """A resolution annotation that does not apply now: removed, with a warning Event."""
 
@@ -177,6 +186,7 @@ Move = (
     | DeliverEffect
     | Retry
     | SkipEntry
+    | UndoAnyway
     | RefuseAnnotation
     | Wait
 )

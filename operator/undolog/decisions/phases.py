@@ -40,6 +40,7 @@ from undolog.api import (
 from undolog.api.changes import changed
 from undolog.conventions import (
     ABORT_REASON_ANNOTATION,
+    ENTRY_RESOLUTIONS,
     FAILED_STEP_ANNOTATION,
     FINALIZER,
     MAX_NAME,
@@ -47,6 +48,7 @@ from undolog.conventions import (
     PHASE_LABEL,
     RETRY_ANNOTATION,
     SKIP_ANNOTATION,
+    UNDO_ANYWAY_ANNOTATION,
     clip,
 )
 from undolog.decisions import compensation_plan, resolutions, rewind
@@ -66,6 +68,7 @@ from undolog.decisions.moves import (
     SkipEntry,
     SyncMetadata,
     Transition,
+    UndoAnyway,
     UpdateDepth,
     Wait,
 )
@@ -338,6 +341,7 @@ def compensating_move(
 HALT_REASONS: dict[EntryReason | None, SagaReason] = {
     EntryReason.FUNCTION_NOT_FOUND: SagaReason.FUNCTION_NOT_FOUND,
     EntryReason.PARTICIPANT_UNAVAILABLE: SagaReason.PARTICIPANT_UNAVAILABLE,
+    EntryReason.CONFLICT: SagaReason.CONFLICT,
 }
 
 
@@ -348,6 +352,8 @@ def halt_reason(saga: Saga, failure: UndoEntry, entries: Collection[UndoEntry]) 
     error = failure.status.last_error or "unknown error"
     reason = HALT_REASONS.get(failure.status.reason, SagaReason.COMPENSATION_FAILED)
     others = f" ({len(failed) - 1} more failed)" if len(failed) > 1 else ""
+    if reason == SagaReason.CONFLICT:  # its error names the three ways out already
+        return reason, f"entry {failure.metadata.name} (step {failure.spec.step}) was not undone{others}: {error}"
     return reason, (
         f"entry {failure.metadata.name} (step {failure.spec.step}, {function}) could not be compensated: "
         f"{error}{others}. {resolutions.how_to_resolve(saga, failure)}"
@@ -355,7 +361,7 @@ def halt_reason(saga: Saga, failure: UndoEntry, entries: Collection[UndoEntry]) 
 
 
 def annotation_move(saga: Saga, entries: Stack) -> Move | None:
-    """A person's retry (on the saga) or skip (on an entry), checked by the shared rules."""
+    """A person's retry (on the saga), skip or undo anyway (on an entry), checked by the shared rules."""
     request = saga.metadata.annotations.get(RETRY_ANNOTATION)
     if request is not None:
         verdict = resolutions.retry(saga)
@@ -364,12 +370,17 @@ def annotation_move(saga: Saga, entries: Stack) -> Move | None:
         return RefuseAnnotation(None, RETRY_ANNOTATION, verdict.why)
     for entry in compensation_plan.newest_first(entries.annotated()):
         reason = entry.metadata.annotations.get(SKIP_ANNOTATION)
-        if reason is None:
-            continue
-        skip = resolutions.skip(saga, entry)
-        if isinstance(skip, resolutions.Allowed):
-            return SkipEntry(entry, clip(reason or "skipped by a person"), skip.resume)
-        return RefuseAnnotation(entry, SKIP_ANNOTATION, skip.why)
+        if reason is not None:
+            skip = resolutions.skip(saga, entry)
+            if isinstance(skip, resolutions.Allowed):
+                return SkipEntry(entry, clip(reason or "skipped by a person"), skip.resume)
+            return RefuseAnnotation(entry, SKIP_ANNOTATION, skip.why)
+        reason = entry.metadata.annotations.get(UNDO_ANYWAY_ANNOTATION)
+        if reason is not None:
+            anyway = resolutions.undo_anyway(saga, entry)
+            if isinstance(anyway, resolutions.Allowed):
+                return UndoAnyway(entry, clip(reason or "undone anyway by a person"), anyway.resume)
+            return RefuseAnnotation(entry, UNDO_ANYWAY_ANNOTATION, anyway.why)
     return None
 
 
@@ -422,7 +433,8 @@ def needs_driver(saga: Saga) -> bool:
 
 def entry_needs_saga(entry: UndoEntry) -> bool:
     """An entry event that may give its saga work: one still owed, or a person's annotation."""
-    return entry.status.state in compensation_plan.OWED or SKIP_ANNOTATION in entry.metadata.annotations
+    annotations = entry.metadata.annotations
+    return entry.status.state in compensation_plan.OWED or any(key in annotations for key in ENTRY_RESOLUTIONS)
 
 
 def unclaimed(entry: UndoEntry) -> bool:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from undolog.api import EffectDeliveryState, EntryState, Saga, SagaPhase, SagaReason, UndoEntry
-from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION
+from undolog.api import EffectDeliveryState, EntryReason, EntryState, Saga, SagaPhase, SagaReason, UndoEntry
+from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, UNDO_ANYWAY_ANNOTATION
 from undolog.decisions import compensation_plan, rewind
 
 
@@ -66,6 +66,23 @@ def skip(saga: Saga, entry: UndoEntry) -> Verdict:
     )
 
 
+def undo_anyway(saga: Saga, entry: UndoEntry) -> Verdict:
+    """A person says an entry halted as Conflict is compensated although what its step left
+    has changed since (the later change is theirs to lose)."""
+    phase, status = saga.status.phase, entry.status
+    if (
+        phase == SagaPhase.HALTED
+        and not halted_forward(saga)
+        and status.state == EntryState.FAILED
+        and status.reason == EntryReason.CONFLICT
+    ):
+        return Allowed(undoing(saga))
+    return Refused(
+        f"undo anyway of {entry.metadata.name} refused: only an entry of a Halted saga that failed as Conflict can be "
+        f"undone anyway (saga {phase or 'new'}, entry {status.state}{f' {status.reason}' if status.reason else ''})"
+    )
+
+
 def abort(saga: Saga) -> Verdict:
     """An Active saga fails and is compensated, unless its pivot has committed."""
     phase = saga.status.phase
@@ -94,6 +111,17 @@ def how_to_resolve(saga: Saga, entry: UndoEntry | None, *, skip: bool = True) ->
             f'(or `kubectl annotate undo {entry.metadata.name} {SKIP_ANNOTATION}="<why>"`)'
         )
     return text
+
+
+def how_to_resolve_conflict(saga: Saga, entry: UndoEntry) -> str:
+    """The three ways out of a Conflict, for a person: keep the later change, lose it, or mend."""
+    name, namespace, position = saga.metadata.name, saga.metadata.namespace, entry.spec.stack_position
+    return (
+        f"To keep the later change, skip this undo: `undolog skip {name} {position} -n {namespace} --reason <why>`; "
+        f"to undo it anyway, overwriting the later change: `undolog undo-anyway {name} {position} -n {namespace} "
+        f'--reason <why>` (or `kubectl annotate undo {entry.metadata.name} {UNDO_ANYWAY_ANNOTATION}="<why>"`); or set '
+        f"it back by hand to what the step left, then `undolog retry {name} -n {namespace} --reason <what you did>`"
+    )
 
 
 def halted_on(saga: Saga, entries: Collection[UndoEntry]) -> str | None:

@@ -2,8 +2,10 @@
 
 2xx succeeds. 429 retries after Retry-After (seconds or an HTTP date). 408, 409, 5xx,
 timeouts and connection errors retry with exponential backoff and full jitter (after
-Retry-After when a 409 or 503 gives one). Any other status is permanent, and so is a call
-refused before anything was sent. Retries stop after max_retries (the Call's value wins over
+Retry-After when a 409 or 503 gives one), except a 409 whose JSON body names a `conflict`: the
+participant refuses the undo because what the step left has changed since, which no retry
+mends (a Conflict, for a person). Any other status is permanent, and so is a call refused before
+anything was sent. Retries stop after max_retries (the Call's value wins over
 the saga's backoff).
 
 409 is how a participant that keeps the Idempotency-Key draft (draft-ietf-httpapi-idempotency-
@@ -13,6 +15,7 @@ processed, "to be retried as is": what an attempt that timed out leaves behind.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -50,6 +53,20 @@ class CallOutcome:
     # A transport's own verdict on an answer its protocol says more of than a status (an MCP
     # tool's isError or JSON-RPC error, which come back with HTTP 200).
     verdict: Verdict | None = None
+    conflict: bool = False  # the participant refused it as a conflict with a later change (a 409 naming it)
+    state: Any = None  # a 2xx answer as a guard reads it: any JSON value (an MCP tool's as the gateway reads it)
+
+
+def names_conflict(status: int, body: bytes) -> bool:
+    """A 409 whose body is a JSON object with a `conflict` member: the participant says the
+    state changed since the step (a 409 without it is the Idempotency-Key draft's "in progress")."""
+    if status != 409:
+        return False
+    try:
+        parsed = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(parsed, dict) and "conflict" in parsed
 
 
 def classify(outcome: CallOutcome) -> Verdict:

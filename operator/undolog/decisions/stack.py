@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from undolog.api import EntryState, UndoEntry
-from undolog.conventions import SKIP_ANNOTATION
+from undolog.conventions import ENTRY_RESOLUTIONS
 from undolog.decisions import rewind
 
 States = frozenset[EntryState]
@@ -64,7 +64,7 @@ class Stack:
             self._forget(old)
         self._entries[name] = entry
         self._states[state] += 1
-        if SKIP_ANNOTATION in entry.metadata.annotations:
+        if any(key in entry.metadata.annotations for key in ENTRY_RESOLUTIONS):
             self._annotated.add(name)
         if entry.spec.depends_on is not None:
             self._declaring += 1
@@ -117,7 +117,7 @@ class Stack:
         return sum(self._states[state] for state in states)
 
     def annotated(self) -> list[UndoEntry]:
-        """The entries that carry a person's skip annotation."""
+        """The entries that carry a person's resolution (skip, undo anyway)."""
         return [self._entries[name] for name in self._annotated]
 
     @property

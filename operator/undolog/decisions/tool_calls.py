@@ -16,9 +16,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from undolog.api import Call
-from undolog.api.gateway import GatewayConfig, ToolRule, Unmapped
+from undolog.api import Call, Guard
+from undolog.api.gateway import BeforeImage, GatewayConfig, ToolRule, Unmapped, webhook_of
+from undolog.api.undo_entry import MAX_GUARD_VALUE_BYTES
 from undolog.conventions import MAX_CALL_BYTES
+from undolog.decisions import guard_expressions
 from undolog.decisions.arguments import within
 from undolog.decisions.expressions import ExpressionError
 from undolog.decisions.undo_expressions import Filled, compile_expression, expressions_in, fill
@@ -89,10 +91,26 @@ def compensation_call(rule: ToolRule, variables: Mapping[str, Any], step: str) -
     return call, filled
 
 
-def before_arguments(rule: ToolRule, args: Mapping[str, Any]) -> dict[str, Any]:
-    """The before-image tool's arguments, over the call's `args`."""
-    assert rule.before is not None
-    value = fill(rule.before.args, {"args": args}, "", defer_output=False).value
+def guard_of(rule: ToolRule, variables: Mapping[str, Any], step: str) -> Guard | None:
+    """The guard registered for `step`: its read (arguments over `args`), its `holds`, and what
+    that selected of the before-image when the guard reads the same tool (for a person)."""
+    read, after = rule.guard_read, rule.after
+    if read is None or after is None:
+        return None
+    args = fill(read.args, variables, step, defer_output=False).value
+    before = None
+    if after.tool is None and "before" in variables:
+        try:
+            before = guard_expressions.selected(after.holds, variables["before"])
+        except ExpressionError:  # the state before lacks it (created by the step): nothing to show
+            before = None
+        before = before if within(before, MAX_GUARD_VALUE_BYTES) else None
+    return Guard(read=Call(function=webhook_of(read.tool), args=args), holds=after.holds, before=before)
+
+
+def read_arguments(read: BeforeImage, args: Mapping[str, Any]) -> dict[str, Any]:
+    """A read's arguments (the before-image's, the guard's), over the call's `args`."""
+    value = fill(read.args, {"args": args}, "", defer_output=False).value
     assert isinstance(value, dict)
     return value
 
@@ -108,6 +126,13 @@ def expression_problems(config: GatewayConfig) -> list[str]:
             places.append((f"tools.{tool}.compensation.args", rule.compensation.args, readable))
         if rule.before is not None:
             places.append((f"tools.{tool}.before.args", rule.before.args, frozenset({"args"})))
+        if rule.after is not None and rule.after.args is not None:
+            places.append((f"tools.{tool}.after.args", rule.after.args, frozenset({"args"})))
+        if rule.after is not None and rule.after.holds is not None:
+            try:
+                guard_expressions.check(rule.after.holds)
+            except ExpressionError as error:
+                problems.append(f"tools.{tool}.after.holds: {error}")
         for where, template, readable in places:
             for source in expressions_in(template):
                 try:

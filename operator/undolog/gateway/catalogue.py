@@ -97,8 +97,8 @@ async def listed_tools(clients: dict[str, Client]) -> dict[str, dict[str, Listed
 
 
 def mapping_problems(config: GatewayConfig, catalogue: ToolCatalogue) -> list[str]:
-    """What of the mappings the servers' own lists contradict: a mapped or before-image tool no
-    server lists, and an expression naming a field the tools' schemas do not declare (checked
+    """What of the mappings the servers' own lists contradict: a mapped, before-image or guard
+    tool no server lists, and an expression naming a field the tools' schemas do not declare (checked
     where a server gives the schema)."""
     listed = {t.qualified: t for t in catalogue.tools.values()}
     problems = []
@@ -111,6 +111,9 @@ def mapping_problems(config: GatewayConfig, catalogue: ToolCatalogue) -> list[st
         if rule.before is not None and before is None:
             problems.append(f"tools.{name}.before: no upstream lists {rule.before.tool}")
             continue
+        if rule.after is not None and rule.after.tool is not None and rule.after.tool not in listed:
+            problems.append(f"tools.{name}.after: no upstream lists {rule.after.tool}")
+            continue
         schemas = {"args": tool.tool.input_schema}
         if tool.tool.output_schema is not None:
             schemas["output"] = tool.tool.output_schema
@@ -118,6 +121,7 @@ def mapping_problems(config: GatewayConfig, catalogue: ToolCatalogue) -> list[st
             schemas["before"] = before.tool.output_schema
         places = [(f"tools.{name}.compensation.args", rule.compensation.args if rule.compensation else {})]
         places += [(f"tools.{name}.before.args", rule.before.args)] if rule.before else []
+        places += [(f"tools.{name}.after.args", rule.after.args)] if rule.after and rule.after.args else []
         for where, template in places:
             problems += [f"{where}: {why}" for s in expressions_in(template) if (why := unknown_fields(s, schemas))]
     return problems

@@ -28,7 +28,7 @@ from mcp.shared.exceptions import MCPError
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from undolog.api.gateway import GatewayConfig
+from undolog.api.gateway import GatewayConfig, webhook_of
 from undolog.calls.mcp import KEY_META
 from undolog.errors import KubeError
 from undolog.gateway.agent_requests import OperatorRequest
@@ -54,19 +54,21 @@ class Served:
 
 
 def compensation_tools(config: GatewayConfig, catalogue: ToolCatalogue) -> dict[str, dict[str, Served]]:
-    """By upstream and tool name, the tools the configuration names as compensations of the
-    upstreams the operator cannot call itself: those run as commands, and those the gateway
-    holds credentials for (the undo then carries the same credential as the call)."""
+    """By upstream and tool name, the tools the configuration names as compensations (and the
+    reads of their guards) of the upstreams the operator cannot call itself: those run as
+    commands, and those the gateway holds credentials for (the undo then carries the same
+    credential as the call)."""
     served: dict[str, dict[str, Served]] = {}
     for rule in config.tools.values():
-        undo = rule.compensation
-        if undo is None or undo.tool is None:
-            continue
-        upstream = config.upstreams[undo.tool.split(".", 1)[0]]
-        if upstream.command is None and upstream.credentials is None:
-            continue
-        found = catalogue.qualified(undo.tool)
-        served.setdefault(found.upstream, {})[found.tool.name] = Served(found, undo.webhook, undo.version)
+        undo, read = rule.compensation, rule.guard_read
+        named = [(undo.tool, undo.webhook, undo.version)] if undo is not None and undo.tool is not None else []
+        named += [(read.tool, webhook_of(read.tool), "v1")] if read is not None and rule.after is not None else []
+        for tool, webhook, version in named:
+            upstream = config.upstreams[tool.split(".", 1)[0]]
+            if upstream.command is None and upstream.credentials is None:
+                continue
+            found = catalogue.qualified(tool)
+            served.setdefault(found.upstream, {})[found.tool.name] = Served(found, webhook, version)
     return served
 
 

@@ -5,16 +5,18 @@ sent upstream under the step's Idempotency-Key, and its result recorded on the e
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
 
-from undolog.api.gateway import ToolRule
-from undolog.calls.mcp import answered
+from undolog.api.gateway import BeforeImage, ToolRule
+from undolog.calls.mcp import answered, result_value
 from undolog.conventions import repeated_step, step_name_of
+from undolog.decisions import guard_expressions
 from undolog.decisions.arguments import within
-from undolog.decisions.tool_calls import before_arguments, compensation_call
+from undolog.decisions.tool_calls import compensation_call, guard_of, read_arguments
 from undolog.decisions.undo_expressions import COMPUTED, Filled, computed
 from undolog.errors import UndoLogError
 from undolog.gateway.agent_requests import AgentRequest
@@ -25,6 +27,7 @@ from undolog.kube import Kube
 from undolog.sdk import SagaRun
 from undolog.sdk.saga import StepRun, unrecorded_step
 
+log = logging.getLogger("undolog.gateway")
 MAX_BEFORE_BYTES = 256 * 1024  # of a before-image: it goes into the compensation's arguments
 SAGA_META = "io.undolog/saga"
 STEP_META = "io.undolog/step"
@@ -41,6 +44,13 @@ class BeforeImageFailed(UndoLogError):
 
 class ToolFailed(UndoLogError):
     """The upstream answered the call with isError: a failed step, still compensated."""
+
+
+@dataclass(frozen=True)
+class Left:
+    """What a step left, as its guard selects it (any JSON value, null too)."""
+
+    value: Any
 
 
 @dataclass(frozen=True)
@@ -72,7 +82,10 @@ class Steps:
             compensation, filled = (
                 compensation_call(rule, variables, step) if rule and rule.compensation else (None, None)
             )
-            registered = await unrecorded_step(run, position) if carried else await run.register(step, compensation)
+            guard = guard_of(rule, variables, step) if rule else None
+            registered = (
+                await unrecorded_step(run, position) if carried else await run.register(step, compensation, guard=guard)
+            )
         except (ValueError, UndoLogError) as error:
             raise NotCalled(f"tool {call.tool.qualified} was not called: {error}") from error
         return await self._recorded(call, run, registered, filled, variables, meta)
@@ -112,6 +125,11 @@ class Steps:
             )
         outcome = answered(tool.tool.name, 200, result)
         registered.output = with_computed(outcome.output, filled, {**variables, "output": result_value(result)})
+        rule = call.rule
+        if rule is not None and rule.after is not None and rule.guard_read is not None:
+            left = await self.read_after(call.request, rule.guard_read, rule.after.holds, call.arguments)
+            if left is not None:
+                registered.leaves(left.value)
         await run.finish(registered, ToolFailed(outcome.error) if outcome.error else None)
         return types.CallToolResult(
             content=result.content,
@@ -120,12 +138,28 @@ class Steps:
             meta={**(result.meta or {}), **said},
         )
 
+    async def read_after(
+        self, request: AgentRequest, read: BeforeImage, holds: str | None, arguments: dict[str, Any]
+    ) -> Left | None:
+        """What the step left, read right after it for its guard. Unread (None: the read failed,
+        or `holds` cannot select from it), the undo halts as Conflict for a person to decide."""
+        try:
+            reader = self.catalogue.qualified(read.tool)
+            result = await self.upstreams.call(request, reader, read_arguments(read, arguments), None)
+            if result.is_error:
+                said = " ".join(b.text for b in result.content if isinstance(b, types.TextContent)) or "no text"
+                raise BeforeImageFailed(f"{read.tool} answered isError: {said[:300]}")
+            return Left(guard_expressions.selected(holds, result_value(result)))
+        except Exception as error:  # the call is made: its undo halts for a person instead
+            log.warning("what a step left could not be read for its guard (%s): %s", read.tool, error)
+            return None
+
     async def read_before(self, request: AgentRequest, rule: ToolRule, arguments: dict[str, Any]) -> Any:
         """The state before the call, as the mapping's read-only tool gives it; BeforeImageFailed
         (nothing is called) when it cannot be read or is more than UndoLog keeps."""
         assert rule.before is not None
         reader = self.catalogue.qualified(rule.before.tool)
-        result = await self.upstreams.call(request, reader, before_arguments(rule, arguments), None)
+        result = await self.upstreams.call(request, reader, read_arguments(rule.before, arguments), None)
         if result.is_error:
             said = " ".join(b.text for b in result.content if isinstance(b, types.TextContent)) or "no text"
             raise BeforeImageFailed(f"the state before it could not be read ({rule.before.tool}: {said[:300]})")
@@ -135,20 +169,6 @@ class Steps:
                 f"the state before it ({rule.before.tool}) is more than the {MAX_BEFORE_BYTES} bytes UndoLog keeps"
             )
         return value
-
-
-def result_value(result: types.CallToolResult) -> Any:
-    """A tool's result as an expression reads it: its structuredContent, else its lone text as
-    JSON, else its text (`{"text": ...}`)."""
-    if result.structured_content is not None:
-        return result.structured_content
-    texts = [b.text for b in result.content if isinstance(b, types.TextContent)]
-    if len(texts) == 1:
-        try:
-            return json.loads(texts[0])
-        except ValueError:
-            pass
-    return {"text": "\n".join(texts)} if texts else None
 
 
 def with_computed(output: dict[str, Any] | None, filled: Filled | None, variables: dict[str, Any]) -> Any:

@@ -6,12 +6,13 @@ async with await undolog.sdk.open_saga(generate_name="onboard-", namespace="agen
 # leaving the block commits; an exception aborts, and the operator undoes what ran, newest first
 """
 
-from undolog.api import Call
+from undolog.api import Call, Guard
 from undolog.errors import NoSaga, NotSent, RewindNotDone, SagaEnded
 from undolog.sdk.saga import SagaRun, StepRun, current_saga, current_step, open_saga, undoable
 
 __all__ = [
     "Call",
+    "Guard",
     "NoSaga",
     "NotSent",
     "RewindNotDone",

@@ -21,6 +21,7 @@ from undolog.api import (
     CompensationPolicy,
     Effect,
     EffectState,
+    Guard,
     Outcome,
     Rewind,
     RewindState,
@@ -45,7 +46,7 @@ from undolog.conventions import (
     step_name_of,
     step_name_refusal,
 )
-from undolog.decisions import rewind
+from undolog.decisions import guards, rewind
 from undolog.decisions.phases import FINAL
 from undolog.decisions.retry import operator_retry_seconds
 from undolog.errors import NoSaga, NotSent, RewindNotDone, SagaEnded
@@ -114,6 +115,8 @@ class StepRun:
     position: int
     entry: UndoEntry
     output: dict[str, Any] | None = None
+    left: Any = None  # what the step left, as its guard's `holds` selects it (set by `leaves`)
+    left_said: bool = False
     _marking: asyncio.Task[None] | None = field(default=None, repr=False)
     _writing_mark: bool = field(default=False, repr=False)
 
@@ -143,6 +146,12 @@ class StepRun:
         else:
             self._marking.cancel()
         self._marking = None
+
+    def leaves(self, value: Any) -> None:
+        """What the step left, as its guard (`register(..., guard=)`) selects it of its read: the
+        compensation is sent only while the read gives this again. Unsaid, the undo halts as
+        Conflict (nothing tells that a later change would not be overwritten)."""
+        self.left, self.left_said = value, True
 
     @property
     def forward_key(self) -> str:
@@ -202,13 +211,22 @@ class SagaRun:
 
     # -- steps -------------------------------------------------------------------------------
 
-    async def register(self, step: str, compensation: Call | None, depends_on: Sequence[str] | None = None) -> StepRun:
+    async def register(
+        self,
+        step: str,
+        compensation: Call | None,
+        depends_on: Sequence[str] | None = None,
+        *,
+        guard: Guard | None = None,
+    ) -> StepRun:
         """Write the step's UndoEntry (write-ahead); its effect is marked Executing if the step
         is still running IN_FLIGHT_MARK_AFTER later.
 
         Positions come from a lock-guarded counter, so concurrent tool calls get distinct,
         strictly increasing positions; AlreadyExists on a position is never retried silently.
-        `depends_on` names steps registered before this one (see `step`).
+        `depends_on` names steps registered before this one (see `step`). `guard`: what the step
+        leaves is read again before its compensation (`StepRun.leaves` says what it was), and a
+        later change there halts the undo as Conflict instead of being overwritten.
         """
         if self._ended:
             raise SagaEnded(f"saga {self.namespace}/{self.name} is {self._ended}: step {step!r} was not registered")
@@ -216,6 +234,7 @@ class SagaRun:
         if refused:
             raise ValueError(f"saga {self.namespace}/{self.name}: {refused}")
         typos(compensation, f"saga {self.namespace}/{self.name}: step {step!r}'s compensation")
+        typos(guard, f"saga {self.namespace}/{self.name}: step {step!r}'s guard")
         ledger = await self._client()
         self.saga = await ledger.saga(self.namespace, self.name)
         phase = self.saga.status.phase
@@ -238,7 +257,7 @@ class SagaRun:
             f"undolog register {step}", {"undolog.saga": self.saga.reference, "undolog.position": position}
         ):
             entry = await ledger.create_entry(
-                new_undo_entry(self.saga, position, step, compensation, depends_on=dependencies)
+                new_undo_entry(self.saga, position, step, compensation, depends_on=dependencies, guard=guard)
             )
         run = StepRun(self, step, position, entry)
         run.mark_when_slow(ledger)
@@ -260,6 +279,8 @@ class SagaRun:
             if run.output is not None:
                 changes |= {"output": output, "output_omitted": omitted}
         changes["executed_at"] = now()
+        if run.left_said:
+            changes["guard"] = guards.left(run.left)
         status = changed(run.entry.status, changes)
         # Its output is what a compensation may need to find the effect: worth waiting out an outage.
         attributes = {"undolog.saga": self.saga.reference, "undolog.effect": str(changes["effect"])}
@@ -270,11 +291,16 @@ class SagaRun:
 
     @asynccontextmanager
     async def step(
-        self, name: str, compensation: Call | None = None, *, depends_on: Sequence[str] | None = None
+        self,
+        name: str,
+        compensation: Call | None = None,
+        *,
+        depends_on: Sequence[str] | None = None,
+        guard: Guard | None = None,
     ) -> AsyncIterator[StepRun]:
         """Register, run the body, record the outcome. An exception marks the effect Failed
         (its outcome may be partial, so it is still compensated) and propagates."""
-        run = await self.register(name, compensation, depends_on)
+        run = await self.register(name, compensation, depends_on, guard=guard)
         token = _current_step.set(run)
         try:
             yield run

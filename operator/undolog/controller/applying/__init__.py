@@ -29,6 +29,7 @@ APPLIERS: dict[type, Applier] = {
     moves.RecordLateEntry: compensation.record_late_entry,
     moves.Retry: resolutions.retry,
     moves.SkipEntry: resolutions.skip_entry,
+    moves.UndoAnyway: resolutions.undo_anyway,
     moves.RefuseAnnotation: resolutions.refuse_annotation,
 }
 CALLS = (moves.CompensateEntries, moves.ExecuteStep, moves.DeliverEffect)  # moves that take time

@@ -13,7 +13,7 @@ from undolog.api import (
 )
 from undolog.api.changes import changed, with_status
 from undolog.controller.applying.turn import Turn
-from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION
+from undolog.conventions import RETRY_ANNOTATION, SKIP_ANNOTATION, UNDO_ANYWAY_ANNOTATION
 from undolog.decisions import entry_changes, moves
 
 
@@ -52,6 +52,19 @@ async def skip_entry(turn: Turn, move: moves.SkipEntry) -> Saga:
     entries.put(await ledger.drop_annotation(written, SKIP_ANNOTATION))
     turn.context.timeline.record(entries[name], EventReason.SKIPPED, f"skipped by a person: {reason}", warning=True)
     resumed = moves.Transition(move.resume, SagaReason.ENTRY_SKIPPED, f"{name} skipped: {reason}")
+    return await turn.status.enter(saga, entries, resumed)
+
+
+async def undo_anyway(turn: Turn, move: moves.UndoAnyway) -> Saga:
+    saga, entries, ledger = turn.saga, turn.entries, turn.context.ledger
+    name, reason = move.entry.metadata.name, move.reason
+    written = await ledger.write_entry_status(
+        entries[name], changed(entries[name].status, entry_changes.undone_anyway(entries[name].status, reason))
+    )
+    entries.put(await ledger.drop_annotation(written, UNDO_ANYWAY_ANNOTATION))
+    said = f"undo anyway, overwriting what changed since the step: {reason}"
+    turn.context.timeline.record(entries[name], EventReason.UNDO_ANYWAY, said, warning=True)
+    resumed = moves.Transition(move.resume, SagaReason.RETRY_REQUESTED, f"{name} undone anyway: {reason}")
     return await turn.status.enter(saga, entries, resumed)
 
 

@@ -1,0 +1,98 @@
+"""The guard of an entry's compensation: what the step left, read again just before the undo
+(decisions/guards.py judges it). The read is a call of its own, made and retried as any call
+(an outage of its participant is waited out as for the compensation); it writes nothing when
+the state still holds, so a guard costs the compensation one read."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from undolog.api import AttemptKind, EntryReason, EntryState, EventReason, Guard, Saga, UndoEntry
+from undolog.api.changes import EntryStatusChange
+from undolog.controller.recorded_call import CallPlan, CallRecorder, CallRefused, call_trace, failure_changes
+from undolog.conventions import clip, now
+from undolog.decisions import guard_expressions, guards, resolutions
+from undolog.decisions.retry import Verdict
+
+
+@dataclass(frozen=True)
+class NotUndone:
+    """The compensation is not sent: the entry as last written, and what it becomes."""
+
+    entry: UndoEntry
+    changes: EntryStatusChange
+
+
+@dataclass
+class Guarding:
+    recorder: CallRecorder
+
+    async def check(
+        self, saga: Saga, entry: UndoEntry, outputs: Mapping[str, Mapping[str, Any] | None]
+    ) -> UndoEntry | NotUndone:
+        """The entry (as last written) when its compensation may go: it has no guard, a person
+        said undo anyway, or what the step left still holds; else why not."""
+        guard = entry.spec.guard
+        if guard is None or (entry.status.guard is not None and entry.status.guard.overridden):
+            return entry
+        plan = self._plan(saga, entry, guard)
+        ended = await self.recorder.call_entry(saga, entry, outputs, plan)
+        if isinstance(ended, CallRefused):
+            why = f"what the step left could not be read ({guard.read.function}): {ended.refused}"
+            failed: EntryStatusChange = {"reason": ended.refused.reason, "last_error": clip(why)}
+            return NotUndone(ended.entry, {"state": EntryState.FAILED} | failed)
+        result = ended.result
+        if result.verdict != Verdict.SUCCEEDED:
+            failed = failure_changes(result, saga, plan.label, EventReason.COMPENSATION_FAILED, self.recorder.timeline)
+            return NotUndone(ended.entry, {"state": EntryState.FAILED, "attempts": ended.attempts} | failed)
+        state = result.last.outcome.state
+        try:
+            seen = guard_expressions.selected(guard.holds, state)
+        except guard_expressions.ExpressionError as error:  # the state no longer has what the step left (deleted?)
+            judgement: guards.Judgement = guards.Conflicts(f"what the step left is no longer there: {error}", [])
+            seen = state
+        else:
+            judgement = guards.judge(ended.entry.status.guard, seen)
+        if isinstance(judgement, guards.Holds):
+            return ended.entry
+        return NotUndone(ended.entry, self._conflict(saga, ended.entry, judgement, seen) | {"attempts": ended.attempts})
+
+    def _conflict(self, saga: Saga, entry: UndoEntry, judgement: guards.Conflicts, seen: Any) -> EntryStatusChange:
+        label = f"{entry.metadata.name} (step {entry.spec.step})"
+        message = f"{judgement.message}; its undo was not sent, so the later change is kept"
+        self.recorder.timeline.record(saga, EventReason.CONFLICT, f"{label}: {message}", warning=True)
+        way_out = resolutions.how_to_resolve_conflict(saga, entry)
+        return {
+            "state": EntryState.FAILED,
+            "reason": EntryReason.CONFLICT,
+            "last_error": clip(f"{message}. {way_out}"),
+            "guard": guards.conflicted(entry.status.guard, seen, judgement, now()),
+        }
+
+    @staticmethod
+    def _plan(saga: Saga, entry: UndoEntry, guard: Guard) -> CallPlan:
+        # A key of its own each time: a participant that replays answers by key would give a
+        # person's retry the state read before they mended it.
+        key = f"guard-{uuid.uuid4()}"
+        call = guard.read
+        return CallPlan(
+            kind=AttemptKind.GUARD,
+            label=f"{entry.metadata.name} (step {entry.spec.step}, guard read {call.function} {call.version})",
+            call=call,
+            key=key,
+            step=entry.spec.step,
+            forward_key=None,
+            backoff=saga.spec.compensation_policy.backoff,
+            max_retries=call.max_retries,
+            first_attempt=1,
+            in_flight={"state": EntryState.RUNNING},
+            already_in_flight=entry.status.state == EntryState.RUNNING,
+            retry_reason=EventReason.COMPENSATION_RETRY,
+            counts_retries=False,
+            attempts=tuple(entry.status.attempts),
+            patient=True,
+            trace=call_trace(saga, entry, call, AttemptKind.GUARD, key),
+        )
