@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,6 +26,7 @@ from undolog.conventions import (
     ORG_LABEL,
     RETRY_ANNOTATION,
     SKIP_ANNOTATION,
+    UNDO_ANYWAY_ANNOTATION,
     now,
     shown_duration,
     shown_url,
@@ -397,16 +398,32 @@ class Inspector:
         return saga
 
     async def skip(self, namespace: str, name: str, position: int, reason: str) -> UndoEntry:
+        return await self._resolve_entry(namespace, name, position, reason, resolutions.skip, SKIP_ANNOTATION)
+
+    async def undo_anyway(self, namespace: str, name: str, position: int, reason: str) -> UndoEntry:
+        """A person's undo of an entry halted as Conflict, overwriting the later change."""
+        rule, annotation = resolutions.undo_anyway, UNDO_ANYWAY_ANNOTATION
+        return await self._resolve_entry(namespace, name, position, reason, rule, annotation)
+
+    async def _resolve_entry(
+        self,
+        namespace: str,
+        name: str,
+        position: int,
+        reason: str,
+        rule: Callable[[Saga, UndoEntry], resolutions.Verdict],
+        annotation: str,
+    ) -> UndoEntry:
         saga = await self.saga(namespace, name)
         entries = {e.spec.stack_position: e for e in await self.entries(saga)}
         entry = entries.get(position)
         if entry is None:
             raise CommandError(f"saga {name!r} has no entry at position {position} (it has {sorted(entries)})")
-        verdict = resolutions.skip(saga, entry)
+        verdict = rule(saga, entry)
         if isinstance(verdict, resolutions.Refused):
             raise CommandError(verdict.why)
         await self.ledger.annotate(
-            "undoentries", namespace, entry.metadata.name, {SKIP_ANNOTATION: await self.stamp(reason)}
+            "undoentries", namespace, entry.metadata.name, {annotation: await self.stamp(reason)}
         )
         return entry
 

@@ -132,12 +132,24 @@ effect_attempts = Counter(
     "Post-commit effect calls by outcome and function.",
     ["namespace", "function", "outcome"],
 )
+guard_attempts = Counter(
+    "undolog_guard_attempts_total",
+    "Reads of what a step left, before its compensation (guards), by outcome and function.",
+    ["namespace", "function", "outcome"],
+)
+guard_seconds = Histogram(
+    "undolog_guard_call_duration_seconds",
+    "Wall time of one guard read attempt.",
+    ["namespace", "function"],
+    buckets=LATENCY_BUCKETS,
+)
 
 
 BY_KIND: dict[AttemptKind, tuple[Counter, Histogram]] = {
     AttemptKind.FORWARD: (forward_attempts, forward_seconds),
     AttemptKind.COMPENSATION: (compensation_attempts, compensation_seconds),
     AttemptKind.EFFECT: (effect_attempts, effect_seconds),
+    AttemptKind.GUARD: (guard_attempts, guard_seconds),
 }
 
 

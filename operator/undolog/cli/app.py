@@ -50,7 +50,8 @@ app.command()(operator)
 app.command(cls=UserCommand)(dashboard)
 app.command(cls=UserCommand)(mcp)
 app.command("list", cls=NamespacedCommand, epilog=triage.EXIT_CODES)(triage.list_sagas)
-for command in (triage.show, triage.plan, triage.retry, triage.skip, triage.abort, triage.rewind, triage.wait, history):
+triaging = (triage.show, triage.plan, triage.retry, triage.skip, triage.undo_anyway, triage.abort, triage.rewind)
+for command in (*triaging, triage.wait, history):
     app.command(cls=NamespacedCommand, epilog=triage.EXIT_CODES)(command)
 app.command(cls=UserCommand, epilog=triage.EXIT_CODES)(verify)
 app.command("version")(version_command)

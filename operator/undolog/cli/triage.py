@@ -6,6 +6,7 @@ timeline, see what a compensation would do, resolve them.
     undolog plan SAGA [-o wide|json|yaml|name]
     undolog retry SAGA | -l SELECTOR | --function F   --reason TEXT
     undolog skip SAGA POSITION --reason TEXT
+    undolog undo-anyway SAGA POSITION --reason TEXT
     undolog abort SAGA --reason TEXT
     undolog wait SAGA --for PHASE --timeout SECONDS
 
@@ -32,7 +33,7 @@ import typer
 import yaml
 
 from undolog import errors
-from undolog.api import EntryState, Saga, SagaPhase, UndoEntry
+from undolog.api import EntryReason, EntryState, Saga, SagaPhase, UndoEntry
 from undolog.archive import ArchiveStore
 from undolog.cli import printers
 from undolog.cli.connection import connection
@@ -335,10 +336,37 @@ def render_detail(detail: SagaDetail, output: Output) -> str:
         row = ["?" if at is None else str(at), lost.step or "?", lost.function or "?", "?", "Unreadable", ""]
         stack.append((at if at is not None else sys.maxsize, [*row, lost.why[:80], "", "", ""]))
     header = ["POS", "STEP", "FUNCTION", "EFFECT", "STATE", "RETRIES", "LAST ERROR", "REGISTERED", "EXECUTED", "UNDONE"]
-    lines += [table(header, [row for _, row in sorted(stack, key=lambda r: -r[0])]), "", "Timeline"]
+    lines += [table(header, [row for _, row in sorted(stack, key=lambda r: -r[0])])]
+    lines += conflicts(detail.entries)
+    lines += ["", "Timeline"]
     events = [[clock(e.time), e.type, e.reason, e.message.replace("\n", " ")] for e in detail.events]
     lines.append(table(["TIME", "TYPE", "REASON", "MESSAGE"], events))
     return "\n".join(lines)
+
+
+def conflicts(entries: Sequence[UndoEntry]) -> list[str]:
+    """What each guard saw where it stopped an undo: the state before the step, right after it,
+    and now (the fields that differ), for the person who decides."""
+    lines = []
+    for entry in entries:
+        seen = entry.status.guard
+        if seen is None or not (seen.differing or seen.now is not None or entry.status.reason == EntryReason.CONFLICT):
+            continue
+        guard = entry.spec.guard
+        lines += [
+            f"{entry.spec.stack_position} {entry.spec.step}: changed since the step"
+            + (f" ({', '.join(seen.differing)})" if seen.differing else ""),
+            f"  before: {shown_value(guard.before if guard else None)}",
+            f"  after:  {shown_value(seen.after) if seen.after is not None else seen.after_digest or '(not recorded)'}",
+            f"  now:    {shown_value(seen.now)}",
+        ]
+        if seen.overridden:
+            lines.append(f"  undone anyway: {printable(seen.overridden)}")
+    return ["", "Conflicts", *lines] if lines else []
+
+
+def shown_value(value: Any) -> str:
+    return printable(json.dumps(value, sort_keys=True))[:300]
 
 
 def last_said(entry: UndoEntry) -> str | None:
@@ -589,6 +617,18 @@ def skip(
     typer.echo(f"entry {entry.metadata.name} will be skipped; the saga then goes on")
 
 
+def undo_anyway(
+    ctx: typer.Context,
+    saga: SagaName,
+    position: Annotated[int, typer.Argument(help="The entry's stack position (`undolog show` lists them).")],
+    reason: Reason,
+) -> None:
+    """Undo one entry halted as Conflict all the same, overwriting what changed since its step."""
+    where = target(ctx)
+    entry = run(where, lambda inspector: inspector.undo_anyway(where.namespace, saga, position, reason))
+    typer.echo(f"entry {entry.metadata.name} will be undone anyway, without its guard; the saga then goes on")
+
+
 def abort(
     ctx: typer.Context,
     saga: SagaName,
@@ -632,4 +672,4 @@ def wait(
     typer.echo(f"{where.namespace}/{saga} is {reached.status.phase}")
 
 
-__all__ = ["EXIT_CODES", "abort", "list_sagas", "plan", "retry", "rewind", "show", "skip", "wait"]
+__all__ = ["EXIT_CODES", "abort", "list_sagas", "plan", "retry", "rewind", "show", "skip", "undo_anyway", "wait"]
