@@ -26,9 +26,10 @@ from tests.cluster.test_mcp_gateway import only_saga
 from tests.cluster.test_mcp_stateless import HANDLE, handle_of
 from tests.conftest import REPO, Cluster
 from tests.support.gateway_process import GatewayProcess
-from tests.support.waiting import saga_phase
+from tests.support.waiting import eventually, saga_phase
 from undolog.calls import protocol
 from undolog.calls.signing import webhook_headers
+from undolog.inspect import Inspector
 from undolog.kube import Kube
 
 pytestmark = pytest.mark.cluster
@@ -137,7 +138,9 @@ async def test_every_catalog_server_s_steps_are_undone_newest_first(
     kube: Kube, namespace: str, gateway: GatewayProcess, data: Path, tmp_path: Path
 ) -> None:
     hooks = {h["metadata"]["name"]: h["spec"]["versions"][0] for h in await kube.list("webhooks", namespace)}
-    undone = {r["compensation"]["tool"] for r in catalog(tmp_path)["tools"].values() if "compensation" in r}
+    mapped = catalog(tmp_path)["tools"].values()
+    undone = {r["compensation"]["tool"] for r in mapped if "compensation" in r}
+    undone |= {r["before"]["tool"] for r in mapped if "after" in r}  # what the guards read again
     assert sorted(hooks) == sorted(tool.lower().replace("_", "-") for tool in undone)  # made by the gateway
     assert hooks["memory.delete-entities"]["url"] == f"{gateway.base}/upstreams/memory/mcp"
     async with Client(gateway.url) as agent:  # today's client: the stateless revision
@@ -164,6 +167,53 @@ async def test_every_catalog_server_s_steps_are_undone_newest_first(
     assert (data / "todo.txt").read_text() == "a\nb\n"
     assert not (data / "done.txt").exists()
     assert users(data) == [(1, "ada@example.com", "free"), (2, "bob@example.com", "free")]
+
+
+@pytest.mark.usefixtures("operator")
+async def test_a_file_or_row_changed_again_since_is_kept_and_its_undo_halts_as_conflict(
+    kube: Kube, namespace: str, gateway: GatewayProcess, data: Path
+) -> None:
+    """Agent A writes two files and updates a row; a second writer then edits one file and the
+    row. A aborts: the file nobody touched is undone, and the two later changes are kept, each
+    undo halted as Conflict (before, after and now on the entry) for a person."""
+    steps = [
+        ("write_file", {"path": "notes.txt", "content": "second draft\n"}),
+        ("update_records", {"table": "users", "data": {"plan": "pro"}, "conditions": {"id": 1}}),
+        ("write_file", {"path": "todo.txt", "content": "nothing left\n"}),
+    ]
+    async with Client(gateway.url) as agent:
+        handle = None
+        for tool, args in steps:
+            called = await agent.call_tool(tool, in_data(args, data) | ({HANDLE: handle} if handle else {}))
+            assert not called.is_error, (tool, called)
+            handle = handle_of(called)
+        (data / "notes.txt").write_text("third draft, by a person\n")  # the second writer
+        with sqlite3.connect(data / "app.db") as db:
+            db.execute("UPDATE users SET plan = 'enterprise' WHERE id = 1")
+        await agent.call_tool("undolog_abort", {HANDLE: handle, "reason": "undo the lot"})
+    name = await only_saga(kube, namespace)
+    halted = await saga_phase(kube, namespace, name, "Halted", within=60)
+    assert halted["status"]["reason"] == "Conflict"
+    entries = {e["spec"]["stackPosition"]: e for e in await kube.list("undoentries", namespace)}
+    assert [entries[p]["status"]["state"] for p in (3, 2)] == ["Compensated", "Failed"]
+    row = entries[2]
+    assert (row["status"]["reason"], row["status"]["guard"]["differing"]) == ("Conflict", ["[0].plan"])
+    assert row["spec"]["guard"]["before"] == [{"id": 1, "email": "ada@example.com", "plan": "free"}]
+    assert row["status"]["guard"]["after"] == [{"id": 1, "email": "ada@example.com", "plan": "pro"}]
+    assert row["status"]["guard"]["now"] == [{"id": 1, "email": "ada@example.com", "plan": "enterprise"}]
+    assert users(data) == [(1, "ada@example.com", "enterprise"), (2, "bob@example.com", "free")]
+    assert (data / "todo.txt").read_text() == "a\nb\n"
+    await Inspector(kube).skip(namespace, name, 2, "the person's plan stays")
+    await eventually(
+        lambda: kube.get("undoentries", namespace, f"{name}-1"),
+        lambda e: e["status"].get("reason") == "Conflict",
+        30,
+        "the file's undo halted as Conflict",
+    )
+    assert (data / "notes.txt").read_text() == "third draft, by a person\n"
+    file_entry = await kube.get("undoentries", namespace, f"{name}-1")
+    assert file_entry["status"]["guard"]["now"] == "third draft, by a person\n"
+    assert file_entry["spec"]["guard"]["before"] == "first draft\n"
 
 
 @pytest.mark.usefixtures("operator")

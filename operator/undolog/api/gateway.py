@@ -162,7 +162,7 @@ class AfterImage(Strict):
     holds: str | None = Field(
         default=None,
         max_length=4096,
-        description="CEL over `state` (the read's result), e.g. `state.content`; absent: the whole result.",
+        description="CEL over `state` (the read's result) and `args` (the call's), e.g. `state.content`; absent: the whole result.",
     )
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ from typing import Annotated, ClassVar
 from pydantic import Field, JsonValue, StringConstraints
 
 from undolog.api.common import (
+    MAX_ARGS,
     MAX_DEPENDENCIES,
     MAX_MESSAGE,
     MAX_SAGA_NAME,
@@ -199,8 +200,13 @@ class Guard(UserFacing):
     holds: str | None = Field(
         default=None,
         max_length=4096,
-        description="CEL over `state` (the read's output) selecting what must still hold, e.g. "
+        description="CEL over `state` (the read's output) and `args` selecting what must still hold, e.g. "
         "`state.content` or `{'replicas': state.spec.replicas}`; absent: the whole output.",
+    )
+    args: JsonObject | None = Field(
+        default=None,
+        max_length=MAX_ARGS,
+        description="What `holds` reads as `args` (the step's arguments, when it reads them).",
     )
     before: JsonValue = Field(
         default=None,

@@ -50,7 +50,7 @@ class Guarding:
             return NotUndone(ended.entry, {"state": EntryState.FAILED, "attempts": ended.attempts} | failed)
         state = result.last.outcome.state
         try:
-            seen = guard_expressions.selected(guard.holds, state)
+            seen = guard_expressions.selected(guard.holds, state, guard.args)
         except guard_expressions.ExpressionError as error:  # the state no longer has what the step left (deleted?)
             judgement: guards.Judgement = guards.Conflicts(f"what the step left is no longer there: {error}", [])
             seen = state

@@ -98,14 +98,16 @@ def guard_of(rule: ToolRule, variables: Mapping[str, Any], step: str) -> Guard |
     if read is None or after is None:
         return None
     args = fill(read.args, variables, step, defer_output=False).value
+    given = dict(variables["args"]) if guard_expressions.reads_args(after.holds) else None
     before = None
     if after.tool is None and "before" in variables:
         try:
-            before = guard_expressions.selected(after.holds, variables["before"])
+            before = guard_expressions.selected(after.holds, variables["before"], given)
         except ExpressionError:  # the state before lacks it (created by the step): nothing to show
             before = None
         before = before if within(before, MAX_GUARD_VALUE_BYTES) else None
-    return Guard(read=Call(function=webhook_of(read.tool), args=args), holds=after.holds, before=before)
+    read_call = Call(function=webhook_of(read.tool), args=args)
+    return Guard(read=read_call, holds=after.holds, args=given, before=before)
 
 
 def read_arguments(read: BeforeImage, args: Mapping[str, Any]) -> dict[str, Any]:

@@ -149,7 +149,7 @@ class Steps:
             if result.is_error:
                 said = " ".join(b.text for b in result.content if isinstance(b, types.TextContent)) or "no text"
                 raise BeforeImageFailed(f"{read.tool} answered isError: {said[:300]}")
-            return Left(guard_expressions.selected(holds, result_value(result)))
+            return Left(guard_expressions.selected(holds, result_value(result), arguments))
         except Exception as error:  # the call is made: its undo halts for a person instead
             log.warning("what a step left could not be read for its guard (%s): %s", read.tool, error)
             return None
