@@ -152,7 +152,7 @@ class BeforeImage(Strict):
 
 class AfterImage(Strict):
     """What the step leaves (a guard): a read-only tool called right after the call (`tool` and
-    `args` default to the before-image's), of whose result `holds` (CEL over `state`) selects
+    `args` default to the before-image's), of whose result `holds` (CEL over `state` and `args`) selects
     what must still hold when the step is undone. The operator reads it again before the undo
     (through the Webhook named after the tool) and, if the selection changed, halts the entry as
     Conflict instead of overwriting the later change."""
@@ -162,7 +162,8 @@ class AfterImage(Strict):
     holds: str | None = Field(
         default=None,
         max_length=4096,
-        description="CEL over `state` (the read's result) and `args` (the call's), e.g. `state.content`; absent: the whole result.",
+        description="CEL over `state` (the read's result) and `args` (the call's), e.g. `state.content`; absent: "
+        "the whole result.",
     )
 
     @model_validator(mode="after")
