@@ -176,7 +176,7 @@ async def test_a_file_or_row_changed_again_since_is_kept_and_its_undo_halts_as_c
     """Agent A writes two files and updates a row; a second writer then edits one file and the
     row. A aborts: the file nobody touched is undone, and the two later changes are kept, each
     undo halted as Conflict (before, after and now on the entry) for a person."""
-    steps = [
+    steps: list[tuple[str, dict[str, Any]]] = [
         ("write_file", {"path": "notes.txt", "content": "second draft\n"}),
         ("update_records", {"table": "users", "data": {"plan": "pro"}, "conditions": {"id": 1}}),
         ("write_file", {"path": "todo.txt", "content": "nothing left\n"}),
