@@ -398,34 +398,12 @@ class Inspector:
         return saga
 
     async def skip(self, namespace: str, name: str, position: int, reason: str) -> UndoEntry:
-        return await self._resolve_entry(namespace, name, position, reason, resolutions.skip, SKIP_ANNOTATION)
+        return await resolve_entry(self, namespace, name, position, reason, resolutions.skip, SKIP_ANNOTATION)
 
     async def undo_anyway(self, namespace: str, name: str, position: int, reason: str) -> UndoEntry:
         """A person's undo of an entry halted as Conflict, overwriting the later change."""
         rule, annotation = resolutions.undo_anyway, UNDO_ANYWAY_ANNOTATION
-        return await self._resolve_entry(namespace, name, position, reason, rule, annotation)
-
-    async def _resolve_entry(
-        self,
-        namespace: str,
-        name: str,
-        position: int,
-        reason: str,
-        rule: Callable[[Saga, UndoEntry], resolutions.Verdict],
-        annotation: str,
-    ) -> UndoEntry:
-        saga = await self.saga(namespace, name)
-        entries = {e.spec.stack_position: e for e in await self.entries(saga)}
-        entry = entries.get(position)
-        if entry is None:
-            raise CommandError(f"saga {name!r} has no entry at position {position} (it has {sorted(entries)})")
-        verdict = rule(saga, entry)
-        if isinstance(verdict, resolutions.Refused):
-            raise CommandError(verdict.why)
-        await self.ledger.annotate(
-            "undoentries", namespace, entry.metadata.name, {annotation: await self.stamp(reason)}
-        )
-        return entry
+        return await resolve_entry(self, namespace, name, position, reason, rule, annotation)
 
     async def abort(self, namespace: str, name: str, reason: str) -> Saga:
         saga = await self.saga(namespace, name)
@@ -463,3 +441,27 @@ class Inspector:
             raise CommandError(f"saga {name!r} could not be read for {within:g} s: {unreachable.message}") from None
         except WaitTimedOut as late:
             raise CommandError(f"saga {name!r} is {late.saga.status.phase}, not {phase}, after {within:g} s") from None
+
+
+async def resolve_entry(
+    inspector: Inspector,
+    namespace: str,
+    name: str,
+    position: int,
+    reason: str,
+    rule: Callable[[Saga, UndoEntry], resolutions.Verdict],
+    annotation: str,
+) -> UndoEntry:
+    """A person's resolution of one entry (skip, undo anyway), checked by its rule, annotated."""
+    saga = await inspector.saga(namespace, name)
+    entries = {e.spec.stack_position: e for e in await inspector.entries(saga)}
+    entry = entries.get(position)
+    if entry is None:
+        raise CommandError(f"saga {name!r} has no entry at position {position} (it has {sorted(entries)})")
+    verdict = rule(saga, entry)
+    if isinstance(verdict, resolutions.Refused):
+        raise CommandError(verdict.why)
+    await inspector.ledger.annotate(
+        "undoentries", namespace, entry.metadata.name, {annotation: await inspector.stamp(reason)}
+    )
+    return entry

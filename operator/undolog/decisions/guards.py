@@ -77,7 +77,11 @@ def _differing(after: Any, now: Any, path: str, found: list[str]) -> None:
         return
     if isinstance(after, dict) and isinstance(now, dict):
         for key in sorted(set(after) | set(now), key=str):
-            _differing(after.get(key), now.get(key), f"{path}.{key}" if path else str(key), found)
+            where = f"{path}.{key}" if path else str(key)
+            if (key in after) != (key in now):  # added or removed (a null is not an absence)
+                found.append(where[:512] or "(the whole value)")
+                continue
+            _differing(after[key], now[key], where, found)
         return
     if isinstance(after, list) and isinstance(now, list) and len(after) == len(now):
         for index, (a, n) in enumerate(zip(after, now, strict=True)):
