@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypedDict, TypeVar, overload
 
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
 
 from undolog.api.common import Condition, ConditionStatus, JsonObject
 from undolog.api.saga import (
@@ -52,6 +52,15 @@ class EntryStatusChange(TypedDict, total=False):
     output_omitted: OmittedOutput | None
     attempts: list[Attempt]
     guard: GuardStatus | None
+
+
+class GuardStatusChange(TypedDict, total=False):
+    after: JsonValue
+    after_digest: str | None
+    now: JsonValue
+    differing: list[str]
+    checked_at: datetime | None
+    overridden: str | None
 
 
 class ConditionChange(TypedDict, total=False):
@@ -118,6 +127,7 @@ CHANGES: dict[type[BaseModel], type[Mapping[str, Any]]] = {
     RewindStatus: RewindStatusChange,
     LostEntry: LostEntryChange,
     Condition: ConditionChange,
+    GuardStatus: GuardStatusChange,
 }
 
 
@@ -133,6 +143,8 @@ def changed(model: RewindStatus, change: RewindStatusChange) -> RewindStatus: ..
 def changed(model: LostEntry, change: LostEntryChange) -> LostEntry: ...
 @overload
 def changed(model: Condition, change: ConditionChange) -> Condition: ...
+@overload
+def changed(model: GuardStatus, change: GuardStatusChange) -> GuardStatus: ...
 def changed(model: M, change: Mapping[str, Any]) -> M:
     """`model` with `change` applied (a copy; the model is left as it was)."""
     return model.model_copy(update=change)

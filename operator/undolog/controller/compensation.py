@@ -46,12 +46,12 @@ class Compensator:
         call = compensation_plan.call_or_skip(entry)
         if not isinstance(call, Call):
             return await self._skipped(saga, entry, *call)
-        checked = await Guarding(self.recorder).check(saga, entry, outputs)
+        checked = await Guarding(self.recorder).check(saga, entry, outputs, self._plan(saga, entry, call))
         if isinstance(checked, NotUndone):  # what the step left changed since, or could not be read
             entry, not_undone = checked.entry, changed(checked.entry.status, checked.changes)
             return await self.recorder.ledger.write_entry_status(entry, not_undone)
         entry = checked
-        plan = self._plan(saga, entry, call)
+        plan = self._plan(saga, entry, call)  # of the entry as the read left it (its attempts, its mark)
         ended = await self.recorder.call_entry(saga, entry, outputs, plan)
         if isinstance(ended, CallRefused):
             refused = ended.refused

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from undolog.api import AttemptKind, EntryReason, EntryState, EventReason, Guard, Saga, UndoEntry
@@ -31,14 +31,14 @@ class Guarding:
     recorder: CallRecorder
 
     async def check(
-        self, saga: Saga, entry: UndoEntry, outputs: Mapping[str, Mapping[str, Any] | None]
+        self, saga: Saga, entry: UndoEntry, outputs: Mapping[str, Mapping[str, Any] | None], undo: CallPlan
     ) -> UndoEntry | NotUndone:
-        """The entry (as last written) when its compensation may go: it has no guard, a person
-        said undo anyway, or what the step left still holds; else why not."""
+        """The entry (as last written) when its compensation (`undo`) may go: it has no guard, a
+        person said undo anyway, or what the step left still holds; else why not."""
         guard = entry.spec.guard
         if guard is None or (entry.status.guard is not None and entry.status.guard.overridden):
             return entry
-        plan = self._plan(saga, entry, guard)
+        plan = self._plan(saga, entry, guard, undo)
         ended = await self.recorder.call_entry(saga, entry, outputs, plan)
         if isinstance(ended, CallRefused):
             why = f"what the step left could not be read ({guard.read.function}): {ended.refused}"
@@ -73,26 +73,22 @@ class Guarding:
         }
 
     @staticmethod
-    def _plan(saga: Saga, entry: UndoEntry, guard: Guard) -> CallPlan:
+    def _plan(saga: Saga, entry: UndoEntry, guard: Guard, undo: CallPlan) -> CallPlan:
+        """The read, made as its compensation would be (backoff, patience, in-flight mark), but
+        counted apart: attempts from 1, the entry's retryCount left to the compensation."""
         # A key of its own each time: a participant that replays answers by key would give a
         # person's retry the state read before they mended it.
         key = f"guard-{uuid.uuid4()}"
         call = guard.read
-        return CallPlan(
+        return replace(
+            undo,
             kind=AttemptKind.GUARD,
             label=f"{entry.metadata.name} (step {entry.spec.step}, guard read {call.function} {call.version})",
             call=call,
             key=key,
-            step=entry.spec.step,
             forward_key=None,
-            backoff=saga.spec.compensation_policy.backoff,
             max_retries=call.max_retries,
             first_attempt=1,
-            in_flight={"state": EntryState.RUNNING},
-            already_in_flight=entry.status.state == EntryState.RUNNING,
-            retry_reason=EventReason.COMPENSATION_RETRY,
             counts_retries=False,
-            attempts=tuple(entry.status.attempts),
-            patient=True,
             trace=call_trace(saga, entry, call, AttemptKind.GUARD, key),
         )

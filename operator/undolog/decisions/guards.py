@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from undolog.api import GuardStatus
+from undolog.api.changes import changed
 from undolog.api.undo_entry import MAX_DIFFERING, MAX_GUARD_VALUE_BYTES
 
 
@@ -93,21 +94,10 @@ def _differing(after: Any, now: Any, path: str, found: list[str]) -> None:
 def conflicted(status: GuardStatus | None, now: Any, judgement: Conflicts, at: datetime) -> GuardStatus:
     """The entry's guard status once a conflict is found: what the read gave now (its digest
     when it is large) and the fields that differ."""
-    base = status or GuardStatus()
     kept = now if len(orjson.dumps(now)) <= MAX_GUARD_VALUE_BYTES else {"sha256": digest(now)}
-    return GuardStatus(
-        after=base.after, after_digest=base.after_digest, now=kept, differing=judgement.differing, checked_at=at
-    )
+    return changed(status or GuardStatus(), {"now": kept, "differing": judgement.differing, "checked_at": at})
 
 
 def overridden(status: GuardStatus | None, why: str) -> GuardStatus:
     """A person's `undo anyway`: the compensation goes without the check, and the entry says why."""
-    base = status or GuardStatus()
-    return GuardStatus(
-        after=base.after,
-        after_digest=base.after_digest,
-        now=base.now,
-        differing=base.differing,
-        checked_at=base.checked_at,
-        overridden=why,
-    )
+    return changed(status or GuardStatus(), {"overridden": why})

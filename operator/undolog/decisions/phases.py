@@ -16,7 +16,7 @@ consistent listing, or the watch's progress past a revision (docs/design.md says
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 
 from undolog.api import TERMINAL as TERMINAL  # re-exported: the phases a saga is finished in
@@ -369,19 +369,24 @@ def annotation_move(saga: Saga, entries: Stack) -> Move | None:
             return Retry(clip(request, 1024), verdict.resume)
         return RefuseAnnotation(None, RETRY_ANNOTATION, verdict.why)
     for entry in compensation_plan.newest_first(entries.annotated()):
-        reason = entry.metadata.annotations.get(SKIP_ANNOTATION)
-        if reason is not None:
-            skip = resolutions.skip(saga, entry)
-            if isinstance(skip, resolutions.Allowed):
-                return SkipEntry(entry, clip(reason or "skipped by a person"), skip.resume)
-            return RefuseAnnotation(entry, SKIP_ANNOTATION, skip.why)
-        reason = entry.metadata.annotations.get(UNDO_ANYWAY_ANNOTATION)
-        if reason is not None:
-            anyway = resolutions.undo_anyway(saga, entry)
-            if isinstance(anyway, resolutions.Allowed):
-                return UndoAnyway(entry, clip(reason or "undone anyway by a person"), anyway.resume)
-            return RefuseAnnotation(entry, UNDO_ANYWAY_ANNOTATION, anyway.why)
+        for key, rule, move, unsaid in ENTRY_MOVES:
+            reason = entry.metadata.annotations.get(key)
+            if reason is None:
+                continue
+            verdict = rule(saga, entry)
+            if isinstance(verdict, resolutions.Allowed):
+                return move(entry, clip(reason or unsaid), verdict.resume)
+            return RefuseAnnotation(entry, key, verdict.why)
     return None
+
+
+# A person's annotations on an entry: its rule, the move it asks for, and the reason when none is given.
+ENTRY_MOVES: tuple[
+    tuple[str, Callable[[Saga, UndoEntry], resolutions.Verdict], type[SkipEntry | UndoAnyway], str], ...
+] = (
+    (SKIP_ANNOTATION, resolutions.skip, SkipEntry, "skipped by a person"),
+    (UNDO_ANYWAY_ANNOTATION, resolutions.undo_anyway, UndoAnyway, "undone anyway by a person"),
+)
 
 
 def holds_finalizer(saga: Saga) -> bool:

@@ -11,10 +11,11 @@ from typing import Any
 
 import mcp_types as types
 
+from undolog.api import GuardStatus
 from undolog.api.gateway import BeforeImage, ToolRule
 from undolog.calls.mcp import answered, result_value
 from undolog.conventions import repeated_step, step_name_of
-from undolog.decisions import guard_expressions
+from undolog.decisions import guard_expressions, guards
 from undolog.decisions.arguments import within
 from undolog.decisions.tool_calls import compensation_call, guard_of, read_arguments
 from undolog.decisions.undo_expressions import COMPUTED, Filled, computed
@@ -44,13 +45,6 @@ class BeforeImageFailed(UndoLogError):
 
 class ToolFailed(UndoLogError):
     """The upstream answered the call with isError: a failed step, still compensated."""
-
-
-@dataclass(frozen=True)
-class Left:
-    """What a step left, as its guard selects it (any JSON value, null too)."""
-
-    value: Any
 
 
 @dataclass(frozen=True)
@@ -127,9 +121,7 @@ class Steps:
         registered.output = with_computed(outcome.output, filled, {**variables, "output": result_value(result)})
         rule = call.rule
         if rule is not None and rule.after is not None and rule.guard_read is not None:
-            left = await self.read_after(call.request, rule.guard_read, rule.after.holds, call.arguments)
-            if left is not None:
-                registered.leaves(left.value)
+            registered.left = await self.read_after(call.request, rule.guard_read, rule.after.holds, call.arguments)
         await run.finish(registered, ToolFailed(outcome.error) if outcome.error else None)
         return types.CallToolResult(
             content=result.content,
@@ -138,18 +130,22 @@ class Steps:
             meta={**(result.meta or {}), **said},
         )
 
+    async def _read(self, request: AgentRequest, read: BeforeImage, arguments: dict[str, Any]) -> Any:
+        """A read-only tool's result as expressions read it; ReadFailed when it answers isError."""
+        reader = self.catalogue.qualified(read.tool)
+        result = await self.upstreams.call(request, reader, read_arguments(read, arguments), None)
+        if result.is_error:
+            said = " ".join(b.text for b in result.content if isinstance(b, types.TextContent)) or "no text"
+            raise ReadFailed(f"{read.tool}: {said[:300]}")
+        return result_value(result)
+
     async def read_after(
         self, request: AgentRequest, read: BeforeImage, holds: str | None, arguments: dict[str, Any]
-    ) -> Left | None:
+    ) -> GuardStatus | None:
         """What the step left, read right after it for its guard. Unread (None: the read failed,
         or `holds` cannot select from it), the undo halts as Conflict for a person to decide."""
         try:
-            reader = self.catalogue.qualified(read.tool)
-            result = await self.upstreams.call(request, reader, read_arguments(read, arguments), None)
-            if result.is_error:
-                said = " ".join(b.text for b in result.content if isinstance(b, types.TextContent)) or "no text"
-                raise BeforeImageFailed(f"{read.tool} answered isError: {said[:300]}")
-            return Left(guard_expressions.selected(holds, result_value(result), arguments))
+            return guards.left(guard_expressions.selected(holds, await self._read(request, read, arguments), arguments))
         except Exception as error:  # the call is made: its undo halts for a person instead
             log.warning("what a step left could not be read for its guard (%s): %s", read.tool, error)
             return None
@@ -158,17 +154,19 @@ class Steps:
         """The state before the call, as the mapping's read-only tool gives it; BeforeImageFailed
         (nothing is called) when it cannot be read or is more than UndoLog keeps."""
         assert rule.before is not None
-        reader = self.catalogue.qualified(rule.before.tool)
-        result = await self.upstreams.call(request, reader, read_arguments(rule.before, arguments), None)
-        if result.is_error:
-            said = " ".join(b.text for b in result.content if isinstance(b, types.TextContent)) or "no text"
-            raise BeforeImageFailed(f"the state before it could not be read ({rule.before.tool}: {said[:300]})")
-        value = result_value(result)
+        try:
+            value = await self._read(request, rule.before, arguments)
+        except ReadFailed as failed:
+            raise BeforeImageFailed(f"the state before it could not be read ({failed})") from None
         if not within(value, MAX_BEFORE_BYTES):
             raise BeforeImageFailed(
                 f"the state before it ({rule.before.tool}) is more than the {MAX_BEFORE_BYTES} bytes UndoLog keeps"
             )
         return value
+
+
+class ReadFailed(UndoLogError):
+    """A read-only tool answered isError."""
 
 
 def with_computed(output: dict[str, Any] | None, filled: Filled | None, variables: dict[str, Any]) -> Any:

@@ -22,6 +22,7 @@ from undolog.api import (
     Effect,
     EffectState,
     Guard,
+    GuardStatus,
     Outcome,
     Rewind,
     RewindState,
@@ -115,8 +116,7 @@ class StepRun:
     position: int
     entry: UndoEntry
     output: dict[str, Any] | None = None
-    left: Any = None  # what the step left, as its guard's `holds` selects it (set by `leaves`)
-    left_said: bool = False
+    left: GuardStatus | None = None  # what the step left, as its guard keeps it (set by `leaves`)
     _marking: asyncio.Task[None] | None = field(default=None, repr=False)
     _writing_mark: bool = field(default=False, repr=False)
 
@@ -151,7 +151,7 @@ class StepRun:
         """What the step left, as its guard (`register(..., guard=)`) selects it of its read: the
         compensation is sent only while the read gives this again. Unsaid, the undo halts as
         Conflict (nothing tells that a later change would not be overwritten)."""
-        self.left, self.left_said = value, True
+        self.left = guards.left(value)
 
     @property
     def forward_key(self) -> str:
@@ -279,8 +279,8 @@ class SagaRun:
             if run.output is not None:
                 changes |= {"output": output, "output_omitted": omitted}
         changes["executed_at"] = now()
-        if run.left_said:
-            changes["guard"] = guards.left(run.left)
+        if run.left is not None:
+            changes["guard"] = run.left
         status = changed(run.entry.status, changes)
         # Its output is what a compensation may need to find the effect: worth waiting out an outage.
         attributes = {"undolog.saga": self.saga.reference, "undolog.effect": str(changes["effect"])}
