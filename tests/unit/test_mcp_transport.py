@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import mcp_types as types
+from collections.abc import Iterator
 
-from undolog.calls.mcp import answered
+import mcp_types as types
+import pytest
+
+from tests.support.mcp_tracker import Tracker
+from undolog.calls.http import HttpTransport
+from undolog.calls.mcp import McpTransport, answered, calls_the_tool
+from undolog.calls.transport import PreparedCall, Target
+from undolog.decisions.egress import EgressPolicy
 from undolog.decisions.retry import Verdict, classify
+from undolog.errors import NotLeading
 
 
 def result(*texts: str, structured: dict[str, object] | None = None, error: bool = False) -> types.CallToolResult:
@@ -35,3 +43,61 @@ def test_is_error_is_the_participant_refusing_permanent_and_said() -> None:
 def test_a_failed_call_keeps_what_its_partial_effect_left() -> None:
     outcome = answered("create_issue", 200, result("opened #3, then failed", structured={"number": 3}, error=True))
     assert (classify(outcome), outcome.output) == (Verdict.PERMANENT, {"number": 3})
+
+
+@pytest.fixture
+def served() -> Iterator[Tracker]:
+    tracker = Tracker()
+    yield tracker
+    tracker.stop()
+
+
+@pytest.mark.parametrize("requests_led", [0, 1])
+async def test_a_lease_in_doubt_before_the_tool_is_called_raises_and_calls_nothing(
+    served: Tracker, requests_led: int
+) -> None:
+    """As over HTTP: the Lease in doubt before the tools/call leaves (at the first request, or
+    after the handshake's first) is NotLeading, which the driver waits out, not a failed
+    attempt recorded on the entry (a make test run showed `NotLeading: ...` as an attempt's
+    error, and an isError answer counted as a second attempt)."""
+    asked: list[int] = []
+
+    def guard() -> None:
+        asked.append(1)
+        if len(asked) > 2 * requests_led:  # asked twice per request: on connecting, before writing
+            raise NotLeading("the Lease is in doubt")
+
+    served.issues.open("kept open")
+    http = HttpTransport(EgressPolicy.build(allow_loopback=True), guard=guard)
+    target = Target(served.url, 5.0, tool="close_issue")
+    try:
+        with pytest.raises(NotLeading):
+            await McpTransport(http).send(PreparedCall(target, {"number": 1}, {"Idempotency-Key": "k"}))
+    finally:
+        await http.close()
+    assert len(served.issues.authorizations) == requests_led
+    assert (served.issues.closes, served.issues.state(1)) == ([], "open")
+
+
+async def test_a_lease_in_doubt_once_the_tool_was_called_is_an_attempt_asked_again(served: Tracker) -> None:
+    """Once the tools/call has left, the tool may have acted: a refusal of a later request of
+    the exchange (the client's tools/list, to check the result's schema) is a failed attempt,
+    asked again under the same key, not 'nothing sent'."""
+    asked: list[int] = []
+
+    def guard() -> None:
+        asked.append(1)
+        if len(asked) > 4:  # server/discover and tools/call leave; what follows is refused
+            raise NotLeading("the Lease is in doubt")
+
+    served.issues.open("to close")
+    http = HttpTransport(EgressPolicy.build(allow_loopback=True), guard=guard)
+    target = Target(served.url, 5.0, tool="close_issue")
+    try:
+        outcome = await McpTransport(http).send(PreparedCall(target, {"number": 1}, {"Idempotency-Key": "k"}))
+    finally:
+        await http.close()
+    assert (outcome.error, classify(outcome)) == ("NotLeading: the Lease is in doubt", Verdict.TRANSIENT)
+    assert [close.meta_key for close in served.issues.closes] == ["k"]
+    assert calls_the_tool(b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t"}}')
+    assert not calls_the_tool(b"")

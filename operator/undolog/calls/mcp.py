@@ -28,6 +28,7 @@ from undolog.calls.signing import webhook_headers
 from undolog.calls.transport import PreparedCall, Target
 from undolog.conventions import MAX_ANSWER_BYTES, MAX_ERROR_TEXT, now
 from undolog.decisions.retry import CallOutcome, Verdict
+from undolog.errors import NotLeading
 
 KEY_META = "io.undolog/idempotency-key"
 READ_CHUNK = 64 * 1024
@@ -59,12 +60,15 @@ class _Capped(httpx2.AsyncByteStream):
 
 class Carrier(httpx2.AsyncBaseTransport):
     """httpx's requests sent by the HTTP transport's aiohttp session. What the network did is
-    kept in `failure` (the MCP client wraps it in errors of its own), the last status in `status`."""
+    kept in `failure` (the MCP client wraps it in errors of its own), the last status in `status`;
+    a fence that refused a request before the tools/call left, in `refused`: nothing was called."""
 
     def __init__(self, http: HttpTransport, target: Target, headers: dict[str, str], context: Any) -> None:
         self.http, self.target, self.headers, self.context = http, target, headers, context
         self.failure: CallOutcome | None = None
         self.status: int | None = None
+        self.refused: NotLeading | None = None
+        self.called = False  # the tools/call request has left
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         body = await request.aread()
@@ -76,9 +80,16 @@ class Carrier(httpx2.AsyncBaseTransport):
             response = await self.http.request(
                 request.method, URL(str(request.url), encoded=True), body, headers, self.context
             )
+        except NotLeading as refused:
+            if self.called:  # the tool may have acted: a failed attempt, asked again under its key
+                self.failure = self.http.failure(refused, self.target)
+            else:
+                self.refused = refused
+            raise httpx2.ConnectError(str(refused)) from refused
         except Exception as error:
             self.failure = self.http.failure(error, self.target)
             raise httpx2.ConnectError(self.failure.error or type(error).__name__) from error
+        self.called = self.called or calls_the_tool(body)
         self.status = response.status
         return httpx2.Response(response.status, headers=list(response.headers.items()), stream=_Capped(response, self))
 
@@ -124,12 +135,24 @@ class McpTransport:
             text = f"MCP error {error.code} from tool {target.tool!r}: {error.error.message}"
             return CallOutcome(status_code=carrier.status, error=text[:MAX_ERROR_TEXT], verdict=verdict)
         except Exception as error:  # the MCP client wraps what the network did (kept by the carrier)
+            if carrier.refused is not None:
+                raise carrier.refused from error  # as the HTTP transport does: nothing was sent, no attempt
             if carrier.failure is not None:
                 return carrier.failure
             text = f"MCP: {type(error).__name__}: {error}"[:MAX_ERROR_TEXT]
             if carrier.status is not None and not 200 <= carrier.status < 300:  # judged as HTTP judges it
                 return CallOutcome(status_code=carrier.status, error=f"HTTP {carrier.status}: {text}"[:MAX_ERROR_TEXT])
             return CallOutcome(error=text)
+
+
+def calls_the_tool(body: bytes) -> bool:
+    """Whether a request of the exchange is the tools/call (the others are the handshake and
+    the session's end)."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(message, dict) and message.get("method") == "tools/call"
 
 
 def keyed_meta(key: str) -> RequestParamsMeta:
