@@ -36,6 +36,9 @@ from undolog.api import (
 )
 from undolog.api.saga import ROOT_RULES as SAGA_ROOT_RULES
 from undolog.api.undo_entry import (
+    ACT_AS_MESSAGE,
+    ACT_AS_POLICY,
+    ACT_AS_RULE,
     OWNER_MESSAGE,
     OWNER_POLICY,
     OWNER_POLICY_OPT_OUT,
@@ -298,7 +301,8 @@ def _policy(name: str, expression: str, message: str, match: JsonSchema | None =
 def entry_policies() -> list[JsonSchema]:
     """The policies over UndoEntry writes: the owner policy refuses an entry its saga does not own
     (every namespace but those labelled `undolog.io/entry-owner-policy: off`); the status policy
-    keeps the status to the writers RBAC allows undoentries/status (every namespace)."""
+    keeps the status to the writers RBAC allows undoentries/status (every namespace); the act-as
+    policy lets an entry name only whom its creator may act as (every namespace)."""
     opted_in = {
         "namespaceSelector": {
             "matchExpressions": [{"key": OWNER_POLICY_OPT_OUT, "operator": "NotIn", "values": ["off"]}]
@@ -307,6 +311,7 @@ def entry_policies() -> list[JsonSchema]:
     return [
         *_policy(OWNER_POLICY, OWNER_RULE, OWNER_MESSAGE, opted_in),
         *_policy(STATUS_POLICY, STATUS_RULE, STATUS_MESSAGE),
+        *_policy(ACT_AS_POLICY, ACT_AS_RULE, ACT_AS_MESSAGE),
     ]
 
 

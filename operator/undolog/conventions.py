@@ -22,6 +22,7 @@ from undolog.api import (
     Call,
     Guard,
     ObjectMeta,
+    ObjectUndo,
     OmittedOutput,
     OutputOmission,
     Saga,
@@ -39,6 +40,9 @@ RETRY_ANNOTATION = "undolog.io/retry"  # on a Saga: a person's retry (the value 
 SKIP_ANNOTATION = "undolog.io/skip"  # on an UndoEntry: a person's skip (the value says why)
 # On an UndoEntry halted as Conflict: a person's "undo anyway" (the value says why), sent unchecked.
 UNDO_ANYWAY_ANNOTATION = "undolog.io/undo-anyway"
+# On an object a step deleted and its undo created again: which undo (undoId) did, so that the
+# undo, run again after a crash, knows the object as its own.
+UNDONE_BY_ANNOTATION = "undolog.io/undone-by"
 ENTRY_RESOLUTIONS = (SKIP_ANNOTATION, UNDO_ANYWAY_ANNOTATION)  # what a person annotates an entry with
 ABORT_REASON_ANNOTATION = "undolog.io/abort-reason"  # why the agent or person aborted (SDK, CLI)
 FAILED_STEP_ANNOTATION = "undolog.io/failed-step"  # the step whose failure made the agent abort
@@ -253,6 +257,7 @@ def new_undo_entry(
     depends_on: list[str] | None = None,
     effect_id: str | None = None,
     guard: Guard | None = None,
+    kubernetes: ObjectUndo | None = None,
 ) -> UndoEntry:
     """The UndoEntry that registers `step` of `saga` at `position`, before the step runs."""
     meta = saga.metadata
@@ -273,6 +278,7 @@ def new_undo_entry(
             registered_at=registered_at or now(),
             depends_on=depends_on,
             guard=guard,
+            kubernetes=kubernetes,
         ),
     )
 

@@ -44,6 +44,7 @@ from undolog.api.saga import (
     StepType,
 )
 from undolog.api.undo_entry import (
+    ActAs,
     Attempt,
     AttemptKind,
     EffectState,
@@ -51,6 +52,8 @@ from undolog.api.undo_entry import (
     EntryState,
     Guard,
     GuardStatus,
+    ObjectReference,
+    ObjectUndo,
     OmittedOutput,
     OutputOmission,
     UndoEntry,
@@ -82,6 +85,7 @@ __all__ = [
     "MAX_NESTING",
     "TERMINAL",
     "VERSION",
+    "ActAs",
     "Attempt",
     "AttemptKind",
     "Backoff",
@@ -105,6 +109,8 @@ __all__ = [
     "LostEntry",
     "McpTool",
     "ObjectMeta",
+    "ObjectReference",
+    "ObjectUndo",
     "OmittedOutput",
     "OnFailure",
     "Outcome",

@@ -77,6 +77,7 @@ class EntryReason(StrEnum):
     RETRIES_EXHAUSTED = "RetriesExhausted"
     CERTIFICATE_REJECTED = "CertificateRejected"  # retries exhausted on a certificate not accepted
     PARTICIPANT_UNAVAILABLE = "ParticipantUnavailable"  # did not answer for the Webhook's outage budget
+    FORBIDDEN = "Forbidden"  # the API refused the user an object's undo acts as (spec.kubernetes.actAs)
     # What the step left changed since (its guard, or the participant's 409 naming a conflict):
     # the compensation would overwrite later work, so a person decides.
     CONFLICT = "Conflict"
@@ -188,6 +189,31 @@ STATUS_MESSAGE = (
 )
 
 
+# The act-as policy: an entry that has the operator undo a Kubernetes object as someone names its
+# creator (with the creator's groups), or someone the creator may impersonate, as the API itself
+# would let the creator act as them: creating an UndoEntry grants no rights to anything else.
+ACT_AS_POLICY = "undolog-undoentry-act-as"
+_ACTOR = "object.spec.kubernetes.actAs"
+_ACCOUNT = f"{_ACTOR}.user.split(':')"
+_MAY_BE_USER = (
+    f"({_ACTOR}.user == request.userInfo.username || ("
+    f"{_ACTOR}.user.startsWith('system:serviceaccount:') && size({_ACCOUNT}) == 4 ? "
+    f"authorizer.group('').resource('serviceaccounts').namespace({_ACCOUNT}[2]).name({_ACCOUNT}[3])"
+    ".check('impersonate').allowed() : "
+    f"authorizer.group('').resource('users').name({_ACTOR}.user).check('impersonate').allowed()))"
+)
+_MAY_BE_GROUPS = (
+    f"{_ACTOR}.?groups.orValue([]).all(g, g in request.userInfo.?groups.orValue([]) || "
+    "authorizer.group('').resource('groups').name(g).check('impersonate').allowed())"
+)
+ACT_AS_RULE = f"request.operation != 'CREATE' || !has(object.spec.kubernetes) || ({_MAY_BE_USER} && {_MAY_BE_GROUPS})"
+ACT_AS_MESSAGE = (
+    "'UndoEntry ' + object.metadata.name + ': ' + request.userInfo.username + ' may not have the operator act as ' + "
+    f"{_ACTOR}.user + ' (spec.kubernetes.actAs): name yourself, or grant ' + request.userInfo.username + "
+    "' impersonate on that user (or ServiceAccount) and its groups'"
+)
+
+
 MAX_GUARD_VALUE_BYTES = 16 * 1024  # of a guard's value kept on the entry; a larger one by its digest
 MAX_DIFFERING = 20  # fields named in status.guard.differing
 
@@ -212,6 +238,65 @@ class Guard(UserFacing):
         default=None,
         description="What it selected before the step (for a person; never compared).",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+MAX_OBJECT_BYTES = 256 * 1024  # of an object's before- or after-image kept on its entry
+MAX_ACT_AS_GROUPS = 32
+
+
+class ObjectReference(UserFacing):
+    """One Kubernetes object, as the operator reaches it over the API."""
+
+    api_version: str = Field(max_length=253, description="Its apiVersion, e.g. apps/v1 or v1.")
+    kind: str = Field(max_length=63, description="Its kind, e.g. Deployment.")
+    resource: str = Field(
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Its resource (plural), e.g. deployments.",
+    )
+    namespace: str | None = Field(
+        default=None, max_length=63, description="Its namespace; absent for a cluster-scoped object."
+    )
+    name: str = Field(max_length=253, description="Its name.")
+
+    def __str__(self) -> str:
+        group = self.api_version.rpartition("/")[0]
+        where = f" in namespace {self.namespace}" if self.namespace else ""
+        return f"{self.resource}{'.' + group if group else ''} {self.name}{where}"
+
+
+class ActAs(UserFacing):
+    """Whom the operator impersonates to undo: never more than the change was made with."""
+
+    user: str = Field(
+        max_length=512,
+        description="A user as the API names it, e.g. system:serviceaccount:<namespace>:<name>: the caller, or a "
+        "ServiceAccount its mapping names.",
+    )
+    groups: list[
+        Annotated[str, StringConstraints(max_length=512), Field(description="A group, e.g. system:authenticated.")]
+    ] = Field(
+        default_factory=list,
+        max_length=MAX_ACT_AS_GROUPS,
+        description="Its groups (absent: for a ServiceAccount, the API adds its groups itself).",
+    )
+
+
+class ObjectUndo(UserFacing):
+    """A change to a Kubernetes object, undone by the operator over the API: a created object
+    deleted, a deleted one created again, a changed one restored on the fields the step changed,
+    each only while nothing changed them again since (status.guard.after: the object after the step)."""
+
+    object: ObjectReference = Field(description="The object the step changes.")
+    before: JsonObject | None = Field(
+        default=None,
+        description=f"The object as read before the step (absent: it did not exist); at most {MAX_OBJECT_BYTES} bytes.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    act_as: ActAs = Field(
+        description="Whom the operator acts as: an entry may name only its creator, or a user its creator may "
+        "impersonate (checked at admission)."
     )
 
 
@@ -242,6 +327,11 @@ class UndoEntrySpec(Model):
         description="Checked before the compensation is sent: a later change to what the step left halts the "
         "entry as Conflict instead of being overwritten.",
     )
+    kubernetes: ObjectUndo | None = Field(
+        default=None,
+        description="A change to a Kubernetes object, undone natively by the operator (instead of a compensation "
+        "call); a later change to a field the step changed halts the entry as Conflict.",
+    )
     depends_on: list[StepName] | None = Field(
         default=None,
         max_length=MAX_DEPENDENCIES,
@@ -254,7 +344,12 @@ class UndoEntrySpec(Model):
     model_config = Model.model_config | {
         "json_schema_extra": {
             "x-kubernetes-validations": [
-                {"rule": "self == oldSelf", "message": "spec is immutable once the UndoEntry is created"}
+                {"rule": "self == oldSelf", "message": "spec is immutable once the UndoEntry is created"},
+                {
+                    "rule": "!has(self.kubernetes) || (!has(self.compensation) && !has(self.guard))",
+                    "message": "spec.kubernetes is the undo itself: an entry with it has no spec.compensation and no "
+                    "spec.guard",
+                },
             ]
         }
     }
@@ -289,7 +384,8 @@ class GuardStatus(Model):
 
     after: JsonValue = Field(
         default=None,
-        description=f"What held right after the step (spec.guard.holds); not kept above {MAX_GUARD_VALUE_BYTES} bytes.",
+        description=f"What held right after the step (spec.guard.holds; not kept above {MAX_GUARD_VALUE_BYTES} bytes), "
+        f"or the object after it (spec.kubernetes; null: absent, at most {MAX_OBJECT_BYTES} bytes).",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     after_digest: str | None = Field(

@@ -1,7 +1,8 @@
 """Compensating one UndoEntry: the call with its retries, then Compensated or Failed.
 
 An entry with a guard has what its step left read again first (guarding.py); a later change
-there halts it as Conflict, unsent. Each failed attempt is written to the entry (retryCount,
+there halts it as Conflict, unsent. A change to a Kubernetes object is undone over the API
+instead of by a call (object_undo.py). Each failed attempt is written to the entry (retryCount,
 lastError, attempts) and posted as an Event before the next one starts; a crash at any point
 leaves the entry Pending or Running, and the next operator sends it again under the same
 Idempotency-Key.
@@ -13,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from undolog.api import AttemptKind, Call, EntryReason, EntryState, EventReason, Saga, SagaPhase, UndoEntry
+from undolog.api import AttemptKind, Call, EntryReason, EntryState, EventReason, ObjectUndo, Saga, SagaPhase, UndoEntry
 from undolog.api.changes import EntryStatusChange, changed
 from undolog.calls.runner import CallResult
 from undolog.controller.guarding import Guarding, NotUndone
+from undolog.controller.object_undo import ObjectUndoer
 from undolog.controller.recorded_call import CallPlan, CallRecorder, CallRefused, call_trace, failure_changes
 from undolog.conventions import clip, compensation_key, now
 from undolog.decisions import compensation_plan, entry_changes
@@ -31,6 +33,7 @@ def rewound(saga: Saga) -> EntryStatusChange:
 @dataclass
 class Compensator:
     recorder: CallRecorder
+    objects: ObjectUndoer
 
     async def _skipped(self, saga: Saga, entry: UndoEntry, reason: EntryReason, why: str) -> UndoEntry:
         """Settled without a call: there is nothing to call, or nothing was ever done."""
@@ -44,6 +47,8 @@ class Compensator:
         self, saga: Saga, entry: UndoEntry, outputs: Mapping[str, Mapping[str, Any] | None]
     ) -> UndoEntry:
         call = compensation_plan.call_or_skip(entry)
+        if isinstance(call, ObjectUndo):
+            return await self.objects.undo(saga, entry, call)
         if not isinstance(call, Call):
             return await self._skipped(saga, entry, *call)
         checked = await Guarding(self.recorder).check(saga, entry, outputs, self._plan(saga, entry, call))
@@ -102,4 +107,4 @@ class Compensator:
             EventReason.ENTRY_COMPENSATED,
             f"{label}: HTTP {last.outcome.status_code} in {last.duration_milliseconds} ms, attempt {last.number}",
         )
-        return {"state": EntryState.COMPENSATED, "compensated_at": now(), "reason": None} | rewound(saga)
+        return entry_changes.compensated(now(), rewinding=saga.status.phase == SagaPhase.REWINDING)

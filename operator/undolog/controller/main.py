@@ -36,6 +36,7 @@ from undolog.controller.engine import Engine
 from undolog.controller.forward import Forwarder
 from undolog.controller.gauges import SagaGauges
 from undolog.controller.leadership import Leadership, LeaseSettings, identity
+from undolog.controller.object_undo import ObjectUndoer
 from undolog.controller.participants import BreakerReport
 from undolog.controller.recorded_call import CallRecorder
 from undolog.controller.replicas import Replicas
@@ -49,6 +50,7 @@ from undolog.decisions.sharding import all_shards
 from undolog.kube import Kube
 from undolog.kube.kopf_runtime import run_kopf
 from undolog.kube.metrics_endpoint import serve_metrics
+from undolog.kube.objects import Impersonation
 from undolog.ledger import Ledger
 
 log = logging.getLogger("undolog.operator")
@@ -103,6 +105,7 @@ class Calls:
     recorder: CallRecorder
     runner: Runner
     webhooks: WebhookCache
+    objects: ObjectUndoer  # Kubernetes objects, undone natively as the user each entry names
 
 
 def mcp_transport(http: HttpTransport) -> Transport:
@@ -122,7 +125,8 @@ async def calls_of(kube: Kube, ledger: Ledger, timeline: Timeline, options: Oper
     runner = Runner(transport, fence, away=without_slot, pacing=pacing)
     await webhooks.start()
     registry = Registry(ledger, options.cross_namespace_services, webhooks)
-    return Calls(CallRecorder(ledger, registry, runner, timeline), runner, webhooks)
+    objects = ObjectUndoer(ledger, timeline, fence, Impersonation(kube))
+    return Calls(CallRecorder(ledger, registry, runner, timeline), runner, webhooks, objects)
 
 
 @dataclass
@@ -159,7 +163,7 @@ class Operator:
             Engine(
                 self.kube,
                 self.ledger,
-                Compensator(self.calls.recorder),
+                Compensator(self.calls.recorder, self.calls.objects),
                 Forwarder(self.calls.recorder),
                 self.timeline,
                 leadership,

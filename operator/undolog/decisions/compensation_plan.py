@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 
-from undolog.api import Call, EffectState, EntryReason, EntryState, UndoEntry
+from undolog.api import Call, EffectState, EntryReason, EntryState, ObjectUndo, UndoEntry
 from undolog.api.changes import changed, with_status
 from undolog.decisions.stack import Stack
 
@@ -31,12 +31,14 @@ FAILED = frozenset({EntryState.FAILED})
 FAILED_EFFECTS = frozenset({EffectState.FAILED, EffectState.NOT_SENT})  # the step did not commit
 
 
-def call_or_skip(entry: UndoEntry) -> Call | tuple[EntryReason, str]:
-    """The compensation to call for an owed entry, or why it is Skipped instead: nothing to
-    call, or nothing was ever done."""
+def call_or_skip(entry: UndoEntry) -> Call | ObjectUndo | tuple[EntryReason, str]:
+    """The compensation to call for an owed entry (or its object to undo natively), or why it is
+    Skipped instead: nothing to call, or nothing was ever done."""
     if entry.status.effect == EffectState.NOT_SENT:
         why = entry.status.last_error or "the forward call was refused before it was sent"
         return EntryReason.NOT_SENT, f"never sent, nothing to undo ({why})"[:1024]
+    if entry.spec.kubernetes is not None:
+        return entry.spec.kubernetes
     if entry.spec.compensation is None:
         return EntryReason.NO_COMPENSATION, "the step has no compensation (Pivot or Retriable)"
     return entry.spec.compensation

@@ -19,6 +19,15 @@ def skipped(reason: EntryReason, why: str, *, rewound_at: datetime | None = None
     return change
 
 
+def compensated(at: datetime, *, rewinding: bool) -> EntryStatusChange:
+    """Undone, by its compensation or natively (an object's undo); settled while its saga
+    rewinds, history from then on."""
+    change: EntryStatusChange = {"state": EntryState.COMPENSATED, "compensated_at": at, "reason": None}
+    if rewinding:
+        change["rewound_at"] = at
+    return change
+
+
 def undone_anyway(status: UndoEntryStatus, why: str) -> EntryStatusChange:
     """A person's undo anyway of a Conflict: owed again, its guard not asked (and why, on it)."""
     return {

@@ -23,6 +23,7 @@ from undolog.api import (
     EffectState,
     Guard,
     GuardStatus,
+    ObjectUndo,
     Outcome,
     Rewind,
     RewindState,
@@ -218,6 +219,7 @@ class SagaRun:
         depends_on: Sequence[str] | None = None,
         *,
         guard: Guard | None = None,
+        kubernetes: ObjectUndo | None = None,
     ) -> StepRun:
         """Write the step's UndoEntry (write-ahead); its effect is marked Executing if the step
         is still running IN_FLIGHT_MARK_AFTER later.
@@ -226,7 +228,8 @@ class SagaRun:
         strictly increasing positions; AlreadyExists on a position is never retried silently.
         `depends_on` names steps registered before this one (see `step`). `guard`: what the step
         leaves is read again before its compensation (`StepRun.leaves` says what it was), and a
-        later change there halts the undo as Conflict instead of being overwritten.
+        later change there halts the undo as Conflict instead of being overwritten. `kubernetes`:
+        the object the step changes, undone natively (see `undolog.sdk.objects.changing`).
         """
         if self._ended:
             raise SagaEnded(f"saga {self.namespace}/{self.name} is {self._ended}: step {step!r} was not registered")
@@ -257,7 +260,9 @@ class SagaRun:
             f"undolog register {step}", {"undolog.saga": self.saga.reference, "undolog.position": position}
         ):
             entry = await ledger.create_entry(
-                new_undo_entry(self.saga, position, step, compensation, depends_on=dependencies, guard=guard)
+                new_undo_entry(
+                    self.saga, position, step, compensation, depends_on=dependencies, guard=guard, kubernetes=kubernetes
+                )
             )
         run = StepRun(self, step, position, entry)
         run.mark_when_slow(ledger)

@@ -15,9 +15,18 @@ from undolog.controller.compensation import Compensator
 from undolog.controller.context import DriverContext, SagaSlots, without_slot
 from undolog.controller.entry_index import EntryIndex
 from undolog.controller.forward import Forwarder
+from undolog.controller.object_undo import ObjectUndoer
 from undolog.controller.recorded_call import CallRecorder
 from undolog.controller.timeline import Timeline
+from undolog.kube import Kube
+from undolog.kube.kubeconfig import Credentials
+from undolog.kube.objects import Impersonation
 from undolog.ledger import Ledger
+
+
+def unreachable_api() -> Kube:
+    """No object is undone natively on the fakes (the cluster tests undo real ones)."""
+    return Kube(Credentials(server="https://127.0.0.1:9"))
 
 
 @pytest.fixture
@@ -32,7 +41,7 @@ async def operator() -> AsyncIterator[Operator]:
         ledger=ledger,
         timeline=timeline,
         index=EntryIndex(),
-        compensator=Compensator(recorder),
+        compensator=Compensator(recorder, ObjectUndoer(ledger, timeline, fence, Impersonation(unreachable_api()))),
         forwarder=Forwarder(recorder),
         slots=SagaSlots(10),
         phase_changed=lambda saga: None,

@@ -1,0 +1,121 @@
+"""Any Kubernetes object, as one user reaches it: what a step changed, read before and after it,
+and undone by the operator (decisions/object_undo.py decides what to write). Each user's
+client impersonates them (`Impersonate-User`, `Impersonate-Group`): the API checks that this
+process may impersonate them, and then their own RBAC, so an undo never has more rights than
+the user it acts as."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from undolog import errors
+from undolog.api import ActAs, ObjectReference
+from undolog.kube.client import JSON_PATCH, Body, Kube, trimmed
+
+DISCOVERY_SECONDS = 300.0
+MAX_USERS = 64  # impersonating clients kept (each a pool of connections): the least recently used closed
+
+
+def object_path(ref: ObjectReference) -> str:
+    group, _, version = ref.api_version.rpartition("/")
+    root = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    return root + (f"/namespaces/{ref.namespace}" if ref.namespace else "") + f"/{ref.resource}"
+
+
+@dataclass(frozen=True)
+class Objects:
+    """The API's objects as one user."""
+
+    kube: Kube
+
+    async def get(self, ref: ObjectReference) -> Body | None:
+        """The object (without its managedFields), or None when there is none of that name."""
+        try:
+            return trimmed(await self.kube.request("GET", f"{object_path(ref)}/{ref.name}"))
+        except errors.NotFound:
+            return None
+
+    async def create(self, ref: ObjectReference, manifest: Body) -> Body:
+        return trimmed(await self.kube.request("POST", object_path(ref), manifest))
+
+    async def delete(self, ref: ObjectReference, uid: str, version: str) -> None:
+        """Only that very copy (errors.Conflict when it changed or was replaced since)."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": "Background",
+            "preconditions": {"uid": uid, "resourceVersion": version},
+        }
+        await self.kube.request("DELETE", f"{object_path(ref)}/{ref.name}", body)
+
+    async def patch(self, ref: ObjectReference, operations: list[dict[str, Any]]) -> Body:
+        """A JSON patch: its `test` of the resourceVersion makes it apply to the copy read only."""
+        path = f"{object_path(ref)}/{ref.name}"
+        return trimmed(await self.kube.request("PATCH", path, operations, content_type=JSON_PATCH))
+
+
+class Discovery:
+    """What the API serves (its preferred versions), read once per DISCOVERY_SECONDS: a tool names
+    an object as kubectl does, and each call would otherwise cost a read of every API group."""
+
+    def __init__(self, kube: Kube, clock: Callable[[], float] = time.monotonic) -> None:
+        self.kube, self.clock = kube, clock
+        self._served: list[tuple[str, dict[str, Any]]] = []
+        self._read_at = float("-inf")
+
+    async def resolve(self, resource: str, namespace: str | None, name: str) -> ObjectReference:
+        """The object named as kubectl names it (`deployment`, `deployments.apps`, `cm`, a kind);
+        errors.NotFound naming what was looked for."""
+        wanted, _, group = resource.lower().partition(".")
+        for group_version, entry in await self.served():
+            names = {entry["name"], str(entry.get("singularName") or ""), str(entry["kind"]).lower()}
+            names |= set(entry.get("shortNames") or ())
+            if wanted in names and (not group or group_version.startswith(group + "/")):
+                scope = (namespace or "default") if entry.get("namespaced") else None
+                return ObjectReference(
+                    api_version=group_version, kind=entry["kind"], resource=entry["name"], namespace=scope, name=name
+                )
+        raise errors.NotFound(f"the API serves no resource {resource!r} (as kubectl names them: deployment, cm, ...)")
+
+    async def served(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every (groupVersion, resource) at the API's preferred versions, subresources left out."""
+        if self.clock() - self._read_at < DISCOVERY_SECONDS:
+            return self._served
+        groups = await self.kube.request("GET", "/apis")
+        versions = ["v1", *(str(g["preferredVersion"]["groupVersion"]) for g in groups.get("groups") or ())]
+        served: list[tuple[str, dict[str, Any]]] = []
+        for version in versions:
+            listed = await self.kube.request("GET", f"/apis/{version}" if "/" in version else f"/api/{version}")
+            resources = (r for r in listed.get("resources") or () if isinstance(r, dict))
+            served.extend((version, r) for r in resources if "/" not in str(r.get("name")))
+        self._served, self._read_at = served, self.clock()
+        return served
+
+
+class Impersonation:
+    """One client per user acted as, over this process's own credentials."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self._clients: OrderedDict[tuple[str, tuple[str, ...]], Kube] = OrderedDict()
+
+    async def acting_as(self, who: ActAs) -> Objects:
+        key = (who.user, tuple(who.groups))
+        client = self._clients.pop(key, None)
+        if client is None:
+            as_them = replace(self.kube.credentials, as_user=who.user, as_groups=tuple(who.groups))
+            client = Kube(as_them, self.kube.timeouts)
+        self._clients[key] = client
+        while len(self._clients) > MAX_USERS:
+            _, oldest = self._clients.popitem(last=False)
+            await oldest.close()
+        return Objects(client)
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
