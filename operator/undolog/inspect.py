@@ -353,7 +353,10 @@ class Inspector:
         planned = []
         in_order = [(order, e) for order, wave in enumerate(compensation_plan.waves(entries), start=1) for e in wave]
         for order, entry in in_order:
-            call = entry.spec.compensation
+            call, native = entry.spec.compensation, entry.spec.kubernetes
+            if native is not None:
+                planned.append(PlannedCompensation(order, entry, f"the API, as {native.act_as.user}", None, None))
+                continue
             if call is None:
                 planned.append(PlannedCompensation(order, entry, None, None, "no compensation: skipped"))
                 continue

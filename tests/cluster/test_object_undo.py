@@ -17,8 +17,10 @@ from tests.support.operator_process import OperatorProcess
 from tests.support.waiting import saga_phase
 from undolog import errors
 from undolog.api import ActAs, ObjectUndo, Saga
+from undolog.cli.triage import conflicts
 from undolog.conventions import creation_body, new_undo_entry
 from undolog.decisions import object_undo
+from undolog.inspect import Inspector
 from undolog.kube import Kube
 from undolog.kube.objects import Discovery, Objects
 from undolog.sdk import SagaRun, open_saga
@@ -90,6 +92,8 @@ async def test_a_scale_changed_again_since_halts_as_conflict_and_a_change_elsewh
     assert (entry["spec"]["kubernetes"]["before"]["spec"]["replicas"], guard["after"]["spec"]["replicas"]) == (2, 5)
     assert guard["now"]["spec"]["replicas"] == 10
     assert "undolog undo-anyway" in entry["status"]["lastError"]
+    shown = conflicts((await Inspector(kube).show(namespace, halted["metadata"]["name"])).entries)
+    assert "  spec.replicas: before 2, after 5, now 10" in shown
 
     # api: scaled 2 → 5 by the agent, then relabelled by a second writer: scaled back, label kept.
     saga = await agent(cluster, namespace)

@@ -20,6 +20,7 @@ from undolog.decisions.object_undo import (
     Restore,
     Undo,
     changed_paths,
+    conflicting_fields,
     kept,
     pointer,
     shown,
@@ -174,3 +175,10 @@ def _at(manifest: Any, path: tuple[str, ...]) -> Any:
             return "<absent>"
         manifest = manifest[key]
     return manifest
+
+
+def test_a_person_is_shown_each_conflicting_field_before_after_and_now() -> None:
+    before, after = deployment(2, team="a"), deployment(5, "11", team="b")
+    now = deployment(10, "12", team="b", owner="c")  # replicas changed again; the label the step set kept
+    assert conflicting_fields(before, after, now) == [("spec.replicas", 2, 5, 10)]
+    assert conflicting_fields(None, after, None) == []  # gone again, as before the step: nothing lost

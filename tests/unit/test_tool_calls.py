@@ -125,11 +125,13 @@ def test_an_expression_that_does_not_compile_or_reads_what_it_has_not_is_refused
         tools={
             "tracker.create_issue": {"compensation": {"tool": "tracker.close_issue", "args": {"n": "${output.}"}}},
             "files.write": {"compensation": {"function": "restore", "args": {"content": "${before.text}"}}},
+            "tracker.label_issue": {"kubernetes": {"resource": "cm", "name": "${output.name}"}},
         }
     )
     problems = expression_problems(broken)
     assert problems[0].startswith("tools.tracker.create_issue.compensation.args: ${output.} does not compile:")
     assert problems[1] == "tools.files.write.compensation.args: ${before.text} reads before, which it has not here"
+    assert problems[2] == "tools.tracker.label_issue.kubernetes: ${output.name} reads output, which it has not here"
 
 
 IDENTIFIER = st.from_regex(r"[a-z_][a-z0-9_]{0,7}", fullmatch=True).filter(lambda k: k not in {"in", "as", "null"})
@@ -151,7 +153,25 @@ def test_an_argument_the_ledger_cannot_carry_is_refused_before_the_step_is_regis
     ("change", "said"),
     [
         ({"tools": {"tracker.create_issue": {"compensaton": {}}}}, "compensaton"),
-        ({"tools": {"tracker.create_issue": {}}}, "either readOnly: true, has a compensation, or confirm: true"),
+        (
+            {"tools": {"tracker.create_issue": {}}},
+            r"either readOnly: true, has a compensation \(or kubernetes\), or confirm: true",
+        ),
+        (
+            {"tools": {"tracker.create_issue": {"kubernetes": {"resource": "cm", "name": "x"}, "confirm": True}}},
+            "confirm: true is for those that cannot",
+        ),
+        (
+            {
+                "tools": {
+                    "tracker.create_issue": {
+                        "kubernetes": {"resource": "cm", "name": "x"},
+                        "compensation": {"function": "undo"},
+                    }
+                }
+            },
+            "kubernetes is the tool's whole undo",
+        ),
         ({"tools": {"github.create_issue": {"readOnly": True}}}, "names no upstream"),
         ({"upstreams": {"tracker": {}}}, "exactly one of url or command"),
         ({"tools": {"create_issue": {"readOnly": True}}}, "<upstream>.<tool>"),

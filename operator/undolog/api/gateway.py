@@ -173,6 +173,30 @@ class AfterImage(Strict):
         return self
 
 
+class ObjectMapping(Strict):
+    """The Kubernetes object a tool changes, undone natively by the operator: read over the API
+    before and after the call, and on an abort put back on the fields the call changed, only
+    where nothing changed them since. Each field is text with expressions over the call's
+    `args` (`${args.name}`, `${has(args.namespace) ? args.namespace : 'default'}`)."""
+
+    resource: str = Field(
+        max_length=1024, description="As kubectl names it: deployment, deployments.apps, cm (an expression, or text)."
+    )
+    name: str = Field(max_length=1024, description="The object's name.")
+    namespace: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Its namespace; absent: the saga's (ignored for a cluster-scoped one).",
+    )
+    service_account: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description="Read and undo as this ServiceAccount of the saga's namespace; absent: as the caller (its "
+        "ServiceAccount, or its OAuth identity as the cluster names it).",
+    )
+
+
 class ToolRule(Strict):
     """One tool: read-only (passes straight through), or its compensation (and what to read
     before the call, for it, and after it, for its guard)."""
@@ -181,6 +205,9 @@ class ToolRule(Strict):
     compensation: Compensation | None = None
     before: BeforeImage | None = None
     after: AfterImage | None = None
+    kubernetes: ObjectMapping | None = Field(
+        default=None, description="The Kubernetes object it changes, undone natively (instead of a compensation)."
+    )
     confirm: bool = Field(
         default=False, description="Ask the user before the call (it will not be undone); declined: not called."
     )
@@ -197,10 +224,15 @@ class ToolRule(Strict):
 
     @model_validator(mode="after")
     def one_kind(self) -> Self:
-        if self.read_only == (self.compensation is not None or self.confirm):
-            raise ValueError("a tool is either readOnly: true, has a compensation, or confirm: true")
-        if self.confirm and self.compensation is not None:
+        undone = self.compensation is not None or self.kubernetes is not None
+        if self.read_only == (undone or self.confirm):
+            raise ValueError("a tool is either readOnly: true, has a compensation (or kubernetes), or confirm: true")
+        if self.confirm and undone:
             raise ValueError("a tool with a compensation can be undone: confirm: true is for those that cannot")
+        if self.kubernetes is not None and (self.compensation or self.before or self.after):
+            raise ValueError(
+                "kubernetes is the tool's whole undo: it reads the object itself (no compensation, before or after)"
+            )
         return self
 
 

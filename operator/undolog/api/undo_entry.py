@@ -341,6 +341,15 @@ class UndoEntrySpec(Model):
         ),
     )
 
+    @property
+    def undone_with(self) -> str:
+        """How it is undone, in a few words: its compensation's function, or its object."""
+        if self.compensation is not None:
+            return f"{self.compensation.function} {self.compensation.version}"
+        if self.kubernetes is not None:
+            return f"natively: {self.kubernetes.object}"
+        return "-"
+
     model_config = Model.model_config | {
         "json_schema_extra": {
             "x-kubernetes-validations": [

@@ -37,6 +37,7 @@ from undolog.api import EntryReason, EntryState, Saga, SagaPhase, UndoEntry
 from undolog.archive import ArchiveStore
 from undolog.cli import printers
 from undolog.cli.connection import connection
+from undolog.decisions import object_undo
 from undolog.inspect import Inspector, PlannedCompensation, SagaDetail, SagaListing, age, duration, expires_in
 from undolog.kube import Kube, default_namespace
 
@@ -344,6 +345,9 @@ def render_detail(detail: SagaDetail, output: Output) -> str:
     return "\n".join(lines)
 
 
+WHEN = ("before", "after", "now")
+
+
 def conflicts(entries: Sequence[UndoEntry]) -> list[str]:
     """What each guard saw where it stopped an undo: the state before the step, right after it,
     and now (the fields that differ), for the person who decides."""
@@ -352,14 +356,24 @@ def conflicts(entries: Sequence[UndoEntry]) -> list[str]:
         seen = entry.status.guard
         if seen is None or not (seen.differing or seen.now is not None or entry.status.reason == EntryReason.CONFLICT):
             continue
-        guard = entry.spec.guard
-        lines += [
+        guard, native = entry.spec.guard, entry.spec.kubernetes
+        lines.append(
             f"{entry.spec.stack_position} {entry.spec.step}: changed since the step"
-            + (f" ({', '.join(seen.differing)})" if seen.differing else ""),
-            f"  before: {shown_value(guard.before if guard else None)}",
-            f"  after:  {shown_value(seen.after) if seen.after is not None else seen.after_digest or '(not recorded)'}",
-            f"  now:    {shown_value(seen.now)}",
-        ]
+            + (f" ({', '.join(seen.differing)})" if seen.differing else "")
+        )
+        if native is not None:  # an object: the fields, not three whole manifests
+            images = [i if isinstance(i, dict) else None for i in (native.before, seen.after, seen.now)]
+            for name, *values in object_undo.conflicting_fields(*images):
+                lines.append(
+                    f"  {name}: " + ", ".join(f"{w} {shown_value(v)}" for w, v in zip(WHEN, values, strict=True))
+                )
+        else:
+            after = shown_value(seen.after) if seen.after is not None else seen.after_digest or "(not recorded)"
+            lines += [
+                f"  before: {shown_value(guard.before if guard else None)}",
+                f"  after:  {after}",
+                f"  now:    {shown_value(seen.now)}",
+            ]
         if seen.overridden:
             lines.append(f"  undone anyway: {printable(seen.overridden)}")
     return ["", "Conflicts", *lines] if lines else []
@@ -380,11 +394,11 @@ def last_said(entry: UndoEntry) -> str | None:
 
 def entry_row(entry: UndoEntry) -> list[str]:
     """An entry's row in the undo stack of `undolog show`."""
-    call, status = entry.spec.compensation, entry.status
+    status = entry.status
     return [
         str(entry.spec.stack_position),
         entry.spec.step,
-        f"{call.function} {call.version}" if call else "-",
+        entry.spec.undone_with,
         status.effect,
         status.state,
         str(status.retry_count),
@@ -421,13 +435,12 @@ def render_plan(where: str, planned: list[PlannedCompensation], output: Output) 
         return f"nothing to compensate in {where}"
     rows = []
     for step in planned:
-        call = step.entry.spec.compensation
         row = [
             str(step.order),
             str(step.entry.spec.stack_position),
             step.entry.spec.step,
             step.entry.status.state,
-            f"{call.function} {call.version}" if call else "-",
+            step.entry.spec.undone_with,
             step.target or f"cannot call: {step.refusal}",
             json.dumps(step.args) if step.args is not None else "",
         ]

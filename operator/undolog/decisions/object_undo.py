@@ -255,3 +255,17 @@ def left(after: Manifest | None) -> GuardStatus | None:
     if after is not None and not within(after, MAX_OBJECT_BYTES):
         return None
     return GuardStatus(after=after, after_digest=digest(after))
+
+
+def conflicting_fields(
+    before: Manifest | None, after: Manifest | None, now: Manifest | None
+) -> list[tuple[str, Any, Any, Any]]:
+    """Each field the step changed that changed again since: its name, and its value before the
+    step, right after it and now (None where absent), for the person who decides."""
+    old, new, current = (kept(m) if m is not None else {} for m in (before, after, now))
+    found: list[tuple[str, Any, Any, Any]] = []
+    for path in changed_paths(old, new):
+        was, left, is_now = (None if v is _ABSENT else v for v in (at(image, path) for image in (old, new, current)))
+        if at(current, path) not in (at(old, path), at(new, path)):
+            found.append((shown(path), was, left, is_now))
+    return found[:MAX_DIFFERING]

@@ -130,6 +130,9 @@ def expression_problems(config: GatewayConfig) -> list[str]:
             places.append((f"tools.{tool}.before.args", rule.before.args, frozenset({"args"})))
         if rule.after is not None and rule.after.args is not None:
             places.append((f"tools.{tool}.after.args", rule.after.args, frozenset({"args"})))
+        if rule.kubernetes is not None:
+            named = rule.kubernetes.model_dump(exclude={"service_account"}, exclude_none=True)
+            places.append((f"tools.{tool}.kubernetes", named, frozenset({"args"})))
         if rule.after is not None and rule.after.holds is not None:
             try:
                 guard_expressions.check(rule.after.holds)

@@ -32,6 +32,7 @@ from undolog.gateway.caller_limits import LimitReached, Limits
 from undolog.gateway.catalogue import ToolCatalogue, UpstreamTool
 from undolog.gateway.changes import Changes
 from undolog.gateway.handles import HANDLE_ARG, HandleSagas, advertised
+from undolog.gateway.object_steps import ObjectSteps
 from undolog.gateway.operator_webhooks import OperatorWebhooks
 from undolog.gateway.own_tools import OWN_NAMES, OWN_TOOLS, OwnTools
 from undolog.gateway.relay import Relay
@@ -95,7 +96,7 @@ class Gateway:
         self.limits, self.webhooks = Limits(config.limits, kube), webhooks
         self.sessions = SessionSagas(config, kube, self._opening)
         self.handles = HandleSagas(config, kube, handle_key, self._opening)
-        self.steps = Steps(upstreams, catalogue)
+        self.steps = Steps(upstreams, catalogue, ObjectSteps(kube))
         self.own = OwnTools(kube)
         self.relay = Relay(upstreams, subscriptions)  # resources, prompts, completion, logging: passed through
         self.changes = Changes(upstreams, subscriptions, catalogue)

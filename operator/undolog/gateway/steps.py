@@ -22,6 +22,7 @@ from undolog.decisions.undo_expressions import COMPUTED, Filled, computed
 from undolog.errors import UndoLogError
 from undolog.gateway.agent_requests import AgentRequest
 from undolog.gateway.catalogue import ToolCatalogue, UpstreamTool
+from undolog.gateway.object_steps import ObjectStep, ObjectSteps
 from undolog.gateway.upstreams import Rounds, Upstreams
 from undolog.inspect import Inspector, PlannedCompensation
 from undolog.kube import Kube
@@ -60,9 +61,19 @@ class ToolCall:
     rounds: Rounds | None = None
 
 
+@dataclass(frozen=True)
+class Registered:
+    """A step as registered: its entry's run, its compensation's deferred expressions, and the
+    Kubernetes object it changes (read again right after the call)."""
+
+    run: StepRun
+    filled: Filled | None
+    changing: ObjectStep | None
+
+
 class Steps:
-    def __init__(self, upstreams: Upstreams, catalogue: ToolCatalogue) -> None:
-        self.upstreams, self.catalogue = upstreams, catalogue
+    def __init__(self, upstreams: Upstreams, catalogue: ToolCatalogue, objects: ObjectSteps) -> None:
+        self.upstreams, self.catalogue, self.objects = upstreams, catalogue, objects
 
     async def call(self, call: ToolCall, run: SagaRun, position: int, meta: dict[str, Any], carried: bool) -> Answer:
         """Register the step `<tool>-<position>` (its compensation filled in from the arguments
@@ -77,12 +88,21 @@ class Steps:
                 compensation_call(rule, variables, step) if rule and rule.compensation else (None, None)
             )
             guard = guard_of(rule, variables, step) if rule else None
+            changing = await self._object(call, run)
             registered = (
-                await unrecorded_step(run, position) if carried else await run.register(step, compensation, guard=guard)
+                await unrecorded_step(run, position)
+                if carried
+                else await run.register(step, compensation, guard=guard, kubernetes=changing.undo if changing else None)
             )
         except (ValueError, UndoLogError) as error:
             raise NotCalled(f"tool {call.tool.qualified} was not called: {error}") from error
-        return await self._recorded(call, run, registered, filled, variables, meta)
+        return await self._recorded(call, run, Registered(registered, filled, changing), variables, meta)
+
+    async def _object(self, call: ToolCall, run: SagaRun) -> ObjectStep | None:
+        """The Kubernetes object the call changes, read before it (its mapping's `kubernetes`)."""
+        if call.rule is None or call.rule.kubernetes is None:
+            return None
+        return await self.objects.before(call.rule.kubernetes, call.arguments, run.namespace, call.request.principal)
 
     async def _variables(self, call: ToolCall) -> dict[str, Any]:
         variables: dict[str, Any] = {"args": call.arguments}
@@ -91,19 +111,13 @@ class Steps:
         return variables
 
     async def _recorded(
-        self,
-        call: ToolCall,
-        run: SagaRun,
-        registered: StepRun,
-        filled: Filled | None,
-        variables: dict[str, Any],
-        meta: dict[str, Any],
+        self, call: ToolCall, run: SagaRun, step: Registered, variables: dict[str, Any], meta: dict[str, Any]
     ) -> Answer:
         """Call upstream and record the result: an isError result or an exception is a failed
         step (its effect may be partial, so it is compensated), its output kept with what the
         compensation computes from it. An `input_required` answer records nothing: the step stays
         open (compensated, if the saga ends before the retry records it)."""
-        tool = call.tool
+        tool, registered, filled = call.tool, step.run, step.filled
         try:
             result = await self.upstreams.call(call.request, tool, call.arguments, registered.forward_key, call.rounds)
         except Exception as error:
@@ -122,6 +136,8 @@ class Steps:
         rule = call.rule
         if rule is not None and rule.after is not None and rule.guard_read is not None:
             registered.left = await self.read_after(call.request, rule.guard_read, rule.after.holds, call.arguments)
+        if step.changing is not None:
+            registered.left = await step.changing.left()
         await run.finish(registered, ToolFailed(outcome.error) if outcome.error else None)
         return types.CallToolResult(
             content=result.content,
@@ -187,8 +203,10 @@ async def plan_text(kube: Kube, run: SagaRun) -> str:
 
 
 def planned(compensation: PlannedCompensation) -> str:
-    call = compensation.entry.spec.compensation
-    said = f"{compensation.order}. {compensation.entry.spec.step} → {call.function if call else '-'}"
+    spec = compensation.entry.spec
+    said = (
+        f"{compensation.order}. {spec.step} → {spec.compensation.function if spec.compensation else spec.undone_with}"
+    )
     if compensation.args is not None:
         said += f" {json.dumps(compensation.args)}"
     return said + (f" ({compensation.refusal})" if compensation.refusal else "")

@@ -1,0 +1,83 @@
+"""Tool calls that change a Kubernetes object (a mapping's `kubernetes`): the object named from
+the call's arguments, read over the API before the call and right after it, as the user its
+undo will act as (the caller, or the mapping's ServiceAccount): the gateway never reads, and the
+operator never writes, with more rights than that user has."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from undolog import errors
+from undolog.api import ActAs, GuardStatus, ObjectUndo
+from undolog.api.gateway import ObjectMapping
+from undolog.api.undo_entry import MAX_OBJECT_BYTES
+from undolog.decisions import object_undo
+from undolog.decisions.arguments import within
+from undolog.decisions.principals import SERVICE_ACCOUNT_PREFIX, Principal
+from undolog.decisions.undo_expressions import fill
+from undolog.errors import UndoLogError
+from undolog.kube import Kube
+from undolog.kube.objects import Discovery, Impersonation, Objects
+
+log = logging.getLogger("undolog.gateway")
+
+
+class ObjectNotRead(UndoLogError):
+    """The object could not be named or read before the call: nothing is called."""
+
+
+@dataclass(frozen=True)
+class ObjectStep:
+    """A call's object, as registered, and how to read it again after the call."""
+
+    undo: ObjectUndo
+    objects: Objects
+
+    async def left(self) -> GuardStatus | None:
+        """The object right after the call; None (its undo then halts for a person) when it
+        cannot be read or is too large to keep."""
+        try:
+            return object_undo.left(await self.objects.get(self.undo.object))
+        except Exception as error:  # the call is made: its undo halts for a person instead
+            log.warning("%s could not be read after the call: %s", self.undo.object, error)
+            return None
+
+
+class ObjectSteps:
+    def __init__(self, kube: Kube) -> None:
+        self.discovery = Discovery(kube)
+        self.impersonation = Impersonation(kube)
+
+    async def before(
+        self, mapping: ObjectMapping, arguments: dict[str, Any], namespace: str, caller: Principal | None
+    ) -> ObjectStep:
+        """The object the call changes, read as the user its undo acts as; ObjectNotRead when it
+        cannot be named or read, or is more than UndoLog keeps."""
+        named = fill(mapping.model_dump(exclude={"service_account"}), {"args": arguments}, "", defer_output=False)
+        values: dict[str, Any] = named.value
+        try:
+            ref = await self.discovery.resolve(
+                str(values["resource"]), values["namespace"] or namespace, str(values["name"])
+            )
+            act_as = acting_as(mapping, namespace, caller)
+            objects = await self.impersonation.acting_as(act_as)
+            before = await objects.get(ref)
+        except (errors.NotFound, errors.Forbidden) as refused:
+            raise ObjectNotRead(f"the object it changes could not be read: {refused.message}") from None
+        if before is not None and not within(before, MAX_OBJECT_BYTES):
+            raise ObjectNotRead(f"{ref} is more than the {MAX_OBJECT_BYTES} bytes UndoLog keeps of an object")
+        return ObjectStep(ObjectUndo(object=ref, before=before, act_as=act_as), objects)
+
+
+def acting_as(mapping: ObjectMapping, namespace: str, caller: Principal | None) -> ActAs:
+    """The mapping's ServiceAccount (of the saga's namespace), else the caller."""
+    if mapping.service_account is not None:
+        return ActAs(user=f"{SERVICE_ACCOUNT_PREFIX}{namespace}:{mapping.service_account}")
+    if caller is None:
+        raise ObjectNotRead(
+            "its undo acts as the caller, and this gateway does not know who calls (auth: none): configure auth, or "
+            "name a ServiceAccount in the mapping's kubernetes.serviceAccount"
+        )
+    return ActAs(user=caller.name)

@@ -1,0 +1,180 @@
+"""The catalog's Kubernetes entry (charts/undolog/catalog/kubernetes.yaml) against the real
+mcp-server-kubernetes from npm, run as the catalog runs it (a stdio command of the gateway,
+kubectl on the test control plane): an agent authenticated by its ServiceAccount token scales,
+patches, creates and deletes real Deployments, ConfigMaps and Secrets; a second writer changes
+some of them meanwhile; the agent aborts. The operator undoes each object natively, as the
+agent's account: only what the call changed, only where nothing changed it since."""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import yaml
+from devtools.control_plane.local import free_port
+
+from tests.cluster.test_mcp_auth import agent, service_account_token
+from tests.cluster.test_mcp_gateway import only_saga
+from tests.cluster.test_mcp_stateless import HANDLE, handle_of
+from tests.cluster.test_object_undo import MERGE, apps, config_map, core, deployment, granted
+from tests.conftest import REPO, Cluster
+from tests.support.gateway_process import GatewayProcess
+from tests.support.waiting import eventually, saga_phase
+from undolog import errors
+from undolog.inspect import Inspector
+from undolog.kube import Kube
+
+pytestmark = pytest.mark.cluster
+SERVER = REPO / "tests" / "mcp_servers" / "node_modules" / ".bin" / "mcp-server-kubernetes"
+OBJECT_RIGHTS = [
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch", "delete", "create"]},
+    {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get", "patch", "delete", "create"]},
+]
+
+
+def kubernetes_catalog(cluster: Cluster) -> dict[str, Any]:
+    """The catalog file's gateway configuration, its command the installed server's, kubectl the
+    one built for the tests."""
+    config = yaml.safe_load((REPO / "charts/undolog/catalog/kubernetes.yaml").read_text())["gateway"]["config"]
+    npx, _, package = config["upstreams"]["kubernetes"]["command"]
+    assert (npx, package) == ("npx", "mcp-server-kubernetes@4.1.7")
+    env = {"KUBECONFIG": str(cluster.kubeconfig), "PATH": f"{REPO / 'bin'}:{os.environ['PATH']}"}
+    return {"upstreams": {"kubernetes": {"command": [str(SERVER)], "env": env}}, "tools": config["tools"]}
+
+
+class Gateway:
+    def __init__(self, cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+        port = free_port()
+        self.resource = f"http://127.0.0.1:{port}/mcp"
+        auth = {"resource": self.resource, "serviceAccounts": True}
+        config = {"namespace": namespace, "auth": auth, **kubernetes_catalog(cluster)}
+        self.process = GatewayProcess(cluster.kubeconfig, config, tmp_path, port=port)
+
+
+@pytest_asyncio.fixture
+async def gateway(cluster: Cluster, namespace: str, tmp_path: Path) -> AsyncIterator[Gateway]:
+    served = Gateway(cluster, namespace, tmp_path)
+    yield served
+    served.process.stop()
+
+
+async def objects(kube: Kube, namespace: str) -> None:
+    await kube.request("POST", apps(namespace), deployment("web", 2))
+    await kube.request("POST", apps(namespace), deployment("api", 2))
+    await kube.request("POST", core(namespace, "configmaps"), config_map("settings", mode="safe", size="s"))
+    await kube.request("POST", core(namespace, "configmaps"), config_map("old", keep="me"))
+    secret = {"metadata": {"name": "creds"}, "stringData": {"password": "before"}}
+    await kube.request("POST", core(namespace, "secrets"), secret)
+
+
+def steps(namespace: str) -> list[tuple[str, dict[str, Any]]]:
+    """The agent's calls, oldest first: the scale a second writer will change again comes first,
+    so that every newer undo goes before its Conflict halts the saga."""
+    at = {"namespace": namespace}
+    template = {"spec": {"template": {"spec": {"containers": [{"name": "web", "image": "registry.invalid/web:2"}]}}}}
+    return [
+        ("kubectl_scale", {"name": "web", "replicas": 5, **at}),
+        (
+            "kubectl_patch",
+            {"resourceType": "deployment", "name": "api", "patchType": "merge", "patchData": template, **at},
+        ),
+        (
+            "kubectl_patch",
+            {
+                "resourceType": "configmap",
+                "name": "settings",
+                "patchType": "merge",
+                "patchData": {"data": {"mode": "fast"}, "metadata": {"labels": {"tier": "silver"}}},
+                **at,
+            },
+        ),
+        (
+            "kubectl_patch",
+            {
+                "resourceType": "secret",
+                "name": "creds",
+                "patchType": "merge",
+                "patchData": {"data": {"password": base64.b64encode(b"after").decode()}},
+                **at,
+            },
+        ),
+        ("kubectl_delete", {"resourceType": "configmap", "name": "old", **at}),
+        ("kubectl_create", {"resourceType": "configmap", "name": "fresh", "fromLiteral": ["new=yes"], **at}),
+    ]
+
+
+@pytest.mark.usefixtures("operator")
+async def test_an_agent_s_kubernetes_changes_are_undone_natively_and_later_changes_are_kept(
+    kube: Kube, namespace: str, gateway: Gateway
+) -> None:
+    await objects(kube, namespace)
+    await granted(kube, namespace, "agent", OBJECT_RIGHTS)
+    token = await service_account_token(kube, namespace, "agent", gateway.resource)
+    async with agent(gateway.process.url, token, "auto") as called:
+        handle = None
+        for tool, args in steps(namespace):
+            answer = await called.call_tool(tool, args | ({HANDLE: handle} if handle else {}))
+            assert not answer.is_error, (tool, answer)
+            handle = handle_of(answer)
+        assert (await kube.request("GET", apps(namespace, "web")))["spec"]["replicas"] == 5
+        # A second writer (a person, an autoscaler) scales web again and changes another key of settings.
+        await kube.request("PATCH", apps(namespace, "web"), {"spec": {"replicas": 10}}, content_type=MERGE)
+        later = {"data": {"size": "xl"}}
+        await kube.request("PATCH", core(namespace, "configmaps", "settings"), later, content_type=MERGE)
+        await called.call_tool("undolog_abort", {HANDLE: handle, "reason": "undo the lot"})
+    name = await only_saga(kube, namespace)
+    halted = await saga_phase(kube, namespace, name, "Halted", within=60)
+    assert halted["status"]["reason"] == "Conflict"
+    entries = {e["spec"]["stackPosition"]: e for e in await kube.list("undoentries", namespace)}
+    print("\n" + "\n".join(f"{p}: {e['spec']['step']} {e['status']['state']}" for p, e in sorted(entries.items())))
+    assert [entries[p]["status"]["state"] for p in range(6, 0, -1)] == ["Compensated"] * 5 + ["Failed"]
+    assert entries[1]["spec"]["kubernetes"]["actAs"]["user"] == f"system:serviceaccount:{namespace}:agent"
+    web = entries[1]["status"]["guard"]
+    assert (entries[1]["status"]["reason"], web["differing"]) == ("Conflict", ["spec.replicas"])
+    assert (await kube.request("GET", apps(namespace, "web")))["spec"]["replicas"] == 10  # the later change kept
+    api = await kube.request("GET", apps(namespace, "api"))
+    assert api["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.invalid/web:1"
+    settings = await kube.request("GET", core(namespace, "configmaps", "settings"))
+    assert (settings["data"], settings["metadata"]["labels"]) == ({"mode": "safe", "size": "xl"}, {"tier": "gold"})
+    creds = await kube.request("GET", core(namespace, "secrets", "creds"))
+    assert base64.b64decode(creds["data"]["password"]) == b"before"
+    old = await kube.request("GET", core(namespace, "configmaps", "old"))
+    assert (old["data"], old["metadata"]["labels"]) == ({"keep": "me"}, {"tier": "gold"})
+    with pytest.raises(errors.NotFound):
+        await kube.request("GET", core(namespace, "configmaps", "fresh"))
+    await Inspector(kube).skip(namespace, name, 1, "the autoscaler's 10 replicas stay")
+    await saga_phase(kube, namespace, name, "Compensated", within=30)
+    assert (await kube.request("GET", apps(namespace, "web")))["spec"]["replicas"] == 10
+
+
+@pytest.mark.usefixtures("operator")
+async def test_the_undo_refused_for_a_missing_right_names_it_and_changes_nothing(
+    kube: Kube, namespace: str, gateway: Gateway
+) -> None:
+    """The agent's account may get and patch the ConfigMap (the server patches with its own
+    kubeconfig) but not patch it back: the gateway reads it as the agent, the undo acts as the
+    agent, and the API's refusal halts the saga naming the account and the right."""
+    await kube.request("POST", core(namespace, "configmaps"), config_map("settings", mode="safe"))
+    await granted(kube, namespace, "agent", [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}])
+    token = await service_account_token(kube, namespace, "agent", gateway.resource)
+    patch = {"resourceType": "configmap", "name": "settings", "namespace": namespace, "patchType": "merge"}
+    async with agent(gateway.process.url, token, "auto") as called:
+        answer = await called.call_tool("kubectl_patch", patch | {"patchData": {"data": {"mode": "fast"}}})
+        assert not answer.is_error, answer
+        await called.call_tool("undolog_abort", {HANDLE: handle_of(answer), "reason": "undo it"})
+    name = await only_saga(kube, namespace)
+    halted = await saga_phase(kube, namespace, name, "Halted", within=60)
+    entry = await eventually(
+        lambda: kube.get("undoentries", namespace, f"{name}-1"), lambda e: "reason" in e["status"], 10, "its reason"
+    )
+    print(f"\n{entry['status']['lastError']}")
+    assert entry["status"]["reason"] == "Forbidden"
+    assert f"system:serviceaccount:{namespace}:agent" in entry["status"]["lastError"]
+    assert 'cannot patch resource "configmaps"' in entry["status"]["lastError"]
+    assert halted["status"]["reason"] == "CompensationFailed"
+    assert (await kube.request("GET", core(namespace, "configmaps", "settings")))["data"] == {"mode": "fast"}
