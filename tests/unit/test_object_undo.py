@@ -28,8 +28,15 @@ from undolog.decisions.object_undo import (
 )
 
 
-def undone(before: Manifest | None, after: Manifest | None, now: Manifest | None, *, anyway: bool = False) -> Undo:
-    return undo(before, after, now, undone_by="undo-1", anyway=anyway)
+def undone(
+    before: Manifest | None,
+    after: Manifest | None,
+    now: Manifest | None,
+    *,
+    anyway: bool = False,
+    changes: Manifest | None = None,
+) -> Undo:
+    return undo(before, after, now, undone_by="undo-1", anyway=anyway, changes=changes)
 
 
 def deployment(replicas: int = 2, version: str = "10", uid: str = "u-1", **labels: str) -> dict[str, Any]:
@@ -182,3 +189,16 @@ def test_a_person_is_shown_each_conflicting_field_before_after_and_now() -> None
     now = deployment(10, "12", team="b", owner="c")  # replicas changed again; the label the step set kept
     assert conflicting_fields(before, after, now) == [("spec.replicas", 2, 5, 10)]
     assert conflicting_fields(None, after, None) == []  # gone again, as before the step: nothing lost
+
+
+def test_what_another_writer_changed_while_the_step_ran_is_not_taken_for_the_step_s() -> None:
+    """The step scaled (its changes say so); a label landed between the read before and the
+    read after: only the replicas are undone, the label is kept."""
+    before, after = deployment(2), deployment(5, "12", team="other")
+    plan = undone(before, after, after, changes={"spec": {"replicas": 0}})
+    assert isinstance(plan, Restore)
+    assert plan.paths == ["spec.replicas"]
+    assert undone(before, after, after).paths == ["metadata.labels.team", "spec.replicas"]  # type: ignore[union-attr]
+    whole = undone(before, after, after, changes={"spec": 5})  # a leaf above a field: all of spec
+    assert isinstance(whole, Restore)
+    assert whole.paths == ["spec.replicas"]

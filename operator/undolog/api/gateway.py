@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -194,6 +194,12 @@ class ObjectMapping(Strict):
         pattern=DNS_SUBDOMAIN,
         description="Read and undo as this ServiceAccount of the saga's namespace; absent: as the caller (its "
         "ServiceAccount, or its OAuth identity as the cluster names it).",
+    )
+    changes: Any = Field(
+        default=None,
+        description="The shape of what the call writes, as a merge patch (an expression such as "
+        "`${args.patchData}`, or an object such as {spec: {replicas: 0}}): only those fields are undone, so another "
+        "writer's change to other fields while the call ran is kept; absent or null: every field that differs.",
     )
 
 

@@ -298,6 +298,13 @@ class ObjectUndo(UserFacing):
         description="Whom the operator acts as: an entry may name only its creator, or a user its creator may "
         "impersonate (checked at admission)."
     )
+    changes: JsonObject | None = Field(
+        default=None,
+        description="The shape of what the step writes, as a merge patch (its leaves are the fields, e.g. "
+        "{spec: {replicas: 5}}): only those are undone, so a change another writer made to other fields while the "
+        "step ran is kept; absent: every field that differs between before and after.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
 
 
 class UndoEntrySpec(Model):

@@ -45,7 +45,12 @@ class ObjectUndoer:
                 self.fence.check()
                 current = await objects.get(undo.object)
                 plan = object_undo.undo(
-                    undo.before, after, current, anyway=bool(left.overridden), undone_by=entry.spec.undo_id
+                    undo.before,
+                    after,
+                    current,
+                    undone_by=entry.spec.undo_id,
+                    changes=undo.changes,
+                    anyway=bool(left.overridden),
                 )
                 written = await self._written(saga, entry, undo, objects, plan, current)
                 if written is not None:

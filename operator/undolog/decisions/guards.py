@@ -24,6 +24,14 @@ def digest(value: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical).hexdigest()
 
 
+def same(one: Any, other: Any) -> bool:
+    """Equal as JSON: Python's `==` takes False for 0 and 1 for 1.0, which JSON (and the
+    digest) tell apart."""
+    return one is other or orjson.dumps(one, option=orjson.OPT_SORT_KEYS) == orjson.dumps(
+        other, option=orjson.OPT_SORT_KEYS
+    )
+
+
 def left(value: Any) -> GuardStatus:
     """What the step left, as the entry keeps it: its digest (what is compared), and the value
     itself for a person unless it is large."""
@@ -74,7 +82,7 @@ def differing(after: Any, now: Any, path: str = "") -> list[str]:
 
 
 def _differing(after: Any, now: Any, path: str, found: list[str]) -> None:
-    if len(found) >= MAX_DIFFERING or after == now:
+    if len(found) >= MAX_DIFFERING or same(after, now):
         return
     if isinstance(after, dict) and isinstance(now, dict):
         for key in sorted(set(after) | set(now), key=str):

@@ -14,7 +14,7 @@ from undolog.api import GuardStatus
 from undolog.api.undo_entry import MAX_DIFFERING, MAX_OBJECT_BYTES
 from undolog.conventions import UNDONE_BY_ANNOTATION
 from undolog.decisions.arguments import within
-from undolog.decisions.guards import digest
+from undolog.decisions.guards import digest, same
 
 Manifest = dict[str, Any]
 Path = tuple[str, ...]
@@ -72,7 +72,11 @@ def changed_paths(old: Manifest, new: Manifest) -> list[Path]:
 
 
 def _changed(old: Any, new: Any, path: Path, found: list[Path]) -> None:
-    if old == new:
+    if old is _ABSENT or new is _ABSENT:
+        if old is not new:
+            found.append(path)
+        return
+    if same(old, new):
         return
     if isinstance(old, dict) and isinstance(new, dict):
         for key in sorted(set(old) | set(new)):
@@ -136,12 +140,20 @@ Undo = AlreadyUndone | Delete | Create | Restore | Conflict
 
 
 def undo(
-    before: Manifest | None, after: Manifest | None, now: Manifest | None, *, undone_by: str, anyway: bool = False
+    before: Manifest | None,
+    after: Manifest | None,
+    now: Manifest | None,
+    *,
+    undone_by: str,
+    changes: Manifest | None = None,
+    anyway: bool = False,
 ) -> Undo:
     """What to write to undo the step that took the object from `before` to `after` (None:
-    absent), given it is `now` (None: absent). `undone_by` marks an object this undo creates
-    again (its undoId), `anyway`: a person accepts overwriting later changes to the fields the
-    step changed."""
+    absent), given it is `now` (None: absent). `changes`: the shape of what the step writes (a
+    merge patch's: its leaves are the fields), so that a change another writer made while the
+    step ran is not taken for the step's; None: any field. `undone_by` marks an object this undo
+    creates again (its undoId), `anyway`: a person accepts overwriting later changes to the
+    fields the step changed."""
     if before is None and after is None:
         return AlreadyUndone("the object did not exist before the step nor after it")
     if now is None:
@@ -157,7 +169,7 @@ def undo(
         if _annotations(now).get(UNDONE_BY_ANNOTATION) == undone_by:
             return AlreadyUndone("this undo created it again already")
         return Conflict("an object of that name was created again since the step deleted it", [])
-    return _restored(before, after, now, anyway)
+    return _restored(before, after, now, changes, anyway)
 
 
 def _annotations(manifest: Manifest) -> dict[str, Any]:
@@ -182,16 +194,16 @@ def _created(after: Manifest, now: Manifest, anyway: bool) -> Undo:
     return Delete(_uid(now), _version(now))
 
 
-def _restored(before: Manifest, after: Manifest, now: Manifest, anyway: bool) -> Undo:
+def _restored(before: Manifest, after: Manifest, now: Manifest, changes: Manifest | None, anyway: bool) -> Undo:
     if _uid(now) != _uid(after):
         return Conflict("the object was deleted and created again since the step changed it (another uid)", [])
     old, new, current = kept(before), kept(after), kept(now)
-    paths = changed_paths(old, new)
+    paths = [p for p in changed_paths(old, new) if changes is None or _within(p, changes)]
     if not paths:
         return AlreadyUndone("the step changed none of the object's fields")
     # A field set back to its value before the step since is no conflict: nothing would be lost.
     differing = [
-        shown(p) for p in paths if at(current, p) not in (at(new, p), at(old, p)) or _under_a_value(current, p)
+        shown(p) for p in paths if not _one_of(at(current, p), at(new, p), at(old, p)) or _under_a_value(current, p)
     ]
     if differing and not anyway:
         return Conflict(
@@ -208,6 +220,22 @@ def _restored(before: Manifest, after: Manifest, now: Manifest, anyway: bool) ->
     operations: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": _version(now)}]
     operations.extend(_operation(p, at(target, p), at(current, p)) for p in writes)
     return Restore(operations, [shown(p) for p in writes])
+
+
+def _one_of(value: Any, *candidates: Any) -> bool:
+    """Whether `value` is one of `candidates` as JSON (or absent where one is)."""
+    return any(value is c or (value is not _ABSENT and c is not _ABSENT and same(value, c)) for c in candidates)
+
+
+def _within(path: Path, shape: Any) -> bool:
+    """Whether `path` is a field the shape names: on the way to one of its leaves, or under one."""
+    for key in path:
+        if not isinstance(shape, dict):
+            return True  # under a leaf the step writes whole
+        if key not in shape:
+            return False
+        shape = shape[key]
+    return True
 
 
 def _under_a_value(manifest: Manifest, path: Path) -> bool:
@@ -266,6 +294,6 @@ def conflicting_fields(
     found: list[tuple[str, Any, Any, Any]] = []
     for path in changed_paths(old, new):
         was, left, is_now = (None if v is _ABSENT else v for v in (at(image, path) for image in (old, new, current)))
-        if at(current, path) not in (at(old, path), at(new, path)):
+        if not _one_of(at(current, path), at(old, path), at(new, path)):
             found.append((shown(path), was, left, is_now))
     return found[:MAX_DIFFERING]

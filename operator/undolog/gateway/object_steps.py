@@ -57,6 +57,7 @@ class ObjectSteps:
         cannot be named or read, or is more than UndoLog keeps."""
         named = fill(mapping.model_dump(exclude={"service_account"}), {"args": arguments}, "", defer_output=False)
         values: dict[str, Any] = named.value
+        changes = values["changes"] if isinstance(values["changes"], dict) else None
         try:
             ref = await self.discovery.resolve(
                 str(values["resource"]), values["namespace"] or namespace, str(values["name"])
@@ -68,7 +69,7 @@ class ObjectSteps:
             raise ObjectNotRead(f"the object it changes could not be read: {refused.message}") from None
         if before is not None and not within(before, MAX_OBJECT_BYTES):
             raise ObjectNotRead(f"{ref} is more than the {MAX_OBJECT_BYTES} bytes UndoLog keeps of an object")
-        return ObjectStep(ObjectUndo(object=ref, before=before, act_as=act_as), objects)
+        return ObjectStep(ObjectUndo(object=ref, before=before, act_as=act_as, changes=changes), objects)
 
 
 def acting_as(mapping: ObjectMapping, namespace: str, caller: Principal | None) -> ActAs:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from undolog.api import ActAs, ObjectUndo
 from undolog.api.undo_entry import MAX_OBJECT_BYTES
@@ -38,18 +39,21 @@ async def changing(
     name: str,
     *,
     namespace: str | None = None,
+    changes: dict[str, Any] | None = None,
     depends_on: Sequence[str] | None = None,
 ) -> AsyncIterator[StepRun]:
     """Register `step` as a change to the object `resource`/`name` (named as kubectl names it:
     deployment, configmap, cm, deployments.apps), in `namespace` (the saga's by default; none
-    for a cluster-scoped one); run the body; record the object as the body left it."""
+    for a cluster-scoped one); run the body; record the object as the body left it. `changes`:
+    the shape of what the body writes (a merge patch, e.g. {"spec": {"replicas": 0}}): only
+    those fields are undone, so another writer's change to others meanwhile is kept."""
     kube = saga.kube
     ref = await Discovery(kube).resolve(resource, namespace or saga.namespace, name)
     objects = Objects(kube)
     before = await objects.get(ref)
     if before is not None and not within(before, MAX_OBJECT_BYTES):
         raise ValueError(f"{ref} is more than the {MAX_OBJECT_BYTES} bytes UndoLog keeps: step {step!r} not registered")
-    undo = ObjectUndo(object=ref, before=before, act_as=await acting_self(kube))
+    undo = ObjectUndo(object=ref, before=before, act_as=await acting_self(kube), changes=changes)
     run = await saga.register(step, None, depends_on, kubernetes=undo)
     try:
         yield run
