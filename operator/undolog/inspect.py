@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from undolog import errors
-from undolog.api import LostEntry, Outcome, Rewind, Saga, SagaPhase, UndoEntry, Webhook
+from undolog.api import EntryReason, LostEntry, Outcome, Rewind, Saga, SagaPhase, UndoEntry, Webhook
 from undolog.archive import ArchivedSaga, ArchiveStore, ArchiveUnavailable, HistoryQuery
 from undolog.calls.registry import Registry
 from undolog.conventions import (
@@ -32,7 +32,7 @@ from undolog.conventions import (
     shown_url,
     timestamp,
 )
-from undolog.decisions import compensation_plan, resolutions, rewind
+from undolog.decisions import compensation_plan, object_undo, resolutions, rewind
 from undolog.decisions.arguments import resolve
 from undolog.decisions.phases import TERMINAL
 from undolog.errors import CallNotPossible, CommandError
@@ -112,6 +112,25 @@ class PlannedCompensation:
     target: str | None  # where it would be sent; None when it cannot be
     args: Any
     refusal: str | None  # why it cannot be sent (nothing would be); or "no compensation: skipped"
+
+
+ConflictField = tuple[str, Any, Any, Any]  # a field, and its value before the step, after it and now
+
+
+def conflict_fields(entry: UndoEntry) -> list[ConflictField] | None:
+    """What a person sees of an undo stopped because what its step left changed since: each
+    field with its values before the step, right after it and now (a guard's selection as one
+    row); None when nothing stopped it. The CLI's `show` and the dashboard print the same."""
+    seen = entry.status.guard
+    if seen is None or not (seen.differing or seen.now is not None or entry.status.reason == EntryReason.CONFLICT):
+        return None
+    native = entry.spec.kubernetes
+    if native is not None:  # an object: its fields, not three whole manifests
+        before, after, current = (i if isinstance(i, dict) else None for i in (native.before, seen.after, seen.now))
+        return object_undo.conflicting_fields(before, after, current)
+    guard = entry.spec.guard
+    left = seen.after if seen.after is not None else seen.after_digest or "(not recorded)"
+    return [(", ".join(seen.differing) or "the value", guard.before if guard else None, left, seen.now)]
 
 
 def age(moment: datetime | None) -> str:

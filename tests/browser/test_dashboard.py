@@ -25,6 +25,7 @@ from playwright.async_api import Page, Route, expect
 from tests.browser.conftest import Dashboard
 from tests.cluster.test_cli import halted_saga
 from tests.cluster.test_compensation import abort, external_saga, register
+from tests.cluster.test_object_undo import MERGE, apps, deployment
 from tests.cluster.test_retention import deleted
 from tests.conftest import REPO, Cluster, own_control_plane
 from tests.support.identities import create_service_account, service_account_token
@@ -33,6 +34,8 @@ from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Reply
 from tests.support.waiting import eventually, saga_phase
 from undolog.kube import Kube
+from undolog.sdk import open_saga
+from undolog.sdk.objects import changing
 
 pytestmark = pytest.mark.cluster
 # Where screenshots go: build/ by default, so a test run leaves the tree as it was; `make
@@ -491,3 +494,32 @@ async def test_the_history_view_finds_a_saga_retention_deleted_and_shows_its_arc
         await page.screenshot(path=str(SCREENSHOTS / "dashboard-history.png"), full_page=True)
     finally:
         served.stop()
+
+
+async def test_a_conflict_shows_each_field_before_after_and_now_and_a_person_undoes_it_anyway(
+    kube: Kube, namespace: str, cluster: Cluster, operator: OperatorProcess, dashboard: Dashboard, page: Page
+) -> None:
+    """A Deployment scaled 2 → 5 by an agent, then to 10 by someone else: the undo halts as
+    Conflict, the page shows spec.replicas before, after and now, and a person who decides the
+    10 may go undoes it anyway from the page: back to 2."""
+    await kube.request("POST", apps(namespace), deployment("web", 2))
+    saga_run = await open_saga(generate_name="agent-", namespace=namespace, kubeconfig=str(cluster.kubeconfig))
+    async with changing(saga_run, "scale-web", "deployment", "web", changes={"spec": {"replicas": 0}}):
+        await kube.request("PATCH", apps(namespace, "web"), {"spec": {"replicas": 5}}, content_type=MERGE)
+    await kube.request("PATCH", apps(namespace, "web"), {"spec": {"replicas": 10}}, content_type=MERGE)
+    await saga_run.abort("the agent gave up")
+    await saga_run.close()
+    await saga_phase(kube, namespace, saga_run.name, "Halted")
+    await page.goto(f"{dashboard.url}/sagas/{namespace}/{saga_run.name}")
+    stack = page.get_by_role("region", name="Undo stack (newest on top)")
+    await expect(stack).to_contain_text(f"natively, deployments.apps web in namespace {namespace}")
+    conflict = stack.get_by_role("table", name=re.compile("Changed since the step"))
+    await expect(conflict.get_by_role("row", name="spec.replicas").get_by_role("cell")).to_have_text(["2", "5", "10"])
+    await page.screenshot(path=str(SCREENSHOTS / "dashboard-conflict.png"), full_page=True)
+    await page.get_by_label("Reason to undo #1 anyway").fill("the 10 was a mistake, INC-7")
+    await page.get_by_role("button", name="Undo #1 anyway").click()
+    await expect(page.get_by_role("status").first).to_contain_text("will be undone anyway")
+    await saga_phase(kube, namespace, saga_run.name, "Compensated")
+    assert (await kube.request("GET", apps(namespace, "web")))["spec"]["replicas"] == 2
+    entry = await kube.get("undoentries", namespace, f"{saga_run.name}-1")
+    assert "the 10 was a mistake, INC-7" in entry["status"]["guard"]["overridden"]

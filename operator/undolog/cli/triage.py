@@ -33,12 +33,20 @@ import typer
 import yaml
 
 from undolog import errors
-from undolog.api import EntryReason, EntryState, Saga, SagaPhase, UndoEntry
+from undolog.api import EntryState, Saga, SagaPhase, UndoEntry
 from undolog.archive import ArchiveStore
 from undolog.cli import printers
 from undolog.cli.connection import connection
-from undolog.decisions import object_undo
-from undolog.inspect import Inspector, PlannedCompensation, SagaDetail, SagaListing, age, duration, expires_in
+from undolog.inspect import (
+    Inspector,
+    PlannedCompensation,
+    SagaDetail,
+    SagaListing,
+    age,
+    conflict_fields,
+    duration,
+    expires_in,
+)
 from undolog.kube import Kube, default_namespace
 
 T = TypeVar("T")
@@ -345,36 +353,23 @@ def render_detail(detail: SagaDetail, output: Output) -> str:
     return "\n".join(lines)
 
 
-WHEN = ("before", "after", "now")
-
-
 def conflicts(entries: Sequence[UndoEntry]) -> list[str]:
-    """What each guard saw where it stopped an undo: the state before the step, right after it,
-    and now (the fields that differ), for the person who decides."""
+    """What each guard saw where it stopped an undo: each field before the step, right after it,
+    and now, for the person who decides."""
     lines = []
     for entry in entries:
-        seen = entry.status.guard
-        if seen is None or not (seen.differing or seen.now is not None or entry.status.reason == EntryReason.CONFLICT):
+        fields = conflict_fields(entry)
+        if fields is None:
             continue
-        guard, native = entry.spec.guard, entry.spec.kubernetes
+        seen = entry.status.guard
         lines.append(
             f"{entry.spec.stack_position} {entry.spec.step}: changed since the step"
-            + (f" ({', '.join(seen.differing)})" if seen.differing else "")
+            + (f" ({', '.join(seen.differing)})" if seen and seen.differing else "")
         )
-        if native is not None:  # an object: the fields, not three whole manifests
-            images = [i if isinstance(i, dict) else None for i in (native.before, seen.after, seen.now)]
-            for name, *values in object_undo.conflicting_fields(*images):
-                lines.append(
-                    f"  {name}: " + ", ".join(f"{w} {shown_value(v)}" for w, v in zip(WHEN, values, strict=True))
-                )
-        else:
-            after = shown_value(seen.after) if seen.after is not None else seen.after_digest or "(not recorded)"
-            lines += [
-                f"  before: {shown_value(guard.before if guard else None)}",
-                f"  after:  {after}",
-                f"  now:    {shown_value(seen.now)}",
-            ]
-        if seen.overridden:
+        for name, before, after, current in fields:
+            said = f"before {shown_value(before)}, after {shown_value(after)}, now {shown_value(current)}"
+            lines.append(f"  {name}: {said}")
+        if seen and seen.overridden:
             lines.append(f"  undone anyway: {printable(seen.overridden)}")
     return ["", "Conflicts", *lines] if lines else []
 

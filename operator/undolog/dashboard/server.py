@@ -37,7 +37,7 @@ from undolog.dashboard.overview import read_overview
 from undolog.dashboard.viewers import TOKEN_COOKIE, ProxyViewers, TokenViewers, Viewers
 from undolog.decisions import compensation_plan, resolutions
 from undolog.decisions.phases import TERMINAL
-from undolog.inspect import Inspector, SagaDetail, age, duration, expires_in
+from undolog.inspect import Inspector, SagaDetail, age, conflict_fields, duration, expires_in
 from undolog.kube import Kube
 
 log = logging.getLogger("undolog.dashboard")
@@ -291,12 +291,18 @@ async def saga_page(current: Page) -> web.StreamResponse:
     detail = await current.inspector.show(namespace, name)
     saga = detail.saga
     skippable = {e.metadata.name for e in detail.entries if isinstance(resolutions.skip(saga, e), resolutions.Allowed)}
+    anyway = {
+        e.metadata.name for e in detail.entries if isinstance(resolutions.undo_anyway(saga, e), resolutions.Allowed)
+    }
+    conflicts = {e.metadata.name: found for e in detail.entries if (found := conflict_fields(e)) is not None}
     halted_on = resolutions.halted_on(saga, detail.entries)
     return current.render(
         "saga.html",
         detail=detail,
         saga=saga,
         skippable=skippable,
+        undoable_anyway=anyway,
+        conflicts=conflicts,
         can_retry=isinstance(resolutions.retry(saga), resolutions.Allowed),
         can_abort=isinstance(resolutions.abort(saga), resolutions.Allowed),
         # Rewind to a step: an Active saga, to any step but its newest (the shared rule decides on submit).
@@ -373,6 +379,14 @@ async def skip(current: Page) -> web.StreamResponse:
     position = int(info["position"])
     entry = await current.inspector.skip(info["namespace"], info["name"], position, await reason_of(current))
     raise back(current, f"{entry.metadata.name} will be skipped; the saga then goes on")
+
+
+@page
+async def undo_anyway(current: Page) -> web.StreamResponse:
+    info = current.request.match_info
+    position = int(info["position"])
+    entry = await current.inspector.undo_anyway(info["namespace"], info["name"], position, await reason_of(current))
+    raise back(current, f"{entry.metadata.name} will be undone anyway, overwriting the later change")
 
 
 @page
@@ -511,6 +525,9 @@ async def home(request: web.Request) -> web.StreamResponse:
     raise web.HTTPSeeOther(request.app[BASE] + "/sagas")
 
 
+ENTRY = "/sagas/{namespace}/{name}/entries/{position:[0-9]{1,10}}"  # an entry's actions, by its stack position
+
+
 def application(
     viewers: Viewers, archive: ArchiveStore | None = None, hosts: frozenset[str] | None = None, base: str = ""
 ) -> web.Application:
@@ -535,7 +552,8 @@ def application(
             web.post(f"{base}/sagas/{{namespace}}/{{name}}/retry", retry),
             web.post(f"{base}/sagas/{{namespace}}/{{name}}/abort", abort),
             web.post(f"{base}/sagas/{{namespace}}/{{name}}/rewind", rewind_saga),
-            web.post(f"{base}/sagas/{{namespace}}/{{name}}/entries/{{position:[0-9]{{1,10}}}}/skip", skip),
+            web.post(f"{base}{ENTRY}/skip", skip),
+            web.post(f"{base}{ENTRY}/undo-anyway", undo_anyway),
             web.post(f"{base}/retry-halted", retry_halted),
             web.get(f"{base}/webhooks/{{namespace}}/{{name}}", webhook_page),
             web.get(f"{base}/events", events),
