@@ -117,3 +117,22 @@ async def test_a_participant_that_answers_409_naming_a_conflict_halts_it_unretri
     assert entry["status"]["reason"] == "Conflict"
     assert "the charge was disputed since" in entry["status"]["lastError"]
     assert len(participant.received("/refund")) == 1  # a conflict is not retried
+
+
+async def test_a_guard_whose_holds_does_not_compile_halts_saying_so_without_a_read(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess, cluster: Cluster
+) -> None:
+    """The SDK does not compile CEL (it installs lean): a `holds` with a syntax error reaches
+    the operator, which says so instead of calling what the step left gone."""
+    await register(kube, namespace, participant, "read", "scale")
+    saga = await open_saga(generate_name="agent-", namespace=namespace, kubeconfig=str(cluster.kubeconfig))
+    guard = Guard(read=Call(function="read", args={"name": "web"}), holds="state.replicas ==")
+    async with saga.step("scale-web", Call(function="scale", args={"name": "web", "replicas": 2}), guard=guard) as run:
+        run.leaves(5)
+    await saga.abort("the agent gave up")
+    await saga.close()
+    await saga_phase(kube, namespace, saga.name, "Halted")
+    entry = await kube.get("undoentries", namespace, f"{saga.name}-1")
+    assert entry["status"]["reason"] == "Conflict"
+    assert "spec.guard.holds does not compile" in entry["status"]["lastError"]
+    assert participant.received("/read") == []  # nothing read: nothing it could be compared with

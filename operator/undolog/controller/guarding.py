@@ -38,6 +38,12 @@ class Guarding:
         guard = entry.spec.guard
         if guard is None or (entry.status.guard is not None and entry.status.guard.overridden):
             return entry
+        if guard.holds is not None:
+            try:
+                guard_expressions.check(guard.holds)
+            except guard_expressions.ExpressionError as error:  # nothing to compare with: not read at all
+                said = f"its guard cannot be checked: spec.guard.holds does not compile ({error})"
+                return NotUndone(entry, self._conflict(saga, entry, guards.Conflicts(said, []), None))
         plan = self._plan(saga, entry, guard, undo)
         ended = await self.recorder.call_entry(saga, entry, outputs, plan)
         if isinstance(ended, CallRefused):
