@@ -229,6 +229,7 @@ bench: venv tools-control-plane postgres participant-kit mcp-conformance bin/hyd
 	$(PY) -m bench.deep --depths 2000 10000
 	$(PY) -m bench.wave --sagas 500 --down 60 --limit 50
 	$(PY) -m bench.gateway --calls 200
+	$(PY) -m bench.guard --compensations 200
 	$(PY) -m bench.participant_kit --calls 500
 	$(PY) -m bench.conformance
 	$(PY) -m bench.plot

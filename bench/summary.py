@@ -61,6 +61,9 @@ KEYS = (
     "mcp_conformance_scenarios_through_gateway",
     "mcp_conformance_scenarios_direct_2026",
     "mcp_conformance_scenarios_through_gateway_2026",
+    "guard_added_p50_ms",
+    "guard_read_to_undo_p50_ms",
+    "guard_entry_writes_added",
 )
 
 
@@ -100,6 +103,7 @@ def summarize() -> dict[str, Any]:
         "deep",
         "wave",
         "gateway",
+        "guard",
         "conformance",
     )
     sources = {name: load(name) for name in names}
@@ -193,6 +197,15 @@ def summarize() -> dict[str, Any]:
         for kind, measured in gateway["results"].get("authenticated", {}).items():
             figures[f"mcp_gateway_auth_{kind}_added_p50_ms"] = measured["auth_added"]["p50_ms"]
             figures[f"mcp_gateway_auth_{kind}_added_p99_ms"] = measured["auth_added"]["p99_ms"]
+
+    if guard := sources["guard"]:
+        # 200 one-step sagas aborted one at a time, alternately guarded and not.
+        figures["guard_added_p50_ms"] = guard["results"]["added_p50_ms"]
+        figures["guard_read_to_undo_p50_ms"] = guard["results"]["guard_read_p50_ms"]
+        measured = guard["results"]
+        figures["guard_entry_writes_added"] = (
+            measured["guarded"]["entry_writes"] - measured["unguarded"]["entry_writes"]
+        )
 
     if conformance := sources["conformance"]:
         # The suite's server scenarios: 0.1.16's (the session era), and 2026-07-28's requirements.
