@@ -35,6 +35,7 @@ from undolog.api import (
     WebhookStatus,
 )
 from undolog.api.saga import ROOT_RULES as SAGA_ROOT_RULES
+from undolog.api.saga import SAGA_ACT_AS_MESSAGE, SAGA_ACT_AS_POLICY, SAGA_ACT_AS_RULE
 from undolog.api.undo_entry import (
     ACT_AS_MESSAGE,
     ACT_AS_POLICY,
@@ -266,8 +267,10 @@ CRDS = tuple(f"crd/{plural}.{GROUP}" for plural in ("sagas", "undoentries", "web
 POLICY_TEMPLATE = Path("charts/undolog/templates/admission-policy.yaml")
 
 
-def _policy(name: str, expression: str, message: str, match: JsonSchema | None = None) -> list[JsonSchema]:
-    """A ValidatingAdmissionPolicy of one rule over UndoEntry writes, and its binding."""
+def _policy(
+    name: str, expression: str, message: str, match: JsonSchema | None = None, resource: str = "undoentries"
+) -> list[JsonSchema]:
+    """A ValidatingAdmissionPolicy of one rule over writes of `resource`, and its binding."""
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -280,7 +283,7 @@ def _policy(name: str, expression: str, message: str, match: JsonSchema | None =
                         "apiGroups": [GROUP],
                         "apiVersions": ["*"],
                         "operations": ["CREATE", "UPDATE"],
-                        "resources": ["undoentries"],
+                        "resources": [resource],
                     }
                 ]
             },
@@ -302,7 +305,7 @@ def entry_policies() -> list[JsonSchema]:
     """The policies over UndoEntry writes: the owner policy refuses an entry its saga does not own
     (every namespace but those labelled `undolog.io/entry-owner-policy: off`); the status policy
     keeps the status to the writers RBAC allows undoentries/status (every namespace); the act-as
-    policy lets an entry name only whom its creator may act as (every namespace)."""
+    policy lets an entry (and a saga's steps) name only whom its creator may act as (every namespace)."""
     opted_in = {
         "namespaceSelector": {
             "matchExpressions": [{"key": OWNER_POLICY_OPT_OUT, "operator": "NotIn", "values": ["off"]}]
@@ -312,6 +315,7 @@ def entry_policies() -> list[JsonSchema]:
         *_policy(OWNER_POLICY, OWNER_RULE, OWNER_MESSAGE, opted_in),
         *_policy(STATUS_POLICY, STATUS_RULE, STATUS_MESSAGE),
         *_policy(ACT_AS_POLICY, ACT_AS_RULE, ACT_AS_MESSAGE),
+        *_policy(SAGA_ACT_AS_POLICY, SAGA_ACT_AS_RULE, SAGA_ACT_AS_MESSAGE, resource="sagas"),
     ]
 
 

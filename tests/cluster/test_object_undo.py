@@ -4,16 +4,19 @@ Real Deployments, ConfigMaps and Secrets on the tests' control plane; the operat
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.cluster.test_entry_owner_policy import refusal
-from tests.conftest import Cluster
+from tests.conftest import REPO, Cluster
 from tests.support.identities import create_service_account, service_account_kubeconfig
 from tests.support.manifests import saga as saga_manifest
+from tests.support.manifests import webhook
 from tests.support.operator_process import OperatorProcess
+from tests.support.participants import Participant, Received, Reply
 from tests.support.waiting import saga_phase
 from undolog import errors
 from undolog.api import ActAs, ObjectUndo, Saga
@@ -201,3 +204,63 @@ async def test_an_entry_may_act_only_as_its_creator_or_whom_its_creator_may_impe
                 assert "grant" in message
             else:
                 await as_agent.create("undoentries", namespace, body)
+
+
+async def test_an_orchestrated_step_s_object_is_undone_natively_as_the_account_it_names(
+    kube: Kube, namespace: str, cluster: Cluster, participant: Participant, operator: OperatorProcess
+) -> None:
+    """A saga manifest's step whose action (a Webhook) patches a ConfigMap names the object and
+    the ServiceAccount to act as: the operator reads it before and after the action, and when a
+    later step fails puts back only what the action changed, as that account."""
+    await granted(
+        kube, namespace, "deployer", [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"]}]
+    )
+    await kube.request("POST", core(namespace, "configmaps"), config_map("settings", mode="safe", size="s"))
+
+    def set_mode(_: Received) -> Reply:
+        patch = '{"data": {"mode": "fast"}}'
+        kubectl = [str(REPO / "bin" / "kubectl"), "--kubeconfig", str(cluster.kubeconfig), "-n", namespace]
+        subprocess.run([*kubectl, "patch", "configmap", "settings", "--type=merge", "-p", patch], check=True)
+        return Reply(200, {"mode": "fast"})
+
+    participant.handle("/set-mode", set_mode)
+    participant.script("/place-order", Reply(400, {"error": "out of stock"}))
+    for function in ("set-mode", "place-order", "cancel-order"):
+        await kube.create("webhooks", namespace, webhook(function, url=participant.url(f"/{function}")))
+    steps = [
+        {
+            "name": "set_mode",
+            "action": {"function": "set-mode"},
+            "kubernetes": {
+                "resource": "configmap",
+                "name": "settings",
+                "serviceAccount": "deployer",
+                "changes": {"data": {"mode": ""}},
+            },
+        },
+        {"name": "order", "action": {"function": "place-order"}, "compensation": {"function": "cancel-order"}},
+    ]
+    await kube.create("sagas", namespace, saga_manifest("release", steps))
+    await saga_phase(kube, namespace, "release", "Compensated")
+    settings = await kube.request("GET", core(namespace, "configmaps", "settings"))
+    assert settings["data"] == {"mode": "safe", "size": "s"}
+    entry = await kube.get("undoentries", namespace, "release-1")
+    assert entry["spec"]["kubernetes"]["actAs"]["user"] == f"system:serviceaccount:{namespace}:deployer"
+    assert entry["status"]["guard"]["after"]["data"]["mode"] == "fast"
+
+
+async def test_a_saga_may_name_only_an_account_its_creator_may_act_as(
+    kube: Kube, namespace: str, cluster: Cluster, tmp_path: Path
+) -> None:
+    rights = {"apiGroups": ["undolog.io"], "resources": ["sagas"], "verbs": ["get", "create", "delete"]}
+    await granted(kube, namespace, "author", [rights])
+    await create_service_account(kube, namespace, "admin-bot")
+    config = await service_account_kubeconfig(kube, cluster.kubeconfig, namespace, "author", tmp_path / "author", False)
+    named = {"resource": "configmap", "name": "settings", "serviceAccount": "admin-bot"}
+    steps = [{"name": "set_mode", "action": {"function": "set-mode"}, "kubernetes": named}]
+    async with await Kube.connect(str(config)) as as_author:
+        with pytest.raises(errors.KubeError) as refused:
+            await as_author.create("sagas", namespace, saga_manifest("release", steps))
+    print(f"\nrefused: {refused.value.message}")
+    assert "may not have the operator act as the ServiceAccounts its steps name" in refused.value.message
+    await kube.create("sagas", namespace, saga_manifest("release", steps))  # its admin may

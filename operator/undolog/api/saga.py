@@ -17,6 +17,7 @@ from undolog.api.common import (
     Call,
     Condition,
     EntryName,
+    JsonObject,
     Model,
     Plural,
     Resource,
@@ -220,8 +221,34 @@ class RewindStatus(Model):
         return (self.to_position, self.reason) == (request.to_position, request.reason)
 
 
+class StepObject(UserFacing):
+    """The Kubernetes object a step's action changes, undone natively by the operator instead of
+    by a compensation call: read before the action and after it, as the ServiceAccount named."""
+
+    resource: str = Field(
+        max_length=253, description="As kubectl names it: deployment, configmap, cm, deployments.apps."
+    )
+    name: str = Field(max_length=253, description="The object's name.")
+    namespace: str | None = Field(
+        default=None, max_length=63, description="Its namespace; absent: the saga's (ignored for a cluster-scoped one)."
+    )
+    changes: JsonObject | None = Field(
+        default=None,
+        description="The shape of what the action writes, as a merge patch (e.g. {spec: {replicas: 0}}): only those "
+        "fields are undone; absent: every field that differs.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    service_account: str = Field(
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="The ServiceAccount of the saga's namespace the object is read and undone as: the saga's "
+        "creator, or one its creator may impersonate (checked at admission).",
+    )
+
+
 class Step(Model):
-    """One step of an orchestrated saga: a forward call and, if Compensatable, its undo."""
+    """One step of an orchestrated saga: a forward call and, if Compensatable, its undo (a call,
+    or the Kubernetes object it changes, undone natively)."""
 
     name: str = Field(
         max_length=63,
@@ -238,7 +265,13 @@ class Step(Model):
     action: Call = Field(description="The forward call.")
     compensation: Call | None = Field(
         default=None,
-        description="The call that undoes the action; required for Compensatable, forbidden otherwise.",
+        description="The call that undoes the action; required for Compensatable (unless kubernetes), forbidden "
+        "otherwise.",
+    )
+    kubernetes: StepObject | None = Field(
+        default=None,
+        description="The Kubernetes object the action changes, undone natively instead of by a compensation call "
+        "(Compensatable steps).",
     )
     depends_on: list[StepName] | None = Field(
         default=None,
@@ -253,10 +286,17 @@ class Step(Model):
         "json_schema_extra": {
             "x-kubernetes-validations": [
                 {
-                    "rule": "self.type != 'Compensatable' || has(self.compensation)",
+                    "rule": "self.type != 'Compensatable' || has(self.compensation) || has(self.kubernetes)",
                     "messageExpression": (
                         "'step \"' + self.name + '\" is Compensatable and needs spec.steps[].compensation"
-                        " (or set its type to Pivot or Retriable)'"
+                        " or spec.steps[].kubernetes (or set its type to Pivot or Retriable)'"
+                    ),
+                },
+                {
+                    "rule": "!has(self.kubernetes) || (self.type == 'Compensatable' && !has(self.compensation))",
+                    "messageExpression": (
+                        "'step \"' + self.name + '\": spec.steps[].kubernetes is its undo: the step is Compensatable"
+                        " and has no spec.steps[].compensation'"
                     ),
                 },
                 {
@@ -507,3 +547,20 @@ class Saga(Resource):
     kind: str = "Saga"
     spec: SagaSpec = Field(default_factory=SagaSpec)
     status: SagaStatus = Field(default_factory=SagaStatus)
+
+
+# The act-as policy of orchestrated sagas: a step's object is read and undone as the
+# ServiceAccount it names, so a saga may name only its creator or an account its creator may
+# impersonate (the operator writes the step's entry, and could otherwise act for anyone).
+SAGA_ACT_AS_POLICY = "undolog-saga-act-as"
+_ACCOUNT = "'system:serviceaccount:' + object.metadata.namespace + ':' + s.kubernetes.serviceAccount"
+SAGA_ACT_AS_RULE = (
+    "request.operation != 'CREATE' || !has(object.spec.steps) || object.spec.steps.all(s, !has(s.kubernetes) || "
+    f"request.userInfo.username == {_ACCOUNT} || authorizer.group('').resource('serviceaccounts')"
+    ".namespace(object.metadata.namespace).name(s.kubernetes.serviceAccount).check('impersonate').allowed())"
+)
+SAGA_ACT_AS_MESSAGE = (
+    "'Saga ' + object.metadata.name + ': ' + request.userInfo.username + ' may not have the operator act as the "
+    "ServiceAccounts its steps name in spec.steps[].kubernetes.serviceAccount: name your own, or grant ' + "
+    "request.userInfo.username + ' impersonate on them'"
+)

@@ -14,18 +14,21 @@ by an operator that died, so a refusal then is Failed, and compensated.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from undolog import errors, metrics
 from undolog.api import (
+    ActAs,
     AttemptKind,
     Effect,
     EffectDeliveryState,
     EffectState,
     EffectStatus,
     EventReason,
+    ObjectUndo,
     Saga,
     Step,
     StepType,
@@ -52,15 +55,26 @@ from undolog.conventions import (
     owned_by,
     stable_undo_id,
 )
+from undolog.decisions import object_undo
 from undolog.decisions.forward import EFFECT_RETRIES, FORWARD_RECOVERY_RETRIES
+from undolog.decisions.principals import SERVICE_ACCOUNT_PREFIX
 from undolog.decisions.retry import Verdict
-from undolog.errors import CallNotPossible, StaleEntry
+from undolog.errors import CallNotPossible, StaleEntry, UndoLogError
+from undolog.kube.objects import ObjectReads
 from undolog.tracing import TRACEPARENT_ANNOTATION
+
+log = logging.getLogger("undolog.operator")
+
+
+class ObjectNotRead(UndoLogError):
+    """A step's object could not be read before its action: nothing is registered or sent, and
+    the saga says why until it can be (or a person aborts it)."""
 
 
 @dataclass
 class Forwarder:
     recorder: CallRecorder
+    objects: ObjectReads  # the Kubernetes objects steps change (spec.steps[].kubernetes)
 
     async def register(self, saga: Saga, position: int, step: Step, *, again: bool = False) -> tuple[UndoEntry, bool]:
         """Create the step's entry; after a crash, the one created before is found again.
@@ -75,6 +89,7 @@ class Forwarder:
             depends_on=step.depends_on,
             # A step run again after a rewind is a new effect: a new forward key.
             effect_id=forward_key(saga.metadata.uid, f"{step.name}@{position}") if again else None,
+            kubernetes=await self._object_before(saga, step),
         )
         try:
             return await ledger.create_entry(entry), True
@@ -83,6 +98,35 @@ class Forwarder:
         if not owned_by(existing, saga.metadata.uid):
             raise StaleEntry(f"UndoEntry {existing.reference} belongs to an earlier saga named {saga.metadata.name}")
         return existing, False
+
+    async def _object_before(self, saga: Saga, step: Step) -> ObjectUndo | None:
+        """The object the step's action changes, as its ServiceAccount reads it before the action."""
+        if step.kubernetes is None:
+            return None
+        namespace = saga.metadata.namespace
+        named = step.kubernetes
+        act_as = ActAs(user=f"{SERVICE_ACCOUNT_PREFIX}{namespace}:{named.service_account}")
+        try:
+            _, ref, before = await self.objects.before(named.resource, named.namespace or namespace, named.name, act_as)
+        except errors.KubeError as refused:
+            raise ObjectNotRead(
+                f"step {step.name}: {named.resource} {named.name} could not be read as {act_as.user} before its "
+                f"action, so nothing was sent: {refused.message}"
+            ) from None
+        return ObjectUndo(object=ref, before=before, act_as=act_as, changes=named.changes)
+
+    async def _object_after(self, entry: UndoEntry) -> EntryStatusChange:
+        """The object right after the action, as its entry keeps it (unread: its undo halts for a person)."""
+        undo = entry.spec.kubernetes
+        if undo is None:
+            return {}
+        try:
+            objects = await self.objects.impersonation.acting_as(undo.act_as)
+            left = object_undo.left(await objects.get(undo.object))
+        except errors.KubeError as error:
+            log.warning("entry %s: %s could not be read after its action: %s", entry.key, undo.object, error.message)
+            left = None
+        return {"guard": left} if left is not None else {}
 
     async def execute(
         self,
@@ -108,6 +152,7 @@ class Forwarder:
         else:
             outcome = self._outcome(saga, ended.result, plan.label, first_send)
             changes = outcome | {"executed_at": now(), "attempts": ended.attempts}
+        changes |= await self._object_after(ended.entry)
         return await self.recorder.ledger.write_entry_status(ended.entry, changed(ended.entry.status, changes))
 
     @staticmethod

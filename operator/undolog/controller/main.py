@@ -50,7 +50,7 @@ from undolog.decisions.sharding import all_shards
 from undolog.kube import Kube
 from undolog.kube.kopf_runtime import run_kopf
 from undolog.kube.metrics_endpoint import serve_metrics
-from undolog.kube.objects import Impersonation
+from undolog.kube.objects import ObjectReads
 from undolog.ledger import Ledger
 
 log = logging.getLogger("undolog.operator")
@@ -106,6 +106,7 @@ class Calls:
     runner: Runner
     webhooks: WebhookCache
     objects: ObjectUndoer  # Kubernetes objects, undone natively as the user each entry names
+    reads: ObjectReads  # and read before and after orchestrated steps change them
 
 
 def mcp_transport(http: HttpTransport) -> Transport:
@@ -125,8 +126,9 @@ async def calls_of(kube: Kube, ledger: Ledger, timeline: Timeline, options: Oper
     runner = Runner(transport, fence, away=without_slot, pacing=pacing)
     await webhooks.start()
     registry = Registry(ledger, options.cross_namespace_services, webhooks)
-    objects = ObjectUndoer(ledger, timeline, fence, Impersonation(kube))
-    return Calls(CallRecorder(ledger, registry, runner, timeline), runner, webhooks, objects)
+    reads = ObjectReads(kube)
+    objects = ObjectUndoer(ledger, timeline, fence, reads.impersonation)
+    return Calls(CallRecorder(ledger, registry, runner, timeline), runner, webhooks, objects, reads)
 
 
 @dataclass
@@ -164,7 +166,7 @@ class Operator:
                 self.kube,
                 self.ledger,
                 Compensator(self.calls.recorder, self.calls.objects),
-                Forwarder(self.calls.recorder),
+                Forwarder(self.calls.recorder, self.calls.reads),
                 self.timeline,
                 leadership,
                 namespaces=options.namespaces,

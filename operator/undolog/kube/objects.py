@@ -6,6 +6,7 @@ the user it acts as."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import Any
 
 from undolog import errors
 from undolog.api import ActAs, ObjectReference
+from undolog.api.undo_entry import MAX_OBJECT_BYTES
 from undolog.kube.client import JSON_PATCH, Body, Kube, trimmed
 
 DISCOVERY_SECONDS = 300.0
@@ -119,3 +121,25 @@ class Impersonation:
         for client in self._clients.values():
             await client.close()
         self._clients.clear()
+
+
+class ObjectReads:
+    """The object a step changes, named as kubectl names it and read as whom its undo acts as:
+    what the gateway, the operator's orchestrated steps and (as the agent itself) the SDK share."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.discovery = Discovery(kube)
+        self.impersonation = Impersonation(kube)
+
+    async def before(
+        self, resource: str, namespace: str | None, name: str, act_as: ActAs
+    ) -> tuple[Objects, ObjectReference, Body | None]:
+        """Its reference, how to read it again, and the object now (None: absent); errors.NotFound
+        or errors.Forbidden naming what could not be read, errors.Invalid when it is more than
+        UndoLog keeps of an object."""
+        ref = await self.discovery.resolve(resource, namespace, name)
+        objects = await self.impersonation.acting_as(act_as)
+        before = await objects.get(ref)
+        if before is not None and len(json.dumps(before, separators=(",", ":"))) > MAX_OBJECT_BYTES:
+            raise errors.Invalid(f"{ref} is more than the {MAX_OBJECT_BYTES} bytes UndoLog keeps of an object")
+        return objects, ref, before

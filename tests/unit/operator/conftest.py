@@ -20,7 +20,7 @@ from undolog.controller.recorded_call import CallRecorder
 from undolog.controller.timeline import Timeline
 from undolog.kube import Kube
 from undolog.kube.kubeconfig import Credentials
-from undolog.kube.objects import Impersonation
+from undolog.kube.objects import ObjectReads
 from undolog.ledger import Ledger
 
 
@@ -37,12 +37,13 @@ async def operator() -> AsyncIterator[Operator]:
     timeline.start()
     runner = Runner(transport, fence, rng=random.Random(1), away=without_slot)
     recorder = CallRecorder(ledger, Registry(ledger), runner, timeline)
+    reads = ObjectReads(unreachable_api())
     context = DriverContext(
         ledger=ledger,
         timeline=timeline,
         index=EntryIndex(),
-        compensator=Compensator(recorder, ObjectUndoer(ledger, timeline, fence, Impersonation(unreachable_api()))),
-        forwarder=Forwarder(recorder),
+        compensator=Compensator(recorder, ObjectUndoer(ledger, timeline, fence, reads.impersonation)),
+        forwarder=Forwarder(recorder, reads),
         slots=SagaSlots(10),
         phase_changed=lambda saga: None,
         fence=fence,
