@@ -12,14 +12,12 @@ from typing import Any
 from undolog import errors
 from undolog.api import ActAs, GuardStatus, ObjectUndo
 from undolog.api.gateway import ObjectMapping
-from undolog.api.undo_entry import MAX_OBJECT_BYTES
 from undolog.decisions import object_undo
-from undolog.decisions.arguments import within
 from undolog.decisions.principals import SERVICE_ACCOUNT_PREFIX, Principal
 from undolog.decisions.undo_expressions import fill
 from undolog.errors import UndoLogError
 from undolog.kube import Kube
-from undolog.kube.objects import Discovery, Impersonation, Objects
+from undolog.kube.objects import ObjectReads, Objects
 
 log = logging.getLogger("undolog.gateway")
 
@@ -47,8 +45,7 @@ class ObjectStep:
 
 class ObjectSteps:
     def __init__(self, kube: Kube) -> None:
-        self.discovery = Discovery(kube)
-        self.impersonation = Impersonation(kube)
+        self.reads = ObjectReads(kube)
 
     async def before(
         self, mapping: ObjectMapping, arguments: dict[str, Any], namespace: str, caller: Principal | None
@@ -58,17 +55,12 @@ class ObjectSteps:
         named = fill(mapping.model_dump(exclude={"service_account"}), {"args": arguments}, "", defer_output=False)
         values: dict[str, Any] = named.value
         changes = values["changes"] if isinstance(values["changes"], dict) else None
+        act_as = acting_as(mapping, namespace, caller)
+        resource, where = str(values["resource"]), values["namespace"] or namespace
         try:
-            ref = await self.discovery.resolve(
-                str(values["resource"]), values["namespace"] or namespace, str(values["name"])
-            )
-            act_as = acting_as(mapping, namespace, caller)
-            objects = await self.impersonation.acting_as(act_as)
-            before = await objects.get(ref)
-        except (errors.NotFound, errors.Forbidden) as refused:
+            objects, ref, before = await self.reads.before(resource, where, str(values["name"]), act_as)
+        except errors.KubeError as refused:
             raise ObjectNotRead(f"the object it changes could not be read: {refused.message}") from None
-        if before is not None and not within(before, MAX_OBJECT_BYTES):
-            raise ObjectNotRead(f"{ref} is more than the {MAX_OBJECT_BYTES} bytes UndoLog keeps of an object")
         return ObjectStep(ObjectUndo(object=ref, before=before, act_as=act_as, changes=changes), objects)
 
 
