@@ -28,7 +28,7 @@ from aiohttp import web
 from yarl import URL
 
 from undolog import errors
-from undolog.api import Saga, SagaPhase
+from undolog.api import Saga, SagaPhase, UndoEntry
 from undolog.archive import ArchiveStore, HistoryQuery
 from undolog.conventions import now
 from undolog.dashboard import pictures
@@ -333,6 +333,9 @@ async def webhook_page(current: Page) -> web.StreamResponse:
 # -- actions (forms with a reason; the operator stays the only writer of phases) ---------------------
 
 
+Resolution = Callable[[str, str, int, str], Awaitable[UndoEntry]]  # namespace, saga, position, reason
+
+
 def back(current: Page, notice: str) -> web.HTTPSeeOther:
     target = str(current.request.headers.get("Referer") or current.url("/"))
     base = target.split("?notice=", 1)[0].split("&notice=", 1)[0]
@@ -373,20 +376,21 @@ async def rewind_saga(current: Page) -> web.StreamResponse:
     )
 
 
+async def resolved(current: Page, resolve: Resolution, said: str) -> web.StreamResponse:
+    """A person's resolution of the entry the URL names (its saga, its stack position), with a reason."""
+    info = current.request.match_info
+    entry = await resolve(info["namespace"], info["name"], int(info["position"]), await reason_of(current))
+    raise back(current, f"{entry.metadata.name} {said}")
+
+
 @page
 async def skip(current: Page) -> web.StreamResponse:
-    info = current.request.match_info
-    position = int(info["position"])
-    entry = await current.inspector.skip(info["namespace"], info["name"], position, await reason_of(current))
-    raise back(current, f"{entry.metadata.name} will be skipped; the saga then goes on")
+    return await resolved(current, current.inspector.skip, "will be skipped; the saga then goes on")
 
 
 @page
 async def undo_anyway(current: Page) -> web.StreamResponse:
-    info = current.request.match_info
-    position = int(info["position"])
-    entry = await current.inspector.undo_anyway(info["namespace"], info["name"], position, await reason_of(current))
-    raise back(current, f"{entry.metadata.name} will be undone anyway, overwriting the later change")
+    return await resolved(current, current.inspector.undo_anyway, "will be undone anyway, overwriting the later change")
 
 
 @page
