@@ -70,6 +70,7 @@ async def objects(kube: Kube, namespace: str) -> None:
     await kube.request("POST", core(namespace, "configmaps"), config_map("old", keep="me"))
     secret = {"metadata": {"name": "creds"}, "stringData": {"password": "before"}}
     await kube.request("POST", core(namespace, "secrets"), secret)
+    await kube.request("POST", core(namespace, "configmaps"), config_map("flags", on="yes"))
 
 
 def steps(namespace: str) -> list[tuple[str, dict[str, Any]]]:
@@ -77,8 +78,13 @@ def steps(namespace: str) -> list[tuple[str, dict[str, Any]]]:
     so that every newer undo goes before its Conflict halts the saga."""
     at = {"namespace": namespace}
     template = {"spec": {"template": {"spec": {"containers": [{"name": "web", "image": "registry.invalid/web:2"}]}}}}
+    relabel = {"metadata": {"labels": {"tier": "silver"}}}
     return [
         ("kubectl_scale", {"name": "web", "replicas": 5, **at}),
+        (
+            "kubectl_patch",
+            {"resourceType": "configmap", "name": "flags", "patchType": "merge", "patchData": relabel, **at},
+        ),
         (
             "kubectl_patch",
             {"resourceType": "deployment", "name": "api", "patchType": "merge", "patchData": template, **at},
@@ -122,8 +128,11 @@ async def test_an_agent_s_kubernetes_changes_are_undone_natively_and_later_chang
             assert not answer.is_error, (tool, answer)
             handle = handle_of(answer)
         assert (await kube.request("GET", apps(namespace, "web")))["spec"]["replicas"] == 5
-        # A second writer (a person, an autoscaler) scales web again and changes another key of settings.
+        # A second writer (a person, an autoscaler) scales web again, relabels flags again, and
+        # changes another key of settings.
         await kube.request("PATCH", apps(namespace, "web"), {"spec": {"replicas": 10}}, content_type=MERGE)
+        bronze = {"metadata": {"labels": {"tier": "bronze"}}}
+        await kube.request("PATCH", core(namespace, "configmaps", "flags"), bronze, content_type=MERGE)
         later = {"data": {"size": "xl"}}
         await kube.request("PATCH", core(namespace, "configmaps", "settings"), later, content_type=MERGE)
         await called.call_tool("undolog_abort", {HANDLE: handle, "reason": "undo the lot"})
@@ -132,10 +141,22 @@ async def test_an_agent_s_kubernetes_changes_are_undone_natively_and_later_chang
     assert halted["status"]["reason"] == "Conflict"
     entries = {e["spec"]["stackPosition"]: e for e in await kube.list("undoentries", namespace)}
     print("\n" + "\n".join(f"{p}: {e['spec']['step']} {e['status']['state']}" for p, e in sorted(entries.items())))
-    assert [entries[p]["status"]["state"] for p in range(6, 0, -1)] == ["Compensated"] * 5 + ["Failed"]
-    assert entries[1]["spec"]["kubernetes"]["actAs"]["user"] == f"system:serviceaccount:{namespace}:agent"
-    web = entries[1]["status"]["guard"]
-    assert (entries[1]["status"]["reason"], web["differing"]) == ("Conflict", ["spec.replicas"])
+    # Newest first: the five nobody touched undone, then the relabel halted (the scale below it waits).
+    assert [entries[p]["status"]["state"] for p in range(7, 0, -1)] == ["Compensated"] * 5 + ["Failed", "Pending"]
+    assert entries[2]["spec"]["kubernetes"]["actAs"]["user"] == f"system:serviceaccount:{namespace}:agent"
+    flags = entries[2]["status"]["guard"]
+    assert (entries[2]["status"]["reason"], flags["differing"]) == ("Conflict", ["metadata.labels.tier"])
+    labels = (await kube.request("GET", core(namespace, "configmaps", "flags")))["metadata"]["labels"]
+    assert labels == {"tier": "bronze"}  # the later change kept
+    await Inspector(kube).skip(namespace, name, 2, "the person's bronze stays")
+    await eventually(
+        lambda: kube.get("undoentries", namespace, f"{name}-1"),
+        lambda e: e["status"].get("reason") == "Conflict",
+        30,
+        "the scale's undo halted as Conflict",
+    )
+    web = (await kube.get("undoentries", namespace, f"{name}-1"))["status"]["guard"]
+    assert web["differing"] == ["spec.replicas"]
     assert (await kube.request("GET", apps(namespace, "web")))["spec"]["replicas"] == 10  # the later change kept
     api = await kube.request("GET", apps(namespace, "api"))
     assert api["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.invalid/web:1"

@@ -110,7 +110,7 @@ async def test_a_scale_changed_again_since_halts_as_conflict_and_a_change_elsewh
     assert api["metadata"]["labels"] == {"app": "api", "owner": "someone-else"}
 
 
-async def test_a_config_map_s_data_patched_deleted_or_created_is_undone(
+async def test_a_config_map_s_data_patched_deleted_or_created_and_a_created_deployment_are_undone(
     kube: Kube, namespace: str, cluster: Cluster, operator: OperatorProcess
 ) -> None:
     await kube.request("POST", core(namespace, "configmaps"), config_map("settings", mode="safe", size="s"))
@@ -123,6 +123,8 @@ async def test_a_config_map_s_data_patched_deleted_or_created_is_undone(
         await kube.request("DELETE", core(namespace, "configmaps", "gone"))
     async with changing(saga, "create-fresh", "configmaps", "fresh"):
         await kube.request("POST", core(namespace, "configmaps"), config_map("fresh", new="yes"))
+    async with changing(saga, "create-worker", "deployment", "worker"):
+        await kube.request("POST", apps(namespace), deployment("worker", 1))
     # A second writer changes another key of settings: kept.
     later = {"data": {"size": "xl"}}
     await kube.request("PATCH", core(namespace, "configmaps", "settings"), later, content_type=MERGE)
@@ -133,6 +135,8 @@ async def test_a_config_map_s_data_patched_deleted_or_created_is_undone(
     assert (gone["data"], gone["metadata"]["labels"]) == ({"keep": "me"}, {"tier": "gold"})
     with pytest.raises(errors.NotFound):
         await kube.request("GET", core(namespace, "configmaps", "fresh"))
+    with pytest.raises(errors.NotFound):  # a created Deployment gone (its status moved on meanwhile: no conflict)
+        await kube.request("GET", apps(namespace, "worker"))
 
 
 async def granted(kube: Kube, namespace: str, account: str, rules: list[dict[str, Any]]) -> None:

@@ -13,6 +13,8 @@ from devtools.control_plane.local import free_ports
 
 from tests.support.waiting import until_healthy
 
+BIND_TRIES = 3
+
 
 def skewed_clock(offset: str) -> dict[str, str]:
     """The environment that sets a process's clock off by `offset` (libfaketime's, e.g. "+20m"),
@@ -64,6 +66,17 @@ class OperatorProcess:
         return self.log_dir / f"operator-{self.namespace}-{self.identity}-{self.starts}.log"
 
     def start(self, timeout: float = 60.0) -> None:
+        """Start it and wait until it is healthy. Ports picked free here can be taken by another
+        process before the operator binds them (seen in make test, another worker's server on
+        the liveness port): then it is started again on others, up to BIND_TRIES times."""
+        for tries_left in range(BIND_TRIES - 1, -1, -1):
+            try:
+                return self._start(timeout)
+            except AssertionError:
+                if tries_left == 0 or self.process is None or "address already in use" not in self.log():
+                    raise
+
+    def _start(self, timeout: float) -> None:
         self.starts += 1
         liveness, self.metrics_port = free_ports(2)
         self.log_dir.mkdir(parents=True, exist_ok=True)
