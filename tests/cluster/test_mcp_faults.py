@@ -16,6 +16,7 @@ from tests.support.mcp_tracker import HUGE_BYTES, SLOW_SECONDS, Tracker
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Reply
 from tests.support.waiting import saga_phase
+from undolog.inspect import Inspector
 from undolog.kube import Body, Kube
 
 pytestmark = pytest.mark.cluster
@@ -151,3 +152,36 @@ async def test_a_huge_answer_is_not_read_into_memory_and_an_unreadable_result_ha
         "tool 'close_issue' answered more than 1048576 bytes: the rest was not read (connection closed), so its "
         "result is unknown and the effect may have happened"
     ]
+
+
+async def test_a_json_rpc_refusal_halts_as_a_permanent_refusal_does_saying_the_tool_s_own_words(
+    kube: Kube, namespace: str, participant: Participant, tracker: Tracker, operator: OperatorProcess
+) -> None:
+    """A server that refuses with a JSON-RPC error (as mcp-server-kubernetes does) instead of
+    isError: halted within the retry policy, never waited out as an outage, its message on the
+    entry, its Events and `undolog show`."""
+    participant.script("/undo", Reply(422, body={"error": "locked"}))
+    tracker.issues.faults.append("refused")
+    http, mcp = await compensated_by_both(kube, namespace, participant, tracker, "Halted", lambda _: None)
+    assert ended(http) == ended(mcp) == ("Failed", "PermanentFailure")
+    assert len(attempt_errors(mcp)) == 1  # not retried
+    said = "MCP error -32602 from tool 'close_issue': issue #1 is locked: AlreadyExists"
+    assert mcp["status"]["lastError"].startswith(said)
+    shown = await Inspector(kube).show(namespace, "mcp")
+    assert any(said in (e.status.last_error or "") for e in shown.entries)
+    assert any(said in e.message for e in shown.events)
+    assert tracker.issues.closes == []
+
+
+async def test_a_json_rpc_internal_error_is_asked_again_under_the_same_key(
+    kube: Kube, namespace: str, participant: Participant, tracker: Tracker, operator: OperatorProcess
+) -> None:
+    participant.script("/undo", Reply(503))
+    tracker.issues.faults.append("internal")
+    http, mcp = await compensated_by_both(kube, namespace, participant, tracker, "Compensated", lambda _: None)
+    assert ended(http) == ended(mcp) == ("Compensated", None)  # both retried: a 503, an internal error
+    assert attempt_errors(mcp) == [
+        "MCP error -32603 from tool 'close_issue': the tracker's database is restarting",
+        None,
+    ]
+    assert [close.meta_key for close in tracker.issues.closes] == [f"undo-{mcp['spec']['undoId']}"]

@@ -380,3 +380,21 @@ async def test_what_a_stdio_server_logs_reaches_only_the_agent_request_it_serves
         gateway.stop()
     print(f"\nheard: {heard}")
     assert heard == {"a": [], "b": ["work: alone"]}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_an_upstream_s_json_rpc_refusal_reaches_the_agent_and_the_entry_in_its_own_words(
+    kube: Kube, namespace: str, tracker: Tracker, gateway: GatewayProcess, mode: str
+) -> None:
+    """A mapped tool whose server refuses with a JSON-RPC error: the agent gets that error (its
+    code and message), and the step's entry says the same, not the client's exception group."""
+    async with Client(gateway.url, mode=mode) as agent:
+        with pytest.raises(MCPError) as refused:
+            await agent.call_tool("create_issue", {"title": "refused: freeze"})
+    said = "no issue titled 'refused: freeze' may be opened: the board is frozen"
+    assert (refused.value.code, refused.value.error.message) == (-32602, said)
+    entries = await eventually(
+        lambda: kube.list("undoentries", namespace), lambda found: len(found) == 1, 10, "the step's entry"
+    )
+    assert entries[0]["status"]["effect"] == "Failed"
+    assert said in entries[0]["status"]["lastError"], entries[0]["status"]["lastError"]

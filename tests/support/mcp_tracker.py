@@ -2,10 +2,12 @@
 in a thread of the test process): tools whose effects a test can inspect.
 
 - create_issue(title, fail=False): opens an issue; with `fail` it opens it and then answers
-  isError (a partial effect: the number comes back in structuredContent all the same).
+  isError (a partial effect: the number comes back in structuredContent all the same); a title
+  that starts `refused:` is refused with a JSON-RPC error, nothing opened.
 - close_issue(number): closes it; every close is recorded with the Idempotency-Key it came
   under (`_meta` and header). `Issues.faults` scripts its next answers: "slow" (answered after
-  SLOW_SECONDS), "huge" (a HUGE_BYTES text), "error" (isError, nothing closed).
+  SLOW_SECONDS), "huge" (a HUGE_BYTES text), "error" (isError, nothing closed), "refused" (a
+  JSON-RPC invalid-params error, nothing closed), "internal" (a JSON-RPC internal error).
 - close_issues_titled(title): closes the open issues of that title (an undo that needs only the
   call's arguments), recorded as close_issue's are.
 - `Issues.answer`: while cleared, create_issue opens its issue and then waits to answer until
@@ -35,6 +37,7 @@ from typing import Annotated, Any
 import mcp_types as types
 import uvicorn
 from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
+from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -116,6 +119,8 @@ def tracker(issues: Issues) -> MCPServer:
     @server.tool()
     async def create_issue(title: str, ctx: Context, fail: bool = False) -> types.CallToolResult:
         """Open an issue."""
+        if title.startswith("refused:"):  # a JSON-RPC error before anything is opened
+            raise MCPError(types.INVALID_PARAMS, f"no issue titled {title!r} may be opened: the board is frozen")
         with issues.lock:
             number = len(issues.opened) + 1
             issues.opened[number] = {"number": number, "title": title, "state": "open"}
@@ -144,6 +149,10 @@ def tracker(issues: Issues) -> MCPServer:
         fault = issues.next_fault()
         if fault == "error":
             return said("the tracker is read-only today", is_error=True)
+        if fault == "refused":  # a JSON-RPC error, as servers that raise instead of answering isError
+            raise MCPError(types.INVALID_PARAMS, f"issue #{number} is locked: AlreadyExists")
+        if fault == "internal":
+            raise MCPError(types.INTERNAL_ERROR, "the tracker's database is restarting")
         if fault == "huge":
             return said("x" * HUGE_BYTES)
         if fault == "slow":

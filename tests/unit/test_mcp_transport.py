@@ -101,3 +101,33 @@ async def test_a_lease_in_doubt_once_the_tool_was_called_is_an_attempt_asked_aga
     assert [close.meta_key for close in served.issues.closes] == ["k"]
     assert calls_the_tool(b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t"}}')
     assert not calls_the_tool(b"")
+
+
+@pytest.mark.parametrize(
+    ("fault", "said", "verdict"),
+    [
+        ("refused", "MCP error -32602 from tool 'close_issue': issue #1 is locked: AlreadyExists", Verdict.PERMANENT),
+        (
+            "internal",
+            "MCP error -32603 from tool 'close_issue': the tracker's database is restarting",
+            Verdict.TRANSIENT,
+        ),
+    ],
+)
+async def test_a_json_rpc_error_is_the_tool_s_answer_classified_by_its_code_with_its_message(
+    served: Tracker, fault: str, said: str, verdict: Verdict
+) -> None:
+    """A server that refuses with a JSON-RPC error instead of isError: its code decides (an
+    internal error is retried, the rest is the tool's refusal) and its own message is what the
+    entry says. Before, the client's task group wrapped it: `MCP: ExceptionGroup: unhandled
+    errors in a TaskGroup`, retried as an outage whatever the code."""
+    served.issues.open("locked")
+    served.issues.faults.append(fault)
+    http = HttpTransport(EgressPolicy.build(allow_loopback=True))
+    target = Target(served.url, 5.0, tool="close_issue")
+    try:
+        outcome = await McpTransport(http).send(PreparedCall(target, {"number": 1}, {"Idempotency-Key": "k"}))
+    finally:
+        await http.close()
+    assert (outcome.error, classify(outcome)) == (said, verdict)
+    assert served.issues.closes == []

@@ -20,7 +20,7 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR, CallToolResult, RequestParamsMeta, TextContent
+from mcp_types import INTERNAL_ERROR, PARSE_ERROR, CallToolResult, RequestParamsMeta, TextContent
 from yarl import URL
 
 from undolog.calls.http import HttpTransport, success
@@ -130,13 +130,11 @@ class McpTransport:
             return answered(target.tool or "", carrier.status or 200, result)
         except TimeoutError:
             return CallOutcome(error=f"timed out after {target.timeout_seconds:g} s")
-        except MCPError as error:
-            verdict = Verdict.TRANSIENT if error.code == INTERNAL_ERROR else Verdict.PERMANENT
-            text = f"MCP error {error.code} from tool {target.tool!r}: {error.error.message}"
-            return CallOutcome(status_code=carrier.status, error=text[:MAX_ERROR_TEXT], verdict=verdict)
         except Exception as error:  # the MCP client wraps what the network did (kept by the carrier)
             if carrier.refused is not None:
                 raise carrier.refused from error  # as the HTTP transport does: nothing was sent, no attempt
+            if (answer := json_rpc_error(error)) is not None:
+                return refused_by(target.tool or "", carrier.status, answer)
             if carrier.failure is not None:
                 return carrier.failure
             text = f"MCP: {type(error).__name__}: {error}"[:MAX_ERROR_TEXT]
@@ -153,6 +151,30 @@ def calls_the_tool(body: bytes) -> bool:
     except ValueError:
         return False
     return isinstance(message, dict) and message.get("method") == "tools/call"
+
+
+# JSON-RPC errors that say nothing of the call itself: asked again. Every other code (invalid
+# parameters, no such method or tool, a server's own application errors) is the tool's answer.
+TRANSIENT_CODES = frozenset({INTERNAL_ERROR, PARSE_ERROR})
+
+
+def json_rpc_error(error: BaseException) -> MCPError | None:
+    """The JSON-RPC error a server answered, however the client wrapped it (its task group
+    raises an ExceptionGroup around it)."""
+    if isinstance(error, MCPError):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            if (found := json_rpc_error(inner)) is not None:
+                return found
+    return json_rpc_error(error.__cause__) if error.__cause__ is not None else None
+
+
+def refused_by(tool: str, status: int | None, error: MCPError) -> CallOutcome:
+    """A tool's JSON-RPC error as an outcome: classified by its code, said in its own words."""
+    verdict = Verdict.TRANSIENT if error.code in TRANSIENT_CODES else Verdict.PERMANENT
+    text = f"MCP error {error.code} from tool {tool!r}: {error.error.message}"
+    return CallOutcome(status_code=status, error=text[:MAX_ERROR_TEXT], verdict=verdict)
 
 
 def keyed_meta(key: str) -> RequestParamsMeta:

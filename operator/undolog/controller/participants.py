@@ -11,10 +11,16 @@ from undolog.api import EventReason, ParticipantState, WebhookStatus
 from undolog.calls.webhook_cache import WebhookCache
 from undolog.controller.timeline import Timeline
 from undolog.conventions import clip, now
-from undolog.decisions.outage import MAX_PROBE_SECONDS, OPEN_AFTER, Breaker
+from undolog.decisions.outage import MAX_PROBE_SECONDS, OPEN_AFTER, Breaker, outage_budget
 from undolog.ledger import Ledger
 
 log = logging.getLogger("undolog.participants")
+
+
+def budget_in_force(seconds: int | None) -> str:
+    """The outage budget a Webhook's calls wait for, as a person reads it (its own, or the default)."""
+    said = f"{outage_budget(seconds):g} s"
+    return said if seconds is not None else f"{said}, the default"
 
 
 class BreakerReport:
@@ -34,7 +40,8 @@ class BreakerReport:
             message = (
                 f"{OPEN_AFTER} calls in a row were not answered (last: {last_error}): compensations wait without "
                 f"spending retries, one probe at a time (backing off to {MAX_PROBE_SECONDS:g} s), each for up to "
-                f"spec.outageBudgetSeconds ({webhook.spec.outage_budget_seconds} s) before its saga halts with "
+                f"spec.outageBudgetSeconds ({budget_in_force(webhook.spec.outage_budget_seconds)}) before its saga "
+                "halts with "
                 "ParticipantUnavailable"
             )
             self.timeline.record(webhook, EventReason.PARTICIPANT_UNAVAILABLE, message, warning=True)
