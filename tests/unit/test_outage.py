@@ -19,6 +19,7 @@ from undolog.calls.http import ParticipantSlots
 from undolog.calls.pace import Pacing
 from undolog.calls.runner import AttemptRecord, Runner, Unfenced
 from undolog.calls.transport import PreparedCall, Target
+from undolog.controller.participants import budget_in_force
 from undolog.decisions import outage
 from undolog.decisions.outage import OPEN_AFTER, Breaker, Bucket, unanswered
 from undolog.decisions.retry import CallOutcome, Verdict
@@ -242,3 +243,8 @@ async def test_a_forward_call_is_not_held_by_an_outage_and_spends_its_retries() 
     result = await runner.call(target(), {}, lambda n: {}, backoff=backoff, max_retries=2, on_attempt=noted)
     assert result.verdict == Verdict.TRANSIENT  # retries used up: the saga fails and compensates
     assert len(records) == 3
+
+
+def test_the_budget_in_force_is_said_as_a_person_reads_it_never_none() -> None:
+    assert budget_in_force(None) == "3600 s, the default"
+    assert budget_in_force(30) == "30 s"
