@@ -1,10 +1,13 @@
-"""CEL (the Common Expression Language, Kubernetes' own; Google's bindings of cel-cpp) over a
-fixed set of variables: compiled once, evaluated to plain JSON values, every failure an
-ExpressionError that names the expression. The gateway's undo expressions, tenancy rules and
-policies are each such an environment over their own variables."""
+"""CEL (the Common Expression Language, Kubernetes' own; Google's bindings of cel-cpp, with the
+extension libraries Kubernetes enables, below) over a fixed set of variables: compiled once,
+evaluated to plain JSON values, every failure an ExpressionError that names the expression. The
+gateway's undo expressions, tenancy rules and policies are each such an environment over their
+own variables."""
 
 from __future__ import annotations
 
+import base64
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,13 +18,28 @@ class ExpressionError(ValueError):
     """An expression that does not compile or cannot be evaluated; the message names it."""
 
 
+# The libraries Kubernetes enables in its CEL (CRD rules, admission policies), as far as
+# cel-expr-python (cel-cpp) has them. It has not Kubernetes' own URL and quantity libraries, nor
+# its `find`/`findAll` (regex.extract and regex.extractAll do that, in RE2, in linear time), and
+# it declares `transformMap` without being able to evaluate it: refused at compile.
+LIBRARIES = ("strings", "optional", "regex", "lists", "sets", "two-var-comprehensions", "encoders", "math", "bindings")
+_CONFIG = "name: undolog\nextensions:\n" + "".join(f'  - name: "{name}"\n' for name in LIBRARIES)
+_UNEVALUABLE = re.compile(r"\.\s*transformMap(Entry)?\s*\(")
+
+
 class Environment:
     def __init__(self, variables: tuple[str, ...]) -> None:
         self.variables = variables
-        self.env = cel.NewEnv(variables=dict.fromkeys(variables, cel.Type.DYN))
+        config = cel.NewEnvConfigFromYaml(_CONFIG)
+        self.env = cel.NewEnv(config=config, variables=dict.fromkeys(variables, cel.Type.DYN))
 
     def compile(self, source: str, shown: str) -> Any:
         """The program of `source` (a cel.Expression); ExpressionError naming it as `shown`."""
+        if _UNEVALUABLE.search(source):
+            raise ExpressionError(
+                f"{shown} does not compile: transformMap and transformMapEntry are not available in this CEL (the "
+                "Python bindings of cel-cpp cannot evaluate them); build the map with a literal, or transformList"
+            )
         try:
             return self.env.compile(source)
         except RuntimeError as error:
@@ -41,9 +59,12 @@ class Environment:
 
 
 def plain(value: Any) -> Any:
-    """CEL's values as JSON's (its maps may hold non-string keys: said as text)."""
+    """CEL's values as JSON's (its maps may hold non-string keys: said as text; bytes as
+    base64, as Kubernetes writes them)."""
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [plain(v) for v in value]
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(bytes(value)).decode()
     return value

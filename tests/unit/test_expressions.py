@@ -1,0 +1,55 @@
+"""CEL with the libraries Kubernetes enables (as far as cel-cpp's Python bindings have them):
+what undo expressions over real servers' text need."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from undolog.decisions.expressions import Environment, ExpressionError
+
+ENV = Environment(("before", "args"))
+STATUS = "On branch feature/login\nYour branch is up to date with 'origin/feature/login'.\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "value"),
+    [
+        # strings: git_checkout's undo, the branch from before read out of git_status's text
+        ("before.text.split('\\n')[0].substring(10)", "feature/login"),
+        ("args.name.lowerAscii().replace('_', '-')", "web-app"),
+        ("'a,b'.split(',').join('+')", "a+b"),
+        # regex (RE2): Kubernetes' find and findAll are regex.extract and regex.extractAll here
+        ("regex.extract(before.text, 'origin/([a-z/]+)').orValue('')", "feature/login"),
+        ("regex.extractAll('a1 b22', '[0-9]+')", ["1", "22"]),
+        # lists and sets
+        ("[3, 1, 2].sort()", [1, 2, 3]),
+        ("[[1], [2, 3]].flatten().distinct()", [1, 2, 3]),
+        ("sets.contains(['a', 'b'], ['b'])", True),
+        # optionals, two-variable comprehensions, bindings, math, encoders
+        ("args.?missing.orValue('none')", "none"),
+        ("{'a': 1, 'b': 2}.all(k, v, v > 0)", True),
+        ("{'a': 1}.transformList(k, v, k + '=' + string(v))", ["a=1"]),
+        ("cel.bind(n, args.name.size(), n * 2)", 14),
+        ("math.greatest(1, 5, 3)", 5),
+        ("base64.encode(b'hi')", "aGk="),
+        ("base64.decode('aGk=')", "aGk="),  # bytes come back as JSON writes them: base64
+    ],
+)
+def test_the_libraries_kubernetes_enables_compile_and_evaluate(source: str, value: Any) -> None:
+    program = ENV.compile(source, f"${{{source}}}")
+    assert ENV.evaluate(program, {"before": {"text": STATUS}, "args": {"name": "web_app"}}, source) == value
+
+
+def test_transform_map_is_refused_at_compile_saying_why() -> None:
+    """cel-cpp's Python bindings declare transformMap but cannot evaluate it: refused where a
+    configuration is loaded, not when an undo is due."""
+    with pytest.raises(ExpressionError, match="transformMap and transformMapEntry are not available"):
+        ENV.compile("args.transformMap(k, v, v)", "${args.transformMap(k, v, v)}")
+
+
+def test_what_kubernetes_has_and_these_bindings_lack_is_refused_naming_it() -> None:
+    for source in ("url('https://x.io').getHost()", "quantity('1Gi').asInteger()", "'a1'.find('[0-9]')"):
+        with pytest.raises(ExpressionError, match="undeclared reference"):
+            ENV.compile(source, source)
