@@ -112,6 +112,15 @@ async def test_a_before_image_that_cannot_be_read_refuses_the_call_and_nothing_i
             "tools.tracker.file_issues.compensation.args: ${output.issues.map(i, i.numbr)} names a field its schema "
             "does not have",
         ),
+        (  # close_issues takes a list of numbers; one issue's number is an integer
+            {
+                "tracker.file_issues": {
+                    "compensation": {"tool": "tracker.close_issues", "args": {"numbers": "${output.issues[0].number}"}}
+                }
+            },
+            "tools.tracker.file_issues.compensation.args.numbers: ${output.issues[0].number} gives integer, where the "
+            "tool's schema says array",
+        ),
     ],
 )
 def test_a_mapping_that_cannot_work_is_refused_at_start_naming_the_tool_and_the_expression(

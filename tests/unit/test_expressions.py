@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from undolog.decisions.expressions import Environment, ExpressionError
+from undolog.decisions.undo_expressions import mistyped
 
 ENV = Environment(("before", "args"))
 STATUS = "On branch feature/login\nYour branch is up to date with 'origin/feature/login'.\n"
@@ -53,3 +54,29 @@ def test_what_kubernetes_has_and_these_bindings_lack_is_refused_naming_it() -> N
     for source in ("url('https://x.io').getHost()", "quantity('1Gi').asInteger()", "'a1'.find('[0-9]')"):
         with pytest.raises(ExpressionError, match="undeclared reference"):
             ENV.compile(source, source)
+
+
+def test_an_argument_whose_type_the_called_tool_does_not_take_is_named() -> None:
+    target = {
+        "properties": {
+            "number": {"type": "integer"},
+            "labels": {"type": "array"},
+            "title": {"type": ["string", "null"]},
+        }
+    }
+    schemas = {"args": {"type": "object", "properties": {"title": {"type": "string"}, "n": {"type": "integer"}}}}
+    wrong = {"number": "${args.title}", "labels": {"a": 1}, "title": "${args.n}", "other": 1}
+    assert mistyped(wrong, schemas, target) == [
+        "number: ${args.title} gives string, where the tool's schema says integer",
+        'labels: {"a": 1} gives object, where the tool\'s schema says array',
+        "title: ${args.n} gives integer, where the tool's schema says string or null",
+    ]
+    right = {"number": "${args.n}", "labels": ["x"], "title": "undo of ${args.n}"}
+    assert mistyped(right, schemas, target) == []
+    assert (
+        mistyped({"number": "${output.id}", "labels": True}, schemas, {"properties": {"number": {"type": "integer"}}})
+        == []
+    )
+    assert mistyped({"number": True}, schemas, target) == [
+        "number: true gives boolean, where the tool's schema says integer"
+    ]

@@ -201,3 +201,71 @@ def unknown_fields(source: str, schemas: Mapping[str, Any]) -> str | None:
         if "not found" in str(error).lower() or "no such" in str(error).lower():
             return f"${{{source}}} names a field its schema does not have ({error})"
     return None
+
+
+JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+}
+
+
+def mistyped(template: Mapping[str, Any], schemas: Mapping[str, Any], target: Mapping[str, Any]) -> list[str]:
+    """The arguments of a call (`template`, constants and expressions over variables with
+    `schemas`) whose value's JSON type the called tool's input schema (`target`) does not allow,
+    each said as `<name>: ...`; an expression reading a variable without a schema is not judged."""
+    properties = target.get("properties") if isinstance(target.get("properties"), Mapping) else {}
+    problems = []
+    for name, value in template.items():
+        wanted = (properties or {}).get(name, {}).get("type") if isinstance(properties, Mapping) else None
+        kinds = [wanted] if isinstance(wanted, str) else wanted if isinstance(wanted, list) else None
+        if not kinds:
+            continue
+        given = _typical(value, schemas)
+        if given is _UNKNOWN or given is None or any(_is(given, k) for k in kinds):
+            continue
+        shown = value if isinstance(value, str) else json.dumps(value)[:80]
+        problems.append(f"{name}: {shown} gives {json_kind(given)}, where the tool's schema says {' or '.join(kinds)}")
+    return problems
+
+
+_UNKNOWN = object()
+
+
+def _typical(value: Any, schemas: Mapping[str, Any]) -> Any:
+    """A value of the type `value` fills in as: itself for a constant, its expression evaluated
+    over its variables' skeletons, text for an expression spliced into text."""
+    if not isinstance(value, str):
+        return value
+    found = spans(value)
+    if not found:
+        return value
+    if len(found) > 1 or found[0][:2] != (0, len(value)):
+        return "text"
+    compiled = compile_expression(found[0][2])
+    if not compiled.reads <= set(schemas):
+        return _UNKNOWN
+    try:
+        return evaluate(compiled, {name: skeleton(schemas[name]) for name in compiled.reads})
+    except ExpressionError:
+        return _UNKNOWN
+
+
+def json_kind(value: Any) -> str:
+    """The JSON type of a value: string, integer, number, boolean, object, array or null."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return next((kind for kind, types in JSON_TYPES.items() if isinstance(value, types)), type(value).__name__)
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind == "null":
+        return value is None
+    if isinstance(value, bool) and kind in ("integer", "number"):
+        return False
+    return isinstance(value, JSON_TYPES.get(kind, (object,)))

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from undolog.api.gateway import GatewayConfig
 from undolog.decisions.advertised_undo import ListedTool
-from undolog.decisions.undo_expressions import expressions_in, unknown_fields
+from undolog.decisions.undo_expressions import expressions_in, mistyped, unknown_fields
 
 
 @dataclass(frozen=True)
@@ -124,4 +124,8 @@ def mapping_problems(config: GatewayConfig, catalogue: ToolCatalogue) -> list[st
         places += [(f"tools.{name}.after.args", rule.after.args)] if rule.after and rule.after.args else []
         for where, template in places:
             problems += [f"{where}: {why}" for s in expressions_in(template) if (why := unknown_fields(s, schemas))]
+        undoing = listed.get(rule.compensation.tool) if rule.compensation and rule.compensation.tool else None
+        if undoing is not None and rule.compensation is not None:
+            refused = mistyped(rule.compensation.args, schemas, undoing.tool.input_schema)
+            problems += [f"tools.{name}.compensation.args.{why}" for why in refused]
     return problems
