@@ -17,7 +17,7 @@ from tests.support.manifests import saga as saga_manifest
 from tests.support.manifests import webhook
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Received, Reply
-from tests.support.waiting import saga_phase
+from tests.support.waiting import eventually, saga_phase
 from undolog import errors
 from undolog.api import ActAs, ObjectUndo, Saga
 from undolog.cli.triage import conflicts
@@ -268,3 +268,29 @@ async def test_a_saga_may_name_only_an_account_its_creator_may_act_as(
     print(f"\nrefused: {refused.value.message}")
     assert "may not have the operator act as the ServiceAccounts its steps name" in refused.value.message
     await kube.create("sagas", namespace, saga_manifest("release", steps))  # its admin may
+
+
+async def test_an_orchestrated_step_whose_object_cannot_be_read_sends_nothing_and_says_why(
+    kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
+) -> None:
+    """The account a step names may not read its object: nothing is registered or sent, and
+    the saga's Events say which object, which account and what the API refused."""
+    await create_service_account(kube, namespace, "nobody")
+    await kube.request("POST", core(namespace, "configmaps"), config_map("settings", mode="safe"))
+    await kube.create("webhooks", namespace, webhook("set-mode", url=participant.url("/set-mode")))
+    named = {"resource": "configmap", "name": "settings", "serviceAccount": "nobody"}
+    steps = [{"name": "set_mode", "action": {"function": "set-mode"}, "kubernetes": named}]
+    await kube.create("sagas", namespace, saga_manifest("release", steps))
+    account = f"system:serviceaccount:{namespace}:nobody"
+    events = await eventually(
+        lambda: kube.events_about(namespace, "release"),
+        lambda found: any("could not be read as" in e.message for e in found),
+        30,
+        "an Event saying why the step waits",
+    )
+    said = next(e.message for e in events if "could not be read as" in e.message)
+    print(f"\n{said}")
+    assert f"step set_mode: configmap settings could not be read as {account} before its action" in said
+    assert 'cannot get resource "configmaps"' in said
+    assert participant.received("/set-mode") == []
+    assert await kube.list("undoentries", namespace) == []
