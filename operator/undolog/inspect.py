@@ -115,6 +115,12 @@ class PlannedCompensation:
 
 
 ConflictField = tuple[str, Any, Any, Any]  # a field, and its value before the step, after it and now
+SECRET_VALUE = "(a Secret's value, not shown)"
+
+
+def hidden(value: Any) -> Any:
+    """A Secret's value as a person is shown it: whether there is one."""
+    return None if value is None else SECRET_VALUE
 
 
 def conflict_fields(entry: UndoEntry) -> list[ConflictField] | None:
@@ -127,7 +133,10 @@ def conflict_fields(entry: UndoEntry) -> list[ConflictField] | None:
     native = entry.spec.kubernetes
     if native is not None:  # an object: its fields, not three whole manifests
         before, after, current = (i if isinstance(i, dict) else None for i in (native.before, seen.after, seen.now))
-        return object_undo.conflicting_fields(before, after, current)
+        fields = object_undo.conflicting_fields(before, after, current)
+        if native.object.kind == "Secret":  # which keys changed is shown, never a value
+            return [(name, hidden(was), hidden(left), hidden(now)) for name, was, left, now in fields]
+        return fields
     guard = entry.spec.guard
     left = seen.after if seen.after is not None else seen.after_digest or "(not recorded)"
     return [(", ".join(seen.differing) or "the value", guard.before if guard else None, left, seen.now)]

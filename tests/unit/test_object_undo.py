@@ -10,6 +10,7 @@ import jsonpatch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from undolog.api import UndoEntry
 from undolog.conventions import UNDONE_BY_ANNOTATION
 from undolog.decisions.object_undo import (
     AlreadyUndone,
@@ -26,6 +27,7 @@ from undolog.decisions.object_undo import (
     shown,
     undo,
 )
+from undolog.inspect import SECRET_VALUE, conflict_fields
 
 
 def undone(
@@ -202,3 +204,49 @@ def test_what_another_writer_changed_while_the_step_ran_is_not_taken_for_the_ste
     whole = undone(before, after, after, changes={"spec": 5})  # a leaf above a field: all of spec
     assert isinstance(whole, Restore)
     assert whole.paths == ["spec.replicas"]
+
+
+def test_a_secret_s_conflict_names_its_keys_and_shows_no_value() -> None:
+    def secret(password: str, version: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "creds", "uid": "u", "resourceVersion": version},
+            "data": {"password": password},
+        }
+
+    entry = UndoEntry.model_validate(
+        {
+            "metadata": {"name": "s-1", "namespace": "n"},
+            "spec": {
+                "saga": "s",
+                "undoId": "00000000-0000-4000-8000-000000000000",
+                "stackPosition": 1,
+                "effectId": "e",
+                "step": "patch",
+                "registeredAt": "2026-12-06T00:00:00Z",
+                "kubernetes": {
+                    "object": {
+                        "apiVersion": "v1",
+                        "kind": "Secret",
+                        "resource": "secrets",
+                        "namespace": "n",
+                        "name": "creds",
+                    },
+                    "before": secret("YmVmb3Jl", "1"),
+                    "actAs": {"user": "system:serviceaccount:n:agent"},
+                },
+            },
+            "status": {
+                "state": "Failed",
+                "reason": "Conflict",
+                "guard": {
+                    "after": secret("YWZ0ZXI=", "2"),
+                    "afterDigest": "sha256:x",
+                    "now": secret("bGF0ZXI=", "3"),
+                    "differing": ["data.password"],
+                },
+            },
+        }
+    )
+    assert conflict_fields(entry) == [("data.password", SECRET_VALUE, SECRET_VALUE, SECRET_VALUE)]
