@@ -235,5 +235,5 @@ bench: venv tools-control-plane postgres participant-kit mcp-conformance bin/hyd
 	$(PY) -m bench.plot
 	$(PY) -m bench.summary
 
-chaos: venv tools-control-plane postgres participant-kit
+chaos: venv tools-control-plane postgres participant-kit mcp-servers
 	UNDOLOG_CHAOS=full $(VENV)/bin/pytest -m fault -s
