@@ -13,9 +13,27 @@ from typing import Any
 from undolog.api import AttemptKind, EntryReason, EntryState, EventReason, Guard, Saga, UndoEntry
 from undolog.api.changes import EntryStatusChange
 from undolog.controller.recorded_call import CallPlan, CallRecorder, CallRefused, call_trace, failure_changes
+from undolog.controller.timeline import Timeline
 from undolog.conventions import clip, now
 from undolog.decisions import guard_expressions, guards, resolutions
 from undolog.decisions.retry import Verdict
+
+
+def halted_as_conflict(
+    timeline: Timeline, saga: Saga, entry: UndoEntry, judgement: guards.Conflicts, seen: Any, *, undo: str
+) -> EntryStatusChange:
+    """An entry whose undo would overwrite a later change, not `undo` (sent, written): Failed as
+    Conflict with what was seen now and the ways out, and a Warning Event saying so."""
+    label = f"{entry.metadata.name} (step {entry.spec.step})"
+    message = f"{judgement.message}; its undo was not {undo}, so the later change is kept"
+    timeline.record(saga, EventReason.CONFLICT, f"{label}: {message}", warning=True)
+    way_out = resolutions.how_to_resolve_conflict(saga, entry)
+    return {
+        "state": EntryState.FAILED,
+        "reason": EntryReason.CONFLICT,
+        "last_error": clip(f"{message}. {way_out}"),
+        "guard": guards.conflicted(entry.status.guard, seen, judgement, now()),
+    }
 
 
 @dataclass(frozen=True)
@@ -67,16 +85,7 @@ class Guarding:
         return NotUndone(ended.entry, self._conflict(saga, ended.entry, judgement, seen) | {"attempts": ended.attempts})
 
     def _conflict(self, saga: Saga, entry: UndoEntry, judgement: guards.Conflicts, seen: Any) -> EntryStatusChange:
-        label = f"{entry.metadata.name} (step {entry.spec.step})"
-        message = f"{judgement.message}; its undo was not sent, so the later change is kept"
-        self.recorder.timeline.record(saga, EventReason.CONFLICT, f"{label}: {message}", warning=True)
-        way_out = resolutions.how_to_resolve_conflict(saga, entry)
-        return {
-            "state": EntryState.FAILED,
-            "reason": EntryReason.CONFLICT,
-            "last_error": clip(f"{message}. {way_out}"),
-            "guard": guards.conflicted(entry.status.guard, seen, judgement, now()),
-        }
+        return halted_as_conflict(self.recorder.timeline, saga, entry, judgement, seen, undo="sent")
 
     @staticmethod
     def _plan(saga: Saga, entry: UndoEntry, guard: Guard, undo: CallPlan) -> CallPlan:

@@ -13,9 +13,10 @@ from undolog import errors
 from undolog.api import EntryReason, EntryState, EventReason, ObjectReference, ObjectUndo, Saga, SagaPhase, UndoEntry
 from undolog.api.changes import EntryStatusChange, changed
 from undolog.calls.runner import Fence
+from undolog.controller.guarding import halted_as_conflict
 from undolog.controller.timeline import Timeline
 from undolog.conventions import clip, now
-from undolog.decisions import entry_changes, guards, object_undo, resolutions
+from undolog.decisions import entry_changes, guards, object_undo
 from undolog.kube.objects import Impersonation, Objects
 from undolog.ledger import Ledger
 
@@ -106,16 +107,8 @@ class ObjectUndoer:
         return entry_changes.compensated(now(), rewinding=saga.status.phase == SagaPhase.REWINDING)
 
     def _conflict(self, saga: Saga, entry: UndoEntry, judgement: guards.Conflicts, current: Any) -> EntryStatusChange:
-        label = f"{entry.metadata.name} (step {entry.spec.step})"
-        message = f"{judgement.message}; its undo was not written, so the later change is kept"
-        self.timeline.record(saga, EventReason.CONFLICT, f"{label}: {message}", warning=True)
         shown = object_undo.kept(current) if isinstance(current, dict) else current
-        return {
-            "state": EntryState.FAILED,
-            "reason": EntryReason.CONFLICT,
-            "last_error": clip(f"{message}. {resolutions.how_to_resolve_conflict(saga, entry)}"),
-            "guard": guards.conflicted(entry.status.guard, shown, judgement, now()),
-        }
+        return halted_as_conflict(self.timeline, saga, entry, judgement, shown, undo="written")
 
     def _forbidden(
         self, saga: Saga, entry: UndoEntry, undo: ObjectUndo, refused: errors.Forbidden
