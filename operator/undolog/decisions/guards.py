@@ -7,6 +7,7 @@ The selection itself is CEL (guard_expressions.py), which the SDK does without."
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,10 +27,17 @@ def digest(value: Any) -> str:
 
 def same(one: Any, other: Any) -> bool:
     """Equal as JSON: Python's `==` takes False for 0 and 1 for 1.0, which JSON (and the
-    digest) tell apart."""
-    return one is other or orjson.dumps(one, option=orjson.OPT_SORT_KEYS) == orjson.dumps(
-        other, option=orjson.OPT_SORT_KEYS
-    )
+    digest) tell apart. Compared in place, not serialized: the walks that ask it at every
+    level of an object would serialize each subtree once per level."""
+    if type(one) is not type(other):
+        return False
+    if isinstance(one, dict):
+        return one.keys() == other.keys() and all(same(value, other[key]) for key, value in one.items())
+    if isinstance(one, list):
+        return len(one) == len(other) and all(same(a, b) for a, b in zip(one, other, strict=True))
+    if isinstance(one, float):  # JSON writes -0.0 apart from 0.0
+        return one == other and math.copysign(1.0, one) == math.copysign(1.0, other)
+    return bool(one == other)
 
 
 def left(value: Any) -> GuardStatus:
