@@ -11,7 +11,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from undolog import errors
 from undolog.api import ActAs, ObjectReference
@@ -61,19 +61,32 @@ class Objects:
 
 
 class Discovery:
-    """What the API serves (its preferred versions), read once per DISCOVERY_SECONDS: a tool names
-    an object as kubectl does, and each call would otherwise cost a read of every API group."""
+    """What the API serves (its preferred versions), read once per DISCOVERY_SECONDS for each API
+    server: a tool names an object as kubectl does, and each call would otherwise cost a read of
+    every API group."""
+
+    # Shared by every reader of the same API server in the process: the SDK makes one per step.
+    _read: ClassVar[dict[str, tuple[float, list[tuple[str, dict[str, Any]]]]]] = {}
 
     def __init__(self, kube: Kube, clock: Callable[[], float] = time.monotonic) -> None:
         self.kube, self.clock = kube, clock
-        self._served: list[tuple[str, dict[str, Any]]] = []
-        self._read_at = float("-inf")
 
     async def resolve(self, resource: str, namespace: str | None, name: str) -> ObjectReference:
         """The object named as kubectl names it (`deployment`, `deployments.apps`, `cm`, a kind);
-        errors.NotFound naming what was looked for."""
+        errors.NotFound naming what was looked for. A name the kept discovery lacks is looked for
+        again in a fresh one (a CRD installed since)."""
+        for fresh in (False, True):
+            found = self._named(await self.served(fresh=fresh), resource, namespace, name)
+            if found is not None:
+                return found
+        raise errors.NotFound(f"the API serves no resource {resource!r} (as kubectl names them: deployment, cm, ...)")
+
+    @staticmethod
+    def _named(
+        served: list[tuple[str, dict[str, Any]]], resource: str, namespace: str | None, name: str
+    ) -> ObjectReference | None:
         wanted, _, group = resource.lower().partition(".")
-        for group_version, entry in await self.served():
+        for group_version, entry in served:
             names = {entry["name"], str(entry.get("singularName") or ""), str(entry["kind"]).lower()}
             names |= set(entry.get("shortNames") or ())
             if wanted in names and (not group or group_version.startswith(group + "/")):
@@ -81,20 +94,22 @@ class Discovery:
                 return ObjectReference(
                     api_version=group_version, kind=entry["kind"], resource=entry["name"], namespace=scope, name=name
                 )
-        raise errors.NotFound(f"the API serves no resource {resource!r} (as kubectl names them: deployment, cm, ...)")
+        return None
 
-    async def served(self) -> list[tuple[str, dict[str, Any]]]:
-        """Every (groupVersion, resource) at the API's preferred versions, subresources left out."""
-        if self.clock() - self._read_at < DISCOVERY_SECONDS:
-            return self._served
+    async def served(self, *, fresh: bool = False) -> list[tuple[str, dict[str, Any]]]:
+        """Every (groupVersion, resource) at the API's preferred versions, subresources left out;
+        read again when `fresh` or older than DISCOVERY_SECONDS."""
+        read_at, served = self._read.get(self.kube.server, (float("-inf"), []))
+        if not fresh and self.clock() - read_at < DISCOVERY_SECONDS:
+            return served
         groups = await self.kube.request("GET", "/apis")
         versions = ["v1", *(str(g["preferredVersion"]["groupVersion"]) for g in groups.get("groups") or ())]
-        served: list[tuple[str, dict[str, Any]]] = []
+        served = []
         for version in versions:
             listed = await self.kube.request("GET", f"/apis/{version}" if "/" in version else f"/api/{version}")
             resources = (r for r in listed.get("resources") or () if isinstance(r, dict))
             served.extend((version, r) for r in resources if "/" not in str(r.get("name")))
-        self._served, self._read_at = served, self.clock()
+        self._read[self.kube.server] = (self.clock(), served)
         return served
 
 
