@@ -30,6 +30,7 @@ from mcp.server.streamable_http import EventCallback, EventId, EventMessage, Eve
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import PromptsListChanged, ResourceUpdated, ToolsListChanged
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
@@ -204,7 +205,10 @@ class Conformance:
         )
 
     async def list_tools(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[*TOOLS, *conformance_rounds.TOOLS, *TRIGGERS, *self.added_tools])
+        """The input_required rounds' tools listed only to clients of the stateless revision, as
+        the suite's reference server does: a gateway must list to each era what the server does."""
+        rounds = conformance_rounds.TOOLS if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS else []
+        return types.ListToolsResult(tools=[*TOOLS, *rounds, *TRIGGERS, *self.added_tools])
 
     async def call_tool(
         self, ctx: Ctx, params: types.CallToolRequestParams

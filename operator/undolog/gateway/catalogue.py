@@ -1,11 +1,15 @@
 """The tools the upstream servers list, under the names agents see (the tool's own,
 `<upstream>.<tool>` where two upstreams share one), and what of the configuration's mappings
-those lists contradict."""
+those lists contradict.
+
+A server may list other tools to a client of the stateless revision (2026-07-28) than to one of
+the session era: each era's agents see the list the server gives a client of their era."""
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import mcp_types as types
 from mcp import Client
@@ -43,64 +47,92 @@ class RawListing(BaseModel):
     next_cursor: str | None = Field(default=None, alias="nextCursor")
 
 
+class EraClients(Protocol):
+    def era_clients(self, stateless: bool) -> AbstractAsyncContextManager[dict[str, Client]]:
+        """A client of each upstream, of the stateless revision where `stateless` and the upstream speaks it."""
+        ...
+
+
 class ToolCatalogue:
-    """Every upstream's tools, listed again when one announces its list changed."""
+    """Every upstream's tools as it lists them to each era, listed again when one announces its
+    list changed."""
 
     def __init__(self) -> None:
-        self.tools: dict[str, UpstreamTool] = {}
+        self.tools: dict[str, UpstreamTool] = {}  # as the session era's agents see them
+        self.stateless_tools: dict[str, UpstreamTool] = {}
 
-    async def list_tools(self, clients: dict[str, Client]) -> None:
-        listed: list[UpstreamTool] = []
-        for name, client in clients.items():
-            cursor: str | None = None
-            while True:
-                page = await client.list_tools(cursor=cursor)
-                listed.extend(UpstreamTool(name, tool) for tool in page.tools)
-                cursor = page.next_cursor
-                if not cursor:
-                    break
-        counts: dict[str, int] = {}
-        for found in listed:
-            counts[found.tool.name] = counts.get(found.tool.name, 0) + 1
-        self.tools = {(t.tool.name if counts[t.tool.name] == 1 else t.qualified): t for t in listed}
+    async def list_tools(self, upstreams: EraClients) -> None:
+        async with upstreams.era_clients(False) as clients:
+            self.tools = await _named(clients)
+        async with upstreams.era_clients(True) as clients:
+            self.stateless_tools = await _named(clients)
+
+    def of(self, stateless: bool) -> dict[str, UpstreamTool]:
+        """The tools an agent of that era sees."""
+        return self.stateless_tools if stateless else self.tools
 
     def qualified(self, name: str) -> UpstreamTool:
-        """The tool the configuration names `<upstream>.<tool>`; KeyError when no server lists it."""
-        for found in self.tools.values():
+        """The tool the configuration names `<upstream>.<tool>`, as either era's list gives it;
+        KeyError when no server lists it."""
+        for found in (*self.tools.values(), *self.stateless_tools.values()):
             if found.qualified == name:
                 return found
         raise KeyError(f"no upstream lists {name}")
 
 
-async def listed_tools(clients: dict[str, Client]) -> dict[str, dict[str, ListedTool]]:
-    """Every upstream's tools as the server sent them, annotations' unknown fields kept (the
-    SDK's types drop them): by upstream, by tool name."""
-    listed: dict[str, dict[str, ListedTool]] = {}
+async def _named(clients: dict[str, Client]) -> dict[str, UpstreamTool]:
+    """The clients' servers' tools under the names agents see them by."""
+    listed: list[UpstreamTool] = []
     for name, client in clients.items():
-        tools: dict[str, ListedTool] = listed.setdefault(name, {})
         cursor: str | None = None
         while True:
-            request = types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor))
-            page = await client.session.send_request(request, RawListing)
-            for raw in page.tools:
-                tool = ListedTool(
-                    name=str(raw.get("name")),
-                    annotations=raw.get("annotations") or {},
-                    input_schema=raw.get("inputSchema") or {},
-                    output_schema=raw.get("outputSchema"),
-                )
-                tools[tool.name] = tool
+            page = await client.list_tools(cursor=cursor)
+            listed.extend(UpstreamTool(name, tool) for tool in page.tools)
             cursor = page.next_cursor
             if not cursor:
                 break
+    counts: dict[str, int] = {}
+    for found in listed:
+        counts[found.tool.name] = counts.get(found.tool.name, 0) + 1
+    return {(t.tool.name if counts[t.tool.name] == 1 else t.qualified): t for t in listed}
+
+
+async def listed_tools(upstreams: EraClients) -> dict[str, dict[str, ListedTool]]:
+    """Every upstream's tools as the server sent them to either era (the session era's where
+    both list one), annotations' unknown fields kept (the SDK's types drop them): by upstream, by
+    tool name."""
+    listed: dict[str, dict[str, ListedTool]] = {}
+    for stateless in (True, False):
+        async with upstreams.era_clients(stateless) as clients:
+            for name, client in clients.items():
+                listed.setdefault(name, {}).update(await _raw_tools(client))
     return listed
+
+
+async def _raw_tools(client: Client) -> dict[str, ListedTool]:
+    tools: dict[str, ListedTool] = {}
+    cursor: str | None = None
+    while True:
+        request = types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor))
+        page = await client.session.send_request(request, RawListing)
+        for raw in page.tools:
+            tool = ListedTool(
+                name=str(raw.get("name")),
+                annotations=raw.get("annotations") or {},
+                input_schema=raw.get("inputSchema") or {},
+                output_schema=raw.get("outputSchema"),
+            )
+            tools[tool.name] = tool
+        cursor = page.next_cursor
+        if not cursor:
+            return tools
 
 
 def mapping_problems(config: GatewayConfig, catalogue: ToolCatalogue) -> list[str]:
     """What of the mappings the servers' own lists contradict: a mapped, before-image or guard
     tool no server lists, and an expression naming a field the tools' schemas do not declare (checked
     where a server gives the schema)."""
-    listed = {t.qualified: t for t in catalogue.tools.values()}
+    listed = {t.qualified: t for t in (*catalogue.stateless_tools.values(), *catalogue.tools.values())}
     problems = []
     for name, rule in config.tools.items():
         tool = listed.get(name)

@@ -163,7 +163,7 @@ class Changes:
         if not isinstance(event, ToolsListChanged | PromptsListChanged | ResourcesListChanged):
             return
         if isinstance(event, ToolsListChanged):
-            await self.catalogue.list_tools(self.upstreams.clients)
+            await self.catalogue.list_tools(self.upstreams)
         await self.bus.publish(event)
         for key, session in list(self.sessions.items()):
             try:

@@ -72,7 +72,7 @@ async def checked(config: GatewayConfig, upstreams: Upstreams, catalogue: ToolCa
     """The configuration with what the servers advertise (`compensations: fromAnnotations`),
     checked against what they list (tools, schemas): MappingRefused naming each problem."""
     if config.compensations == Compensations.FROM_ANNOTATIONS:
-        config, said = with_advertised(config, await listed_tools(upstreams.clients))
+        config, said = with_advertised(config, await listed_tools(upstreams))
         for line in said:
             log.info("%s", line)
     problems = mapping_problems(config, catalogue) + expression_problems(config)
@@ -174,7 +174,7 @@ async def serving(
         await credentials.read()
         async with Upstreams(config.upstreams, subscriptions, credentials) as upstreams:
             catalogue = ToolCatalogue()
-            await catalogue.list_tools(upstreams.clients)
+            await catalogue.list_tools(upstreams)
             config = await checked(config, upstreams, catalogue)
             webhooks = OperatorWebhooks(config, compensation_tools(config, catalogue), kube)
             yield Gateway(config, kube, upstreams, catalogue, subscriptions, handle_key, webhooks)

@@ -132,7 +132,7 @@ class Gateway:
     ) -> types.ListToolsResult:
         shown = {
             name: found
-            for name, found in self.catalogue.tools.items()
+            for name, found in self.catalogue.of(request.stateless).items()
             if self.policies.shown(request.principal, found.qualified)
         }
         listed = [
@@ -170,7 +170,7 @@ class Gateway:
             raise MCPError(types.INVALID_REQUEST, f"tool {name} was not called: {reached}") from None
         if name in OWN_NAMES:
             return await self._own(request, name, params, arguments)
-        found = self.catalogue.tools.get(name)
+        found = self.catalogue.of(request.stateless).get(name)
         if found is None:
             raise MCPError(types.INVALID_PARAMS, f"unknown tool {name!r}")
         given = {k: v for k, v in arguments.items() if not (request.stateless and k == HANDLE_ARG)}

@@ -28,6 +28,7 @@ from undolog.calls.mcp import KEY_META, keyed_meta
 from undolog.gateway.agent_requests import AgentRequest, Requester
 from undolog.gateway.catalogue import UpstreamTool
 from undolog.gateway.connections import Connection, progress_of
+from undolog.gateway.lenient_answers import LenientAnswers
 from undolog.gateway.subscriptions import Subscriptions
 from undolog.gateway.upstream_credentials import UpstreamCredentials
 
@@ -118,6 +119,18 @@ class Upstreams:
         return {name: connection.ready for name, connection in self.shared.items()}
 
     @contextlib.asynccontextmanager
+    async def era_clients(self, stateless: bool) -> AsyncIterator[dict[str, Client]]:
+        """A client of each upstream: of the stateless revision where `stateless` and the upstream
+        speaks it (each opened for the while), else the shared one of the session era."""
+        clients = self.clients
+        async with AsyncExitStack() as stack:
+            for name in self.discovered if stateless else ():
+                connection = Connection(name, None, self.subscriptions.announced)
+                opened = self._stateless_client(name, connection, frozenset(), None)
+                clients[name] = connection.client = await stack.enter_async_context(opened)
+            yield clients
+
+    @contextlib.asynccontextmanager
     async def _connected(self, upstream: Upstream, connection: Connection) -> AsyncIterator[Client]:
         callbacks = connection.callbacks()
         if upstream.url is not None:
@@ -139,7 +152,8 @@ class Upstreams:
         """An HTTP client of the upstream: each request with its Idempotency-Key and the gateway's credentials."""
         hooks = [keyed, *self.credentials.hooks(upstream)]
         tls = self.credentials.tls(upstream)
-        return httpx2.AsyncClient(event_hooks={"request": hooks}, trust_env=False, timeout=None, verify=tls)
+        transport = LenientAnswers(httpx2.AsyncHTTPTransport(verify=tls, trust_env=False))
+        return httpx2.AsyncClient(event_hooks={"request": hooks}, trust_env=False, timeout=None, transport=transport)
 
     async def _discover(self, name: str, url: str) -> None:
         """Whether the upstream speaks the stateless revision: its discovery kept, so each

@@ -1,0 +1,49 @@
+"""What an upstream answers that the `mcp` client would refuse, read as the server meant it."""
+
+from __future__ import annotations
+
+import json
+
+import httpx2
+import pytest
+
+from undolog.gateway.lenient_answers import LenientAnswers, mend
+
+RESULT = {"jsonrpc": "2.0", "id": 1, "result": {"content": []}}
+NOTICE = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": "t", "progress": 1}}
+
+
+def test_a_modern_result_without_result_type_reads_as_complete() -> None:
+    mended = mend(json.dumps(RESULT).encode(), modern=True)
+    assert mended is not None
+    body, kind = mended
+    assert kind == "application/json"
+    assert json.loads(body)["result"] == {"content": [], "resultType": "complete"}
+
+
+def test_what_the_client_reads_already_is_left_as_it_came() -> None:
+    tagged = {**RESULT, "result": {"content": [], "resultType": "input_required"}}
+    assert mend(json.dumps(tagged).encode(), modern=True) is None
+    assert mend(json.dumps(RESULT).encode(), modern=False) is None  # the session era has no resultType
+    assert mend(json.dumps({"jsonrpc": "2.0", "id": 1, "error": {"code": -1, "message": "no"}}).encode(), True) is None
+    assert mend(b"<html>not json</html>", modern=True) is None
+
+
+def test_messages_one_a_line_become_the_events_they_stand_for() -> None:
+    body = (json.dumps(NOTICE) + "\n" + json.dumps(RESULT)).encode()
+    mended = mend(body, modern=True)
+    assert mended is not None
+    events, kind = mended
+    assert kind == "text/event-stream"
+    said = [json.loads(line.removeprefix(b"data: ")) for line in events.split(b"\n\n") if line]
+    assert said == [NOTICE, {**RESULT, "result": {"content": [], "resultType": "complete"}}]
+
+
+@pytest.mark.parametrize(("version", "typed"), [("2026-07-28", True), ("2025-11-25", False)])
+async def test_the_transport_mends_a_post_s_answer_by_the_request_s_revision(version: str, typed: bool) -> None:
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers={"content-type": "application/json"}, json=RESULT)
+
+    async with httpx2.AsyncClient(transport=LenientAnswers(httpx2.MockTransport(answer))) as client:
+        response = await client.post("http://127.0.0.1/mcp", headers={"mcp-protocol-version": version}, json={})
+    assert ("resultType" in response.json()["result"]) is typed
