@@ -61,6 +61,10 @@ KEYS = (
     "mcp_conformance_scenarios_through_gateway",
     "mcp_conformance_scenarios_direct_2026",
     "mcp_conformance_scenarios_through_gateway_2026",
+    "mcp_conformance_everything_direct",
+    "mcp_conformance_everything_through_gateway",
+    "mcp_conformance_everything_direct_2026",
+    "mcp_conformance_everything_through_gateway_2026",
     "guard_added_p50_ms",
     "guard_read_to_undo_p50_ms",
     "guard_entry_writes_added",
@@ -209,12 +213,19 @@ def summarize() -> dict[str, Any]:
 
     if conformance := sources["conformance"]:
         # The suite's server scenarios: 0.1.16's (the session era), and 2026-07-28's requirements.
-        for era, suffix in (("2025-11-25", ""), ("2026-07-28", "_2026")):
-            if found := conformance["results"].get(era):
-                figures[f"mcp_conformance_scenarios_direct{suffix}"] = f"{len(found['direct'])}/{found['scenarios']}"
-                figures[f"mcp_conformance_scenarios_through_gateway{suffix}"] = (
-                    f"{len(found['through_gateway'])}/{found['scenarios']}"
-                )
+        # Against the tests' upstream, then against server-everything from npm.
+        judged = [
+            ("scenarios", conformance["results"]),
+            ("everything", conformance["results"].get("server-everything")),
+        ]
+        for server, results in judged:
+            for era, suffix in (("2025-11-25", ""), ("2026-07-28", "_2026")):
+                if found := (results or {}).get(era):
+                    scenarios = found["scenarios"]
+                    figures[f"mcp_conformance_{server}_direct{suffix}"] = f"{len(found['direct'])}/{scenarios}"
+                    figures[f"mcp_conformance_{server}_through_gateway{suffix}"] = (
+                        f"{len(found['through_gateway'])}/{scenarios}"
+                    )
 
     for key, value in figures.items():
         if value is None:

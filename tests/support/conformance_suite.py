@@ -4,9 +4,11 @@ carries the requirements of the stateless revision for 2026-07-28."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +19,7 @@ from tests.conftest import REPO
 from tests.support.waiting import serving
 
 MODULES = REPO / "tests" / "conformance" / "node_modules"
+EVERYTHING = REPO / "tests" / "mcp_servers" / "node_modules" / ".bin" / "mcp-server-everything"
 NODE = MODULES / ".bin" / "node"
 ERAS = {  # the suite's package, and how it is asked for the era's scenarios
     "2025-11-25": (MODULES / "@modelcontextprotocol" / "conformance", ()),
@@ -46,6 +49,31 @@ def upstream(work: Path) -> Iterator[str]:
         )
     try:
         serving(f"http://127.0.0.1:{port}/healthz", process, log, 30)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@contextmanager
+def everything(work: Path) -> Iterator[str]:
+    """`@modelcontextprotocol/server-everything` from npm (tests/mcp_servers): the protocol
+    project's server that exercises every feature, on streamable HTTP."""
+    port = free_port()
+    log = work / f"server-everything-{port}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [str(NODE), str(EVERYTHING), "streamableHttp"],
+            stdout=out,
+            stderr=out,
+            env={**os.environ, "PORT": str(port)},
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while f"listening on port {port}" not in log.read_text():  # it serves nothing that answers 200
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise AssertionError(f"server-everything did not start in 30 s: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         process.terminate()
