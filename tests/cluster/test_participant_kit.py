@@ -26,8 +26,9 @@ from devtools.control_plane.local import free_port
 from devtools.postgres import PASSWORD, LocalPostgres
 
 from tests.conftest import REPO
+from tests.support import kit_load
 from undolog.calls import protocol
-from undolog.conventions import compensation_key, forward_key
+from undolog.conventions import LATE_FORWARD_STATUS, compensation_key, forward_key
 from undolog.testing import Participant, problems
 
 pytestmark = pytest.mark.cluster  # a real PostgreSQL server (make test installs it)
@@ -97,6 +98,39 @@ def send(base: str, path: str, key: str, body: dict[str, object], forward: str |
     return httpx.post(f"{base}{path}", json=body, headers=headers, timeout=10)
 
 
+@pytest.mark.parametrize("kit", ["python-sqlite", "python-postgres", "typescript-postgres"])
+async def test_many_keys_at_once_each_effect_awaiting_an_outside_call(
+    kit: str, tmp_path: Path, postgres: LocalPostgres
+) -> None:
+    """Ten keys at once, each charge awaiting 0.2 s (an outside call) in its transaction, each
+    compensation sent 50 ms after its forward call: every call answered, every charge made is
+    refunded, none left; then the same ten keys' forward calls sent three times each at once
+    (no compensation): one charge per key, the same answer to each repeat."""
+    database = ["--sqlite", str(tmp_path / "shop.db")] if kit == "python-sqlite" else ["--postgres", postgres.dsn]
+    with loaded_participant(kit, database, postgres, 0.2) as base:
+        load = await kit_load.keys_at_once(base, 10, compensate_after=0.05)
+        repeated = await kit_load.keys_at_once(base, 10, compensate_after=None, repeats=3)
+    print(f"\n{kit}: 10 keys in {load.seconds:.2f} s, slowest call {load.slowest:.2f} s; {load.statuses}")
+    assert load.errors == []
+    assert set(load.statuses["forward"]) <= {200, LATE_FORWARD_STATUS}
+    assert load.statuses["compensation"] == [200] * 10
+    assert repeated.errors == []
+    assert repeated.statuses["forward"] == [200] * 30
+    assert len(charges(database)) == 10  # the repeated keys' charges, one each; every compensated one undone
+
+
+@contextmanager
+def loaded_participant(kit: str, database: list[str], postgres: LocalPostgres, effect_seconds: float) -> Iterator[str]:
+    """A participant of the kit whose charge awaits `effect_seconds` in its transaction."""
+    if kit.startswith("python"):
+        with kit_participant(database, "--effect-seconds", str(effect_seconds)) as base:
+            yield base
+        return
+    url = f"postgresql://undolog:{PASSWORD}@127.0.0.1:{postgres.port}/undolog"
+    with node_participant("example/example.mjs", url, env={"EXAMPLE_EFFECT_SECONDS": str(effect_seconds)}) as base:
+        yield base
+
+
 @pytest.mark.fault  # 100 participant processes: make chaos and CI, not make test
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
 def test_killed_between_its_effect_and_its_answer_every_effect_is_made_once(
@@ -132,12 +166,18 @@ SECRET = "whsec_" + base64.b64encode(b"the-contract-kit-signing-key-32b").decode
 
 
 @contextmanager
-def node_participant(script: str, url: str, *extra: str) -> Iterator[str]:
+def node_participant(script: str, url: str, *extra: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """A participant of participant-kit/ (built by `make participant-kit`) run by Node."""
     node = shutil.which("node")
     assert node is not None, "Node is not installed"
     port = free_port()
-    process = subprocess.Popen([node, script, str(port), url, *extra], cwd=KIT, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [node, script, str(port), url, *extra],
+        cwd=KIT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     try:
         assert process.stdout is not None
         assert process.stdout.readline().startswith("listening"), f"{script} did not start"

@@ -1,9 +1,10 @@
 """The barrier's tables in the participant's own database, inside the transaction that makes the
 effect: PostgreSQL through psycopg (an AsyncConnection in a transaction), or SQLite (a
-sqlite3 connection, for the simplest services). `create_tables` makes them once."""
+sqlite3 connection, for the simplest services: one writer at a time). `create_tables` makes them once."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Callable
@@ -108,23 +109,42 @@ class SqliteLedger:
 
 def sqlite_transaction(path: str) -> Callable[[], AbstractAsyncContextManager[tuple[SqliteLedger, sqlite3.Connection]]]:
     """Transactions of the SQLite database at `path` (`BEGIN IMMEDIATE`, committed when the
-    call's block ends, rolled back on any error): the barrier's `transaction`."""
+    call's block ends, rolled back on any error): the barrier's `transaction`.
+
+    SQLite has one writer at a time, and a transaction holds it while the effect awaits (an
+    outside call): this process's transactions take turns on an asyncio lock, in the order they
+    came, so none blocks the event loop while another holds the database; what may wait on
+    another process's writer (connecting, BEGIN, COMMIT) waits in a thread."""
+    turn = asyncio.Lock()
 
     @asynccontextmanager
     async def transaction() -> AsyncIterator[tuple[SqliteLedger, sqlite3.Connection]]:
-        connection = sqlite3.connect(path, isolation_level=None, timeout=30)
-        try:
-            connection.execute("BEGIN IMMEDIATE")
+        async with turn:
+            # Used by one transaction at a time, in a thread or on the loop: not bound to a thread.
+            connection = sqlite3.connect(path, isolation_level=None, timeout=30, check_same_thread=False)
             try:
-                yield SqliteLedger(connection), connection
-            except BaseException:
-                connection.execute("ROLLBACK")
-                raise
-            connection.execute("COMMIT")
-        finally:
-            connection.close()
+                await _waited(connection, "BEGIN IMMEDIATE")
+                try:
+                    yield SqliteLedger(connection), connection
+                except BaseException:
+                    await _waited(connection, "ROLLBACK")
+                    raise
+                await _waited(connection, "COMMIT")
+            finally:
+                connection.close()
 
     return transaction
+
+
+async def _waited(connection: sqlite3.Connection, statement: str) -> None:
+    """`statement` in a thread (it may wait for another process's writer), to its end even when
+    the call is cancelled meanwhile: the connection is closed only after."""
+    running = asyncio.ensure_future(asyncio.to_thread(connection.execute, statement))
+    try:
+        await asyncio.shield(running)
+    except asyncio.CancelledError:
+        await asyncio.wait([running])
+        raise
 
 
 def postgres_transaction(pool: Any) -> Callable[[], AbstractAsyncContextManager[tuple[PostgresLedger, Any]]]:
