@@ -18,6 +18,7 @@ import json
 import threading
 import time
 import urllib.request
+import zlib
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -32,6 +33,10 @@ class Service:
     def __init__(self, name: str) -> None:
         self.name = name
         self.lock = threading.RLock()
+        # A forward call, its repeats and its compensations take turns (a lock striped by the
+        # forward key): a repeat waits for the first's answer instead of making a second effect,
+        # and a compensation for the forward call it races. Other keys go on meanwhile.
+        self.turns = [threading.Lock() for _ in range(64)]
         self.routes: dict[str, Route] = {}
         self.replies: dict[str, Reply] = {}  # Idempotency-Key -> the first answer
         self.compensated: set[str] = set()  # forward keys a compensation named: never applied after it
@@ -42,6 +47,10 @@ class Service:
 
     def handle(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Reply:
         key, undoes = headers.get("idempotency-key", ""), headers.get("undolog-forward-key")
+        with self.turns[zlib.crc32((undoes or key).encode()) % len(self.turns)]:
+            return self._handled(path, key, undoes, body, headers)
+
+    def _handled(self, path: str, key: str, undoes: str | None, body: dict[str, Any], headers: dict[str, str]) -> Reply:
         with self.lock:
             if key and key in self.replies:
                 self.calls.append(f"{path} (replayed {key})")
@@ -91,7 +100,10 @@ class Service:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        server = ThreadingHTTPServer((host, port), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 128  # the standard library's 5 resets connections when many calls come at once
+
+        server = Server((host, port), Handler)
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server

@@ -13,7 +13,13 @@ What the operator relies on, checked over real HTTP with the wire protocol's hea
   request sent again unchanged is answered as the first (the Idempotency-Key rule);
 - with `fences=True`, a call whose `Undolog-Fence` is lower than one already seen for its
   `Undolog-Shard` is refused 409 (the check uses a shard of its own, `<random>/1000000`, which no
-  operator runs, so a participant's real fences are left alone).
+  operator runs, so a participant's real fences are left alone);
+- under calls at once (with a forward call): `keys_at_once` keys, each forward call sent three
+  times together and its compensation (twice, together) 50 ms after, while the effect is in
+  flight (`slow_forward_args` make it slow, as an outside call would): every call answered
+  within `timeoutSeconds` (a participant that stalls is named), the repeats of a call answered
+  alike, and, by the participant's own records (`effects`), one effect per key and none left
+  once compensated.
 
     from undolog.testing import Participant
 
@@ -38,6 +44,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -65,6 +72,12 @@ class Participant:
     # records), where a test can tell: the late forward's effect must not have been made.
     applied: Callable[[str], bool] | None = None
     fences: bool = False  # check that an older fence of a shard is refused (rule 6)
+    # Under calls at once: forward arguments that make the effect slow (an argument or a test
+    # hook of the participant's), and how many effects the forward call under a key has left now
+    # (made minus undone), by the participant's own records, where a test can tell.
+    slow_forward_args: Mapping[str, Any] | None = None
+    effects: Callable[[str], int] | None = None
+    keys_at_once: int = 10
 
 
 @dataclass(frozen=True)
@@ -154,6 +167,8 @@ def problems(participant: Participant) -> list[str]:
         found.extend(forgeries_accepted(participant, saga, unknown_args))
     if participant.fences:
         found.extend(older_fence_accepted(participant, saga, unknown_args))
+    if participant.forward_url is not None:
+        found.extend(concurrency_problems(participant, saga))
     return found
 
 
@@ -234,6 +249,128 @@ def older_fence_accepted(participant: Participant, saga: str, args: Mapping[str,
             "must be refused 409 (it comes from an operator replaced while it was frozen)"
         ]
     return []
+
+
+REPEATS = 3  # a forward call sent this many times together under one key
+RACE_SECONDS = 0.05  # each compensation sent this long after its forward calls: while the effect runs
+
+
+def concurrency_problems(participant: Participant, saga: str) -> list[str]:
+    """Keys at once, each forward call repeated and compensated while its effect is in flight;
+    then keys at once repeated only, their effects counted, then compensated one by one. Each
+    problem said once, with how many keys showed it."""
+    said = f"under {participant.keys_at_once} keys at once (each forward call sent {REPEATS} times together"
+    raced_said = f"{said}, its compensation {RACE_SECONDS * 1000:g} ms after)"
+
+    def effects(key: str) -> int | None:  # None: the participant's records are not known
+        return participant.effects(key) if participant.effects is not None else None
+
+    raced = racing(participant, saga, compensated=True)
+    found = judged(participant, raced)
+    found += [(f"{left} effect(s) left", key) for key in raced if (left := effects(key)) not in (0, None)]
+    problems = grouped(raced_said, found, participant.keys_at_once)
+    repeated = racing(participant, saga, compensated=False)
+    found = judged(participant, repeated)
+    for key, (forwards, _) in repeated.items():
+        if (made := effects(key)) is not None and made > 1:
+            found.append((f"the forward call made {made} effects", key))
+        try:
+            undone = compensated(participant, saga, key, forwards)
+        except OSError as error:  # urllib's timeout or a refused connection
+            found.append((f"a compensation sent alone afterwards got no answer ({type(error).__name__})", key))
+            continue
+        if effects(key) not in (0, None) and 200 <= undone.status < 300:
+            found.append((f"an effect is left after its compensation answered {undone.status}", key))
+    return problems + grouped(f"{said})", found, participant.keys_at_once)
+
+
+def grouped(said: str, found: list[tuple[str, str]], keys: int) -> list[str]:
+    """Each problem once: how many keys showed it, and one of them."""
+    by_problem: dict[str, list[str]] = {}
+    for problem, key in found:
+        by_problem.setdefault(problem, []).append(key)
+    return [
+        f"{said}: {problem} ({len(set(shown))} of {keys} keys, e.g. Idempotency-Key {shown[0]})"
+        for problem, shown in by_problem.items()
+    ]
+
+
+Raced = dict[str, tuple[list["Answer | str"], list["Answer | str"]]]  # by key: forward answers, compensations'
+
+
+def racing(participant: Participant, saga: str, compensated: bool) -> Raced:
+    """Each key's forward call REPEATS times at once, and (compensated) its compensation twice
+    at once RACE_SECONDS later: every answer, or why there was none."""
+    args = participant.slow_forward_args or participant.forward_args
+    compensation = participant.compensation_args
+    undo_args = compensation({}) if callable(compensation) else compensation  # the outcome is not known yet
+    keys = [forward_key(str(uuid.uuid4()), participant.step) for _ in range(participant.keys_at_once)]
+    calls: dict[str, tuple[list[Future[Answer]], list[Future[Answer]]]] = {}
+    with ThreadPoolExecutor(max_workers=participant.keys_at_once * (REPEATS + 2)) as pool:
+        for key in keys:
+            calls[key] = ([pool.submit(sent_forward, participant, saga, key, args) for _ in range(REPEATS)], [])
+        if compensated:
+            time.sleep(RACE_SECONDS)  # the race itself: compensations arrive while the effects run
+            for key in keys:
+                undo = compensation_key(str(uuid.uuid4()))
+                calls[key][1].extend(pool.submit(sent_undo, participant, saga, undo, key, undo_args) for _ in range(2))
+    return {
+        key: ([_answer(f) for f in forwards], [_answer(f) for f in undos]) for key, (forwards, undos) in calls.items()
+    }
+
+
+def _answer(future: Future[Answer]) -> Answer | str:
+    try:
+        return future.result()
+    except OSError as error:  # urllib's timeout or a refused connection
+        return type(error).__name__
+
+
+def judged(participant: Participant, raced: Raced) -> list[tuple[str, str]]:
+    """What the answers say, by key: a call with no answer or one over the timeout (a
+    participant that stalls), a 5xx, and repeats of one call answered differently."""
+    found: list[tuple[str, str]] = []
+    limit = participant.timeout_seconds
+    for key, (forwards, undos) in raced.items():
+        for what, answers in (("forward call", forwards), ("compensation", undos)):
+            for answer in answers:
+                if isinstance(answer, str):
+                    found.append((f"a {what} got no answer within {limit + 1:g} s ({answer})", key))
+                elif answer.seconds > limit:
+                    found.append((f"a {what} took longer than timeoutSeconds={limit:g}", key))
+                elif answer.status >= 500:
+                    found.append((f"a {what} answered {answer.status}", key))
+            said = {(a.status, json.dumps(a.body, sort_keys=True)) for a in answers if isinstance(a, Answer)}
+            if len(said) > 1 and what == "compensation":
+                found.append(("one compensation sent twice at once answered differently", key))
+            if len({s for s in said if 200 <= s[0] < 300}) > 1:
+                found.append((f"one forward call sent {REPEATS} times at once answered differently", key))
+    return found
+
+
+def sent_forward(participant: Participant, saga: str, key: str, args: Mapping[str, Any]) -> Answer:
+    assert participant.forward_url is not None
+    headers = protocol.headers(idempotency_key=key, saga=saga, step=participant.step, org=None, attempt=1)
+    headers |= signed_headers(participant.signing_secret, key, json.dumps(args).encode())
+    return post(participant.forward_url, args, headers, participant.timeout_seconds + 1)
+
+
+def sent_undo(participant: Participant, saga: str, key: str, forward: str, args: Mapping[str, Any]) -> Answer:
+    headers = protocol.headers(
+        idempotency_key=key, saga=saga, step=participant.step, org=None, attempt=1, forward=forward
+    )
+    headers |= signed_headers(participant.signing_secret, key, json.dumps(args).encode())
+    return post(participant.compensation_url, args, headers, participant.timeout_seconds + 1)
+
+
+def compensated(participant: Participant, saga: str, key: str, forwards: list[Answer | str]) -> Answer:
+    """The forward call under `key` compensated, with what its answer gives the compensation."""
+    answered = next((a for a in forwards if isinstance(a, Answer) and 200 <= a.status < 300), None)
+    output = answered.body if answered is not None and isinstance(answered.body, Mapping) else {}
+    args = participant.compensation_args
+    return sent_undo(
+        participant, saga, compensation_key(str(uuid.uuid4())), key, args(output) if callable(args) else args
+    )
 
 
 def check(participant: Participant) -> None:

@@ -10,14 +10,13 @@ const pool = new pg.Pool({ connectionString: url, max: 4 });
 await createTables(pool);
 await pool.query("CREATE TABLE IF NOT EXISTS charges (key text PRIMARY KEY, amount integer)");
 const barrier = new Barrier(pool, secret ? [secret] : []);
-// The tests' stand-in for an outside call (a payment API) the charge awaits in its transaction.
-const effectSeconds = Number(process.env.EXAMPLE_EFFECT_SECONDS ?? 0);
 
 const charge = handler(barrier, {
   forward: async (args, client) => {
     const key = `charge-${args.order}-${Math.random().toString(16).slice(2, 10)}`;
     await client.query("INSERT INTO charges (key, amount) VALUES ($1, $2)", [key, Number(args.amount)]);
-    if (effectSeconds > 0) await new Promise((resolve) => setTimeout(resolve, effectSeconds * 1000));
+    // args.seconds: the tests' stand-in for an outside call (a payment API) awaited in the transaction.
+    if (args.seconds > 0) await new Promise((resolve) => setTimeout(resolve, args.seconds * 1000));
     return { status: 200, body: { charge: key, amount: args.amount } };
   },
 });

@@ -107,9 +107,9 @@ async def test_many_keys_at_once_each_effect_awaiting_an_outside_call(
     refunded, none left; then the same ten keys' forward calls sent three times each at once
     (no compensation): one charge per key, the same answer to each repeat."""
     database = ["--sqlite", str(tmp_path / "shop.db")] if kit == "python-sqlite" else ["--postgres", postgres.dsn]
-    with loaded_participant(kit, database, postgres, 0.2) as base:
-        load = await kit_load.keys_at_once(base, 10, compensate_after=0.05)
-        repeated = await kit_load.keys_at_once(base, 10, compensate_after=None, repeats=3)
+    with kit_participant_of(kit, database, postgres) as base:
+        load = await kit_load.keys_at_once(base, 10, compensate_after=0.05, effect_seconds=0.2)
+        repeated = await kit_load.keys_at_once(base, 10, compensate_after=None, repeats=3, effect_seconds=0.2)
     print(f"\n{kit}: 10 keys in {load.seconds:.2f} s, slowest call {load.slowest:.2f} s; {load.statuses}")
     assert load.errors == []
     assert set(load.statuses["forward"]) <= {200, LATE_FORWARD_STATUS}
@@ -120,14 +120,14 @@ async def test_many_keys_at_once_each_effect_awaiting_an_outside_call(
 
 
 @contextmanager
-def loaded_participant(kit: str, database: list[str], postgres: LocalPostgres, effect_seconds: float) -> Iterator[str]:
-    """A participant of the kit whose charge awaits `effect_seconds` in its transaction."""
+def kit_participant_of(kit: str, database: list[str], postgres: LocalPostgres, *extra: str) -> Iterator[str]:
+    """A participant of the kit: Python's on `database`, or TypeScript's example on PostgreSQL."""
     if kit.startswith("python"):
-        with kit_participant(database, "--effect-seconds", str(effect_seconds)) as base:
+        with kit_participant(database, *extra) as base:
             yield base
         return
     url = f"postgresql://undolog:{PASSWORD}@127.0.0.1:{postgres.port}/undolog"
-    with node_participant("example/example.mjs", url, env={"EXAMPLE_EFFECT_SECONDS": str(effect_seconds)}) as base:
+    with node_participant("example/example.mjs", url, *extra) as base:
         yield base
 
 
@@ -166,18 +166,12 @@ SECRET = "whsec_" + base64.b64encode(b"the-contract-kit-signing-key-32b").decode
 
 
 @contextmanager
-def node_participant(script: str, url: str, *extra: str, env: dict[str, str] | None = None) -> Iterator[str]:
+def node_participant(script: str, url: str, *extra: str) -> Iterator[str]:
     """A participant of participant-kit/ (built by `make participant-kit`) run by Node."""
     node = shutil.which("node")
     assert node is not None, "Node is not installed"
     port = free_port()
-    process = subprocess.Popen(
-        [node, script, str(port), url, *extra],
-        cwd=KIT,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
+    process = subprocess.Popen([node, script, str(port), url, *extra], cwd=KIT, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         assert process.stdout.readline().startswith("listening"), f"{script} did not start"
@@ -193,6 +187,7 @@ def contract(base: str, applied: Callable[[str], bool] | None) -> Participant:
         compensation_url=f"{base}/refund",
         forward_url=f"{base}/charge",
         forward_args={"order": "o-1", "amount": 10},
+        slow_forward_args={"order": "o-1", "amount": 10, "seconds": 0.2},  # as an outside call in the charge
         timeout_seconds=5,
         applied=applied,
         signing_secret=SECRET,

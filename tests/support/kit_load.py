@@ -33,9 +33,12 @@ class Load:
         return ordered[min(len(ordered) - 1, int(p * len(ordered)))] if ordered else 0.0
 
 
-async def keys_at_once(base: str, keys: int, compensate_after: float | None = 0.05, repeats: int = 1) -> Load:
-    """`keys` forward calls at once (each sent `repeats` times together), and each key's
-    compensation `compensate_after` seconds after its forward call (None: no compensation)."""
+async def keys_at_once(
+    base: str, keys: int, compensate_after: float | None = 0.05, repeats: int = 1, effect_seconds: float = 0.0
+) -> Load:
+    """`keys` forward calls at once (each sent `repeats` times together, each charge awaiting
+    `effect_seconds` in its transaction), and each key's compensation `compensate_after` seconds
+    after its forward call (None: no compensation)."""
     load = Load()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=CALL_SECONDS, limits=limits) as client:
@@ -55,7 +58,7 @@ async def keys_at_once(base: str, keys: int, compensate_after: float | None = 0.
 
         async def one_key(i: int) -> None:
             key = forward_key(str(uuid.uuid4()), "charge")
-            body = {"order": f"load-{i}", "amount": 1}
+            body = {"order": f"load-{i}", "amount": 1, "seconds": effect_seconds}
             calls = [call("forward", "/charge", key, body, None) for _ in range(repeats)]
             if compensate_after is None:
                 await asyncio.gather(*calls)

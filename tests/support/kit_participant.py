@@ -2,14 +2,14 @@
 its database, refunded by the forward key; the barrier in the same transaction.
 
     python -m tests.support.kit_participant --port N (--sqlite PATH | --postgres DSN) [--web aiohttp|asgi]
-        [--crash-between FILE] [--effect-seconds S]
+        [--crash-between FILE]
 
 `--crash-between FILE`: while FILE holds a number above 0, it is decremented and the process
 kills itself (SIGKILL) after the charge is written and before the transaction commits: the
 effect and the barrier's record are lost together.
 
-`--effect-seconds S`: the charge awaits S seconds inside its transaction, as an outside call
-(a payment API, a mail service) would.
+A charge whose arguments say `seconds` awaits that long inside its transaction, as an outside
+call (a payment API, a mail service) would.
 
 `--naive`: no barrier, only what a team writes by hand: the Idempotency-Key's first answer kept
 (in the same transaction), a compensation of a call never seen answered 200, and nothing
@@ -77,7 +77,7 @@ async def main(options: argparse.Namespace) -> None:
     async def charge(args: Any, connection: Any) -> Answer:
         key = f"charge-{args['order']}-{os.urandom(4).hex()}"
         await run(connection, "INSERT INTO charges (key, amount) VALUES (?, ?)", (key, int(args["amount"])))
-        await asyncio.sleep(options.effect_seconds)
+        await asyncio.sleep(float(args.get("seconds", 0)))
         crash_if_asked(options.crash_between)
         return Answer(200, {"charge": key, "amount": args["amount"]})
 
@@ -153,5 +153,4 @@ if __name__ == "__main__":
     parser.add_argument("--crash-between")
     parser.add_argument("--secret", action="append")
     parser.add_argument("--naive", action="store_true")
-    parser.add_argument("--effect-seconds", type=float, default=0.0)
     asyncio.run(main(parser.parse_args()))

@@ -119,6 +119,79 @@ def test_a_participant_that_applies_a_forward_call_after_its_compensation_is_cau
     assert found[1].endswith("was applied")
 
 
+class Racing(Service):
+    """Keeps every rule one call at a time, but a repeat arriving while the first call's effect
+    is in flight makes the effect again, and a compensation racing its forward call finds nothing
+    to undo (the example services before their calls of one key took turns)."""
+
+    def __init__(self) -> None:
+        super().__init__("racing")
+        self.charges: dict[str, int] = {}
+        self.routes = {"/charge": self.charge, "/refund": self.refund}
+
+    def handle(self, path: str, body: dict[str, object], headers: dict[str, str]) -> Reply:
+        return self._handled(
+            path, headers.get("idempotency-key", ""), headers.get("undolog-forward-key"), body, headers
+        )
+
+    def charge(self, body: dict[str, object], headers: dict[str, str]) -> Reply:
+        threading.Event().wait(float(str(body.get("seconds", 0))))  # an outside call
+        with self.lock:
+            key = headers["idempotency-key"]
+            self.charges[key] = self.charges.get(key, 0) + 1
+        return 200, {"charged": 10}
+
+    def refund(self, body: dict[str, object], headers: dict[str, str]) -> Reply:
+        with self.lock:
+            forward = headers.get("undolog-forward-key", "")
+            self.charges[forward] = max(0, self.charges.get(forward, 0) - 1)
+        return 200, {}
+
+
+def test_a_participant_that_doubles_an_effect_or_leaves_one_undone_under_calls_at_once_is_named() -> None:
+    racing = Racing()
+    server, url = serve(racing)
+    try:
+        found = problems(
+            Participant(
+                compensation_url=f"{url}/refund",
+                forward_url=f"{url}/charge",
+                slow_forward_args={"seconds": 0.2},
+                effects=lambda key: racing.charges.get(key, 0),
+                timeout_seconds=5,
+            )
+        )
+    finally:
+        server.shutdown()
+    print("\n".join(found))
+    assert any("): the forward call made 3 effects (" in f for f in found), found
+    assert any("its compensation 50 ms after): 3 effect(s) left (" in f for f in found), found
+
+
+class Stalling(Service):
+    """Holds the whole service while its effect awaits an outside call."""
+
+    def __init__(self) -> None:
+        super().__init__("stalling")
+        self.routes = {"/charge": self.charge, "/refund": lambda body, headers: (200, {})}
+
+    def charge(self, body: dict[str, object], headers: dict[str, str]) -> Reply:
+        with self.lock:
+            threading.Event().wait(0.3)
+        return 200, {"charged": 10}
+
+
+def test_a_participant_that_stalls_under_calls_at_once_is_named() -> None:
+    server, url = serve(Stalling())
+    try:
+        found = problems(Participant(compensation_url=f"{url}/refund", forward_url=f"{url}/charge", timeout_seconds=1))
+    finally:
+        server.shutdown()
+    stalled = [f for f in found if "longer than timeoutSeconds=1" in f or "got no answer within 2 s" in f]
+    assert stalled, found
+    assert all(f.startswith("under 10 keys at once (each forward call sent 3 times together") for f in stalled)
+
+
 class Slow(Service):
     def __init__(self) -> None:
         super().__init__("slow")
