@@ -7,6 +7,7 @@ effect made once: the effect and the barrier's record commit together or not at 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import shutil
@@ -18,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -33,10 +35,18 @@ from undolog.testing import Participant, problems
 
 pytestmark = pytest.mark.cluster  # a real PostgreSQL server (make test installs it)
 CRASHES = 50
+KILLS = 20
 
 
 @contextmanager
 def kit_participant(database: list[str], *extra: str) -> Iterator[str]:
+    with kit_participant_process(database, *extra) as (base, _):
+        yield base
+
+
+@contextmanager
+def kit_participant_process(database: list[str], *extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A participant of the Python kit, serving, and its process."""
     port = free_port()
     command = [sys.executable, "-m", "tests.support.kit_participant", "--port", str(port), *database, *extra]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -52,7 +62,7 @@ def kit_participant(database: list[str], *extra: str) -> Iterator[str]:
                 raise AssertionError(f"the kit participant did not start: {said!r}") from None
             time.sleep(0.1)
     try:
-        yield base
+        yield base, process
     finally:
         process.kill()
         process.wait(10)
@@ -120,15 +130,69 @@ async def test_many_keys_at_once_each_effect_awaiting_an_outside_call(
 
 
 @contextmanager
-def kit_participant_of(kit: str, database: list[str], postgres: LocalPostgres, *extra: str) -> Iterator[str]:
-    """A participant of the kit: Python's on `database`, or TypeScript's example on PostgreSQL."""
+def kit_participant_of(kit: str, database: list[str], postgres: LocalPostgres) -> Iterator[str]:
+    with kit_process_of(kit, database, postgres) as (base, _):
+        yield base
+
+
+@contextmanager
+def kit_process_of(kit: str, database: list[str], postgres: LocalPostgres) -> Iterator[tuple[str, Any]]:
+    """A participant of the kit (Python's on `database`, or TypeScript's example on
+    PostgreSQL), serving, and its process."""
     if kit.startswith("python"):
-        with kit_participant(database, *extra) as base:
-            yield base
+        with kit_participant_process(database) as running:
+            yield running
         return
     url = f"postgresql://undolog:{PASSWORD}@127.0.0.1:{postgres.port}/undolog"
-    with node_participant("example/example.mjs", url, *extra) as base:
-        yield base
+    with node_participant_process("example/example.mjs", url) as running:
+        yield running
+
+
+@pytest.mark.fault  # 120 participant processes: make chaos and CI, not make test
+@pytest.mark.parametrize("kit", ["python-sqlite", "python-postgres", "typescript-postgres"])
+async def test_killed_under_calls_at_once_every_effect_once_and_every_compensation_once(
+    kit: str, tmp_path: Path, postgres: LocalPostgres
+) -> None:
+    """KILLS times: ten keys at once (each charge awaiting 0.2 s, each compensation 50 ms after
+    its forward call), the participant killed (SIGKILL) at the first answer, started again, and
+    every call that got no answer sent again under its key, as the operator retries: every
+    compensation answered once, and no charge left (one made twice, or one whose undo was
+    lost, would be)."""
+    database = ["--sqlite", str(tmp_path / "shop.db")] if kit == "python-sqlite" else ["--postgres", postgres.dsn]
+    cut = 0
+    for _ in range(KILLS):
+        plan, load = kit_load.planned(10, effect_seconds=0.2), kit_load.Load()
+        with kit_process_of(kit, database, postgres) as (base, process):
+            running = asyncio.create_task(kit_load.sent(base, plan, load))
+            async with asyncio.timeout(30):
+                await load.answered.wait()
+            process.kill()
+            await running
+        with kit_participant_of(kit, database, postgres) as base:
+            again = await kit_load.sent_again(base, load.unanswered)
+        assert again.errors == []
+        assert set(load.statuses["forward"] + again.statuses["forward"]) <= {200, LATE_FORWARD_STATUS}
+        assert sorted(load.statuses["compensation"] + again.statuses["compensation"]) == [200] * 10
+        assert charges(database) == {}
+        assert compensations_recorded(database, [calls.compensation or "" for calls in plan]) == 10
+        cut += len(load.unanswered)
+    print(f"\n{kit}: {KILLS} kills under 10 keys at once, {cut} calls cut off and sent again; no charge left")
+    assert cut > 0  # the kills did land in the middle of calls
+
+
+def compensations_recorded(database: list[str], keys: list[str]) -> int:
+    kind, where = database
+    query = "SELECT count(*) FROM undolog_barrier WHERE kind = 'compensation' AND key = {}"
+    total = 0
+    for key in keys:
+        if kind == "--sqlite":
+            with sqlite3.connect(where) as connection:
+                total += connection.execute(query.format("?"), (key,)).fetchone()[0]
+        else:
+            with psycopg.connect(where) as connection:
+                found = connection.execute(query.format("%s"), (key,)).fetchone()
+                total += found[0] if found else 0
+    return total
 
 
 @pytest.mark.fault  # 100 participant processes: make chaos and CI, not make test
@@ -167,7 +231,13 @@ SECRET = "whsec_" + base64.b64encode(b"the-contract-kit-signing-key-32b").decode
 
 @contextmanager
 def node_participant(script: str, url: str, *extra: str) -> Iterator[str]:
-    """A participant of participant-kit/ (built by `make participant-kit`) run by Node."""
+    with node_participant_process(script, url, *extra) as (base, _):
+        yield base
+
+
+@contextmanager
+def node_participant_process(script: str, url: str, *extra: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """A participant of participant-kit/ (built by `make participant-kit`) run by Node, and its process."""
     node = shutil.which("node")
     assert node is not None, "Node is not installed"
     port = free_port()
@@ -175,7 +245,7 @@ def node_participant(script: str, url: str, *extra: str) -> Iterator[str]:
     try:
         assert process.stdout is not None
         assert process.stdout.readline().startswith("listening"), f"{script} did not start"
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", process
     finally:
         process.kill()
         process.wait(10)
