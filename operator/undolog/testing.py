@@ -167,9 +167,7 @@ def problems(participant: Participant) -> list[str]:
         found.extend(forgeries_accepted(participant, saga, unknown_args))
     if participant.fences:
         found.extend(older_fence_accepted(participant, saga, unknown_args))
-    if participant.forward_url is not None:
-        found.extend(concurrency_problems(participant, saga))
-    return found
+    return found + concurrency_problems(participant, saga)
 
 
 def late_forward_applied(participant: Participant, saga: str, compensated: str) -> list[str]:
@@ -259,6 +257,8 @@ def concurrency_problems(participant: Participant, saga: str) -> list[str]:
     """Keys at once, each forward call repeated and compensated while its effect is in flight;
     then keys at once repeated only, their effects counted, then compensated one by one. Each
     problem said once, with how many keys showed it."""
+    if participant.forward_url is None:
+        return []
     said = f"under {participant.keys_at_once} keys at once (each forward call sent {REPEATS} times together"
     raced_said = f"{said}, its compensation {RACE_SECONDS * 1000:g} ms after)"
 
