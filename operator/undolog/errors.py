@@ -141,6 +141,11 @@ class NotSent(UndoLogError):
     it only with that proof; when in doubt let the real error through (it is compensated)."""
 
 
+class TaskAbandoned(UndoLogError):
+    """The server ended the task it ran for a step cancelled or failed (MCP's tasks extension):
+    by its word nothing was done, so there is nothing to undo."""
+
+
 class RewindNotDone(UndoLogError):
     """A rewind was refused (past a committed Pivot, the saga ending), or the saga halted or
     failed while rewinding; the message says which and why."""

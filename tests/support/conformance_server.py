@@ -19,7 +19,7 @@ import struct
 import wave
 import zlib
 from collections import OrderedDict
-from typing import Any
+from typing import Any, cast
 
 import mcp_types as types
 import uvicorn
@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from tests.support import conformance_rounds
+from tests.support import conformance_rounds, conformance_tasks
 
 Ctx = ServerRequestContext[Any]
 
@@ -199,6 +199,8 @@ class Conformance:
             on_set_logging_level=self.set_level,
             on_subscriptions_listen=ListenHandler(self.bus),
         )
+        self.tasks = conformance_tasks.Tasks()
+        self.tasks.install(self.server)
         # The requestState of an input_required round sealed, so a tampered one is refused.
         self.server.middleware.append(
             RequestStateBoundary(RequestStateSecurity.ephemeral(), default_audience="undolog-conformance-upstream")
@@ -207,7 +209,8 @@ class Conformance:
     async def list_tools(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         """The input_required rounds' tools listed only to clients of the stateless revision, as
         the suite's reference server does: a gateway must list to each era what the server does."""
-        rounds = conformance_rounds.TOOLS if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS else []
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        rounds = [*conformance_rounds.TOOLS, *conformance_tasks.TOOLS] if modern else []
         return types.ListToolsResult(tools=[*TOOLS, *rounds, *TRIGGERS, *self.added_tools])
 
     async def call_tool(
@@ -216,6 +219,8 @@ class Conformance:
         name, args = params.name, dict(params.arguments or {})
         if any(name == t.name for t in conformance_rounds.TOOLS):
             return await conformance_rounds.call(ctx, params)
+        if name in conformance_tasks.NAMES:  # a task's answer is a dict the SDK's types do not name
+            return cast(types.CallToolResult, await self.tasks.call(ctx, params))
         if name in {t.name for t in TRIGGERS}:
             return await self._trigger(ctx, name)
         if any(name == t.name for t in self.added_tools):

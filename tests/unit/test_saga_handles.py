@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from undolog.decisions import saga_handles
 from undolog.decisions.saga_handles import HandleRefusal, OpenRound, SagaHandle, mint, opened, opened_round, seal_round
 
 KEY = b"k" * 32
@@ -71,3 +72,19 @@ def test_no_single_character_changed_opens_another_round(index: int, replacement
     changed = sealed[:at] + replacement + sealed[at + 1 :]
     if changed != sealed:
         assert not isinstance(opened_round(KEY, changed), OpenRound)
+
+
+def test_a_task_comes_back_whole_for_its_caller_only() -> None:
+    task = saga_handles.UpstreamTask("tracker", "task-7", "team-a/s-1", 3)
+    sealed = saga_handles.seal_task(KEY, task, "alice")
+    assert saga_handles.opened_task(KEY, sealed, "alice") == task
+    plain = saga_handles.UpstreamTask("tracker", "task-8")  # a task passed through, no step of a saga
+    assert saga_handles.opened_task(KEY, saga_handles.seal_task(KEY, plain, None), None) == plain
+    refusals = {
+        "foreign": saga_handles.opened_task(KEY, sealed, "mallory"),
+        "forged": saga_handles.opened_task(b"another-key", sealed, "alice"),
+        "malformed": saga_handles.opened_task(KEY, "task-7", "alice"),
+    }
+    for kind, refused in refusals.items():
+        assert isinstance(refused, saga_handles.HandleRefusal)
+        assert refused.kind == kind

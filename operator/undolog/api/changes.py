@@ -29,6 +29,7 @@ from undolog.api.undo_entry import (
     EffectState,
     EntryReason,
     EntryState,
+    EntryTask,
     GuardStatus,
     OmittedOutput,
     UndoEntry,
@@ -52,6 +53,7 @@ class EntryStatusChange(TypedDict, total=False):
     output_omitted: OmittedOutput | None
     attempts: list[Attempt]
     guard: GuardStatus | None
+    task: EntryTask | None
 
 
 class GuardStatusChange(TypedDict, total=False):

@@ -28,13 +28,16 @@ from undolog.api.common import (
 class EffectState(StrEnum):
     """The forward effect: Executing means the outcome is unknown (and unknown is compensated).
     Failed may still have done something (a 500 after the work, a timeout), so it is compensated
-    too; NotSent is proof that no byte of the call ever left, so there is nothing to undo."""
+    too; NotSent is proof that no byte of the call ever left, so there is nothing to undo;
+    Abandoned is the server's word that the task it ran for the step ended cancelled or failed
+    (the tasks extension), so there is nothing to undo either."""
 
     PENDING = "Pending"
     EXECUTING = "Executing"
     COMMITTED = "Committed"
     FAILED = "Failed"
     NOT_SENT = "NotSent"
+    ABANDONED = "Abandoned"
 
 
 class EntryState(StrEnum):
@@ -84,6 +87,7 @@ class EntryReason(StrEnum):
     # Settled without a call.
     NO_COMPENSATION = "NoCompensation"
     NOT_SENT = "NotSent"  # the forward call never left: nothing to undo
+    TASK_ENDED = "TaskEnded"  # its server ended the step's task cancelled or failed: nothing to undo
     SKIPPED_BY_PERSON = "SkippedByPerson"
     REGISTERED_AFTER_COMPLETION = "RegisteredAfterCompletion"
     # The entry names no saga the operator can find (kept Pending: the saga may still come).
@@ -425,6 +429,14 @@ class GuardStatus(Model):
     )
 
 
+class EntryTask(Model):
+    """The task an MCP server runs for the step (the tasks extension): the step's outcome is
+    unknown until it ends."""
+
+    upstream: str = Field(max_length=253, description="The gateway's upstream that runs it.")
+    task_id: str = Field(max_length=1024, description="The server's own id of the task.")
+
+
 class UndoEntryStatus(Model):
     """Where the effect and its undo stand."""
 
@@ -459,6 +471,9 @@ class UndoEntryStatus(Model):
     )
     guard: GuardStatus | None = Field(
         default=None, description="What the guard (spec.guard) saw after the step and at the undo."
+    )
+    task: EntryTask | None = Field(
+        default=None, description="The server's task running the step, while its outcome is unknown (MCP tasks)."
     )
 
 

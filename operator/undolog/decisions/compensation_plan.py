@@ -28,7 +28,7 @@ OWED = frozenset({EntryState.PENDING, EntryState.RUNNING})
 SETTLED = frozenset({EntryState.COMPENSATED, EntryState.SKIPPED})
 UNSETTLED = frozenset({*OWED, EntryState.FAILED})  # what a compensation still has to deal with
 FAILED = frozenset({EntryState.FAILED})
-FAILED_EFFECTS = frozenset({EffectState.FAILED, EffectState.NOT_SENT})  # the step did not commit
+FAILED_EFFECTS = frozenset({EffectState.FAILED, EffectState.NOT_SENT, EffectState.ABANDONED})  # did not commit
 
 
 def call_or_skip(entry: UndoEntry) -> Call | ObjectUndo | tuple[EntryReason, str]:
@@ -37,6 +37,9 @@ def call_or_skip(entry: UndoEntry) -> Call | ObjectUndo | tuple[EntryReason, str
     if entry.status.effect == EffectState.NOT_SENT:
         why = entry.status.last_error or "the forward call was refused before it was sent"
         return EntryReason.NOT_SENT, f"never sent, nothing to undo ({why})"[:1024]
+    if entry.status.effect == EffectState.ABANDONED:
+        why = entry.status.last_error or "its task ended without an effect"
+        return EntryReason.TASK_ENDED, f"nothing to undo, by its server's word ({why})"[:1024]
     if entry.spec.kubernetes is not None:
         return entry.spec.kubernetes
     if entry.spec.compensation is None:

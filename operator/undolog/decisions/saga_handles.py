@@ -127,3 +127,52 @@ def opened_round(key: bytes, text: str | None) -> OpenRound | HandleRefusal | No
         return OpenRound(str(body["h"]), int(body["p"]), None if state is None else str(state), body["c"] is True)
     except (binascii.Error, ValueError, KeyError, TypeError):
         return HandleRefusal("malformed", "requestState does not hold an open round")
+
+
+# A task an upstream runs for an agent (the tasks extension): the agent sees this in place of the
+# server's task id, so that its tasks/get, tasks/update and tasks/cancel reach the upstream that
+# runs it, from the caller it was started for only; with the step it belongs to, when the call
+# was a mapped step (its outcome is recorded when the task ends).
+TASK_PREFIX = "ult1"
+
+
+@dataclass(frozen=True)
+class UpstreamTask:
+    upstream: str
+    task_id: str  # the server's own
+    saga: str | None = None  # of a mapped step: its saga (namespace/name) and its position
+    position: int | None = None
+
+
+def _task_mac(key: bytes, payload: str) -> str:
+    return _b64(hmac.new(key, f"{TASK_PREFIX}.{payload}".encode(), hashlib.sha256).digest())
+
+
+def seal_task(key: bytes, task: UpstreamTask, identity: str | None) -> str:
+    body = {"u": task.upstream, "t": task.task_id, "s": task.saga, "p": task.position, "who": _who(identity)}
+    payload = _b64(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
+    return f"{TASK_PREFIX}.{payload}.{_task_mac(key, payload)}"
+
+
+def opened_task(key: bytes, text: str, identity: str | None) -> UpstreamTask | HandleRefusal:
+    """The upstream task a gateway task id stands for, for this caller; or why not."""
+    parts = text.split(".") if isinstance(text, str) else []
+    if len(parts) != 3 or parts[0] != TASK_PREFIX:
+        return HandleRefusal("malformed", f"{_shown(text)} is not a task this gateway started ({TASK_PREFIX}.…)")
+    if not hmac.compare_digest(_task_mac(key, parts[1]), parts[2]):
+        return HandleRefusal("forged", f"{_shown(text)} is not signed by this gateway's key: refused")
+    try:
+        body = json.loads(_unb64(parts[1]))
+        saga, position = body["s"], body["p"]
+        task = UpstreamTask(
+            str(body["u"]),
+            str(body["t"]),
+            None if saga is None else str(saga),
+            None if position is None else int(position),
+        )
+        who = str(body["who"])
+    except (binascii.Error, ValueError, KeyError, TypeError):
+        return HandleRefusal("malformed", f"{_shown(text)} does not hold a task")
+    if not hmac.compare_digest(who, _who(identity)):
+        return HandleRefusal("foreign", "the task was started for another client identity")
+    return task

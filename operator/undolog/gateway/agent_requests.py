@@ -19,6 +19,7 @@ STDIO_SESSION = "stdio"
 SESSION_HEADER = "mcp-session-id"
 LOG_LEVEL_META = "io.modelcontextprotocol/logLevel"  # a stateless request's opt-in to log messages
 ASKABLE = ("sampling", "elicitation", "roots")  # what a client can be asked, if it declares it
+TASKS = "io.modelcontextprotocol/tasks"  # the tasks extension, passed through (tasks.py)
 PRINCIPAL_SCOPE = "undolog.principal"  # the ASGI scope's key of the principal its token proved (protected.py)
 
 
@@ -33,6 +34,7 @@ class AgentRequest:
     progress_token: types.ProgressToken | None
     stateless: bool = False
     declared: frozenset[str] = frozenset()  # of ASKABLE, what the agent declared it can be asked
+    extensions: frozenset[str] = frozenset()  # of TASKS, the extensions its request declared
     log_level: types.LoggingLevel | None = None
     principal: Principal | None = None  # who calls, proved by its token (None: auth none, or stdio)
 
@@ -75,6 +77,7 @@ def of(ctx: ServerRequestContext[Any]) -> AgentRequest:
     token = meta.get("progress_token")
     capabilities = ctx.session.client_capabilities
     declared = frozenset(c for c in ASKABLE if capabilities is not None and getattr(capabilities, c) is not None)
+    extensions = frozenset(e for e in (TASKS,) if capabilities is not None and e in (capabilities.extensions or {}))
     level = meta.get(LOG_LEVEL_META)
     levels: tuple[types.LoggingLevel, ...] = get_args(types.LoggingLevel)
     stateless = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
@@ -85,6 +88,7 @@ def of(ctx: ServerRequestContext[Any]) -> AgentRequest:
         token if isinstance(token, str | int) else None,
         stateless=stateless,
         declared=declared,
+        extensions=extensions if stateless else frozenset(),
         log_level=next((known for known in levels if known == level), None),
         principal=principal_of(ctx),
     )

@@ -19,6 +19,7 @@ from undolog.gateway.bindings import SagaBinding, StepAt
 from undolog.gateway.confirmations import CONFIRM_INPUT
 from undolog.gateway.sessions import Opening
 from undolog.gateway.steps import Answer, NotCalled
+from undolog.gateway.task_wire import TaskCreated
 from undolog.gateway.upstreams import Rounds
 from undolog.kube import Kube
 from undolog.sdk import SagaRun, open_saga
@@ -173,6 +174,8 @@ class HandleBinding(SagaBinding):
         """The handle in the result; a server's question sealed with the open step in its state."""
         if isinstance(result, types.CallToolResult):
             result.content = [*result.content, said_handle(handle)]
+            return result
+        if isinstance(result, TaskCreated):  # the handle is in its _meta
             return result
         state = saga_handles.seal_round(
             self.sagas.key, OpenRound(handle, position, result.request_state, self.confirmed)

@@ -3,6 +3,7 @@ the saga its request is bound to, in either era."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import mcp_types as types
@@ -12,6 +13,7 @@ from undolog.api.gateway import OnClose
 from undolog.gateway.bindings import SagaBinding
 from undolog.gateway.steps import plan_text
 from undolog.kube import Kube
+from undolog.sdk import SagaRun
 
 NONE_OPEN = "no saga is open in this session"
 sessions_ended = Counter(
@@ -52,8 +54,9 @@ OWN_NAMES = frozenset(tool.name for tool in OWN_TOOLS)
 
 
 class OwnTools:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, settle: Callable[[SagaRun], Awaitable[None]]) -> None:
         self.kube = kube
+        self.settle = settle  # before an abort: the saga's running tasks cancelled (tasks.py)
 
     async def call(self, tool: str, binding: SagaBinding, arguments: dict[str, Any], who: str | None) -> str:
         """`who`: the caller, named in the abort's reason (who undid it)."""
@@ -80,6 +83,7 @@ class OwnTools:
             await run.commit()
             sessions_ended.labels("committed").inc()
             return f"{saga} committed: its steps stay done"
+        await self.settle(run)
         plan = await plan_text(self.kube, run)
         await run.abort(reason)
         sessions_ended.labels("aborted").inc()

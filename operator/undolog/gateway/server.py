@@ -39,6 +39,8 @@ from undolog.gateway.relay import Relay
 from undolog.gateway.sessions import SessionBinding, SessionSagas
 from undolog.gateway.steps import SAGA_META, Answer, NotCalled, Steps, ToolCall
 from undolog.gateway.subscriptions import Subscriptions
+from undolog.gateway.task_wire import TaskCreated
+from undolog.gateway.tasks import Tasks, handed
 from undolog.gateway.upstreams import Rounds, Upstreams
 from undolog.kube import Kube
 
@@ -70,9 +72,12 @@ class ListChangingServer(Server[Any]):
 
 
 def stepped(result: Answer) -> tuple[Answer, str]:
-    """A step's result and its outcome to count: `asked` when its server asked the user first."""
+    """A step's result and its outcome to count: `asked` when its server asked the user first,
+    `task` when it runs as a task."""
     if isinstance(result, types.InputRequiredResult):
         return result, "asked"
+    if isinstance(result, TaskCreated):
+        return result, "task"
     return result, "failed" if result.is_error else "registered"
 
 
@@ -96,8 +101,9 @@ class Gateway:
         self.limits, self.webhooks = Limits(config.limits, kube), webhooks
         self.sessions = SessionSagas(config, kube, self._opening)
         self.handles = HandleSagas(config, kube, handle_key, self._opening)
-        self.steps = Steps(upstreams, catalogue, ObjectSteps(kube))
-        self.own = OwnTools(kube)
+        self.steps = Steps(upstreams, catalogue, ObjectSteps(kube), handle_key)
+        self.tasks = Tasks(upstreams, kube, handle_key, self.steps.task_ended)
+        self.own = OwnTools(kube, self.tasks.settle_open)
         self.relay = Relay(upstreams, subscriptions)  # resources, prompts, completion, logging: passed through
         self.changes = Changes(upstreams, subscriptions, catalogue)
         raw: dict[str, Any] = {
@@ -109,6 +115,7 @@ class Gateway:
         self.server: Server[Any] = ListChangingServer(
             "undolog-gateway", on_subscriptions_listen=self.changes.listen, **handlers
         )
+        self.tasks.install(self.server)
 
     async def _opening(self, who: str | None, namespace: str) -> None:
         """Before a caller's saga opens: within its limits, and its undo callable in its namespace."""
@@ -180,7 +187,12 @@ class Gateway:
             tool_calls.labels(found.qualified, "passed").inc()
             arguments.pop(HANDLE_ARG, None)
             if request.stateless:  # a server's question and the agent's answers pass as they are
-                return await self.upstreams.call(request, found, arguments, None, Rounds.of(params))
+                result = await self.upstreams.call(request, found, arguments, None, Rounds.of(params))
+                return (
+                    handed(self.tasks.key, request, found.upstream, result)
+                    if isinstance(result, TaskCreated)
+                    else result
+                )
             return await self.upstreams.call(request, found, arguments, None)
         if isinstance(decision, Refuse):
             tool_calls.labels(found.qualified, "refused").inc()

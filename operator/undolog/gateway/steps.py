@@ -11,7 +11,7 @@ from typing import Any
 
 import mcp_types as types
 
-from undolog.api import GuardStatus
+from undolog.api import EntryTask, GuardStatus
 from undolog.api.gateway import BeforeImage, ToolRule
 from undolog.calls.mcp import answered, result_value
 from undolog.conventions import repeated_step, step_name_of
@@ -19,10 +19,12 @@ from undolog.decisions import guard_expressions, guards
 from undolog.decisions.arguments import within
 from undolog.decisions.tool_calls import compensation_call, guard_of, read_arguments
 from undolog.decisions.undo_expressions import COMPUTED, Filled, computed
-from undolog.errors import UndoLogError
+from undolog.errors import TaskAbandoned, UndoLogError
 from undolog.gateway.agent_requests import AgentRequest
 from undolog.gateway.catalogue import ToolCatalogue, UpstreamTool
 from undolog.gateway.object_steps import ObjectStep, ObjectSteps
+from undolog.gateway.task_wire import TaskCreated
+from undolog.gateway.tasks import handed
 from undolog.gateway.upstreams import Rounds, Upstreams
 from undolog.inspect import Inspector, PlannedCompensation
 from undolog.kube import Kube
@@ -33,7 +35,7 @@ log = logging.getLogger("undolog.gateway")
 MAX_BEFORE_BYTES = 256 * 1024  # of a before-image: it goes into the compensation's arguments
 SAGA_META = "io.undolog/saga"
 STEP_META = "io.undolog/step"
-Answer = types.CallToolResult | types.InputRequiredResult
+Answer = types.CallToolResult | types.InputRequiredResult | TaskCreated
 
 
 class NotCalled(UndoLogError):
@@ -72,8 +74,9 @@ class Registered:
 
 
 class Steps:
-    def __init__(self, upstreams: Upstreams, catalogue: ToolCatalogue, objects: ObjectSteps) -> None:
+    def __init__(self, upstreams: Upstreams, catalogue: ToolCatalogue, objects: ObjectSteps, key: bytes) -> None:
         self.upstreams, self.catalogue, self.objects = upstreams, catalogue, objects
+        self.key = key  # signs the tasks it hands agents (tasks.py)
 
     async def call(self, call: ToolCall, run: SagaRun, position: int, meta: dict[str, Any], carried: bool) -> Answer:
         """Register the step `<tool>-<position>` (its compensation filled in from the arguments
@@ -131,6 +134,11 @@ class Steps:
                 request_state=result.request_state,
                 meta={**(result.meta or {}), **said},
             )
+        if isinstance(result, TaskCreated):  # open until the task ends (tasks.py)
+            await registered.running_as_task(EntryTask(upstream=tool.upstream, task_id=result.task_id))
+            task = handed(self.key, call.request, tool.upstream, result, (run, registered.position))
+            task.meta = {**(result.meta or {}), **said}
+            return task
         outcome = answered(tool.tool.name, 200, result)
         registered.output = with_computed(outcome.output, filled, {**variables, "output": result_value(result)})
         rule = call.rule
@@ -145,6 +153,21 @@ class Steps:
             is_error=result.is_error,
             meta={**(result.meta or {}), **said},
         )
+
+    async def task_ended(self, run: SagaRun, step: StepRun, said: dict[str, Any]) -> None:
+        """The outcome of a step whose task ended (tasks/get's answer): completed, as a result
+        answered at once (without what its compensation would compute from the output: the
+        call's arguments are not kept); cancelled or failed, nothing done by the server's word."""
+        status = said.get("status")
+        if status == "completed":
+            result = types.CallToolResult.model_validate(said.get("result") or {"content": []})
+            outcome = answered(step.name, 200, result)
+            step.output = outcome.output
+            await run.finish(step, ToolFailed(outcome.error) if outcome.error else None)
+            return
+        error = said.get("error") if isinstance(said.get("error"), dict) else {}
+        why = f"its task ended {status}" + (f": {error.get('message')}" if error and error.get("message") else "")
+        await run.finish(step, TaskAbandoned(why))
 
     async def _read(self, request: AgentRequest, read: BeforeImage, arguments: dict[str, Any]) -> Any:
         """A read-only tool's result as expressions read it; ReadFailed when it answers isError."""

@@ -21,15 +21,17 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import Subscription
+from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from undolog.api.gateway import Upstream
 from undolog.calls.mcp import KEY_META, keyed_meta
-from undolog.gateway.agent_requests import AgentRequest, Requester
+from undolog.gateway.agent_requests import TASKS, AgentRequest, Requester
 from undolog.gateway.catalogue import UpstreamTool
 from undolog.gateway.connections import Connection, progress_of
 from undolog.gateway.lenient_answers import LenientAnswers
 from undolog.gateway.subscriptions import Subscriptions
+from undolog.gateway.task_wire import TaskCreated, TasksClient
 from undolog.gateway.upstream_credentials import UpstreamCredentials
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -169,7 +171,7 @@ class Upstreams:
         self, upstream: str, connection: Connection, declared: frozenset[str], log_level: types.LoggingLevel | None
     ) -> AsyncIterator[Client]:
         """A client of an upstream of the stateless revision, declaring what agents declared they
-        can be asked, and the log level one asked for."""
+        can be asked and the extensions they declared, and the log level one asked for."""
         version, found = self.discovered[upstream]
         url = self.config[upstream].url
         assert url is not None
@@ -179,6 +181,7 @@ class Upstreams:
             prior_discover=found,
             cache=None,
             log_level=log_level,
+            extensions=[TasksClient()] if TASKS in declared else [],
             **connection.callbacks(declared),
         ) as client:
             yield client
@@ -188,7 +191,7 @@ class Upstreams:
         stateless agent's, one of those its upstream's clients that declare what it declared."""
         agent = request if isinstance(request, AgentRequest) else None
         key = agent.session_key if agent is not None else None
-        declared = agent.declared if agent is not None and agent.stateless else None
+        declared = agent.declared | agent.extensions if agent is not None and agent.stateless else None
         if declared is not None and upstream in self.discovered:
             key = STATELESS_CLIENTS + ",".join(sorted(declared))
         if key is None or self.config[upstream].url is None:
@@ -241,15 +244,24 @@ class Upstreams:
             self.close_session(key)
 
     @contextlib.asynccontextmanager
-    async def serving(self, request: Requester, upstream: str) -> AsyncIterator[Client]:
+    async def serving(self, request: Requester, upstream: str, tasks: bool = False) -> AsyncIterator[Client]:
         """A client of the upstream for `request`, which it is serving meanwhile. A stateless
         request that asked for log messages gets a client of its own: what the server logs comes
-        back on the request's stream, which the SDK's client does not tell apart."""
+        back on the request's stream, which the SDK's client does not tell apart; so does the
+        operator's request of a task (`tasks`: declaring the tasks extension)."""
         agent = request if isinstance(request, AgentRequest) else None
+        if agent is None and tasks and upstream in self.discovered:
+            own = Connection(upstream, None, self.subscriptions.announced)
+            async with self._stateless_client(upstream, own, frozenset({TASKS}), None) as client:
+                own.client = client
+                async with own.serving(request) as serving:
+                    yield serving
+            return
         if agent is not None and agent.stateless and agent.log_level and upstream in self.discovered:
             own = Connection(upstream, None, self.subscriptions.announced)
             try:
-                async with self._stateless_client(upstream, own, agent.declared, agent.log_level) as client:
+                wanted = agent.declared | agent.extensions
+                async with self._stateless_client(upstream, own, wanted, agent.log_level) as client:
                     own.client = client
                     async with own.serving(agent) as serving:
                         yield serving
@@ -300,7 +312,7 @@ class Upstreams:
     @overload
     async def call(
         self, request: Requester, tool: UpstreamTool, arguments: dict[str, object], key: str | None, rounds: Rounds
-    ) -> types.CallToolResult | types.InputRequiredResult: ...
+    ) -> types.CallToolResult | types.InputRequiredResult | TaskCreated: ...
 
     async def call(
         self,
@@ -309,16 +321,16 @@ class Upstreams:
         arguments: dict[str, object],
         key: str | None,
         rounds: Rounds | None = None,
-    ) -> types.CallToolResult | types.InputRequiredResult:
+    ) -> types.CallToolResult | types.InputRequiredResult | TaskCreated:
         """The tool called for `request` (its progress passed back to it). With `rounds` (a
-        stateless agent's), a server of that revision may answer `input_required`: returned as
-        it came, for the agent to answer."""
+        stateless agent's), a server of that revision may answer `input_required`, or with a
+        task when the agent declared the tasks extension: returned as it came, for the agent."""
         meta = keyed_meta(key) if key else None
         progress = progress_of(request)
         async with self.serving(request, tool.upstream) as client:
             if rounds is None or not modern(client):
                 return await client.call_tool(tool.tool.name, arguments, meta=meta, progress_callback=progress)
-            return await client.session.call_tool(
+            result = await client.session.call_tool(
                 tool.tool.name,
                 arguments,
                 progress_callback=progress,
@@ -326,4 +338,8 @@ class Upstreams:
                 request_state=rounds.state,
                 meta=meta,
                 allow_input_required=True,
+                allow_claimed=True,
             )
+            if not isinstance(result, types.CallToolResult | types.InputRequiredResult | TaskCreated):
+                raise MCPError(types.INTERNAL_ERROR, f"{tool.qualified} answered a {type(result).__name__}")
+            return result

@@ -21,6 +21,7 @@ from undolog.api import (
     CompensationPolicy,
     Effect,
     EffectState,
+    EntryTask,
     Guard,
     GuardStatus,
     ObjectUndo,
@@ -51,7 +52,7 @@ from undolog.conventions import (
 from undolog.decisions import guards, rewind
 from undolog.decisions.phases import FINAL
 from undolog.decisions.retry import operator_retry_seconds
-from undolog.errors import NoSaga, NotSent, RewindNotDone, SagaEnded
+from undolog.errors import NoSaga, NotSent, RewindNotDone, SagaEnded, TaskAbandoned
 from undolog.kube import Kube, default_namespace
 from undolog.ledger import Ledger, WaitTimedOut, through_outage, until
 
@@ -147,6 +148,16 @@ class StepRun:
         else:
             self._marking.cancel()
         self._marking = None
+
+    async def running_as_task(self, task: EntryTask) -> None:
+        """The server answered with a task: the step's outcome is unknown until it ends, and an
+        abort of the saga asks the server to cancel it first (any gateway replica finds it here)."""
+        await self.marked()
+        ledger = await self.saga._client()
+        status = changed(self.entry.status, {"effect": EffectState.EXECUTING, "task": task})
+        self.entry = await recorded(
+            lambda: ledger.write_entry_status(self.entry, status), f"the task of step {self.name!r}"
+        )
 
     def leaves(self, value: Any) -> None:
         """What the step left, as its guard (`register(..., guard=)`) selects it of its read: the
@@ -279,8 +290,7 @@ class SagaRun:
         if error is None:
             changes: EntryStatusChange = {"effect": EffectState.COMMITTED, "output": output, "output_omitted": omitted}
         else:
-            effect = EffectState.NOT_SENT if isinstance(error, NotSent) else EffectState.FAILED
-            changes = {"effect": effect, "last_error": describe_error(error)[:4096]}
+            changes = {"effect": _failed_effect(error), "last_error": describe_error(error)[:4096]}
             if run.output is not None:
                 changes |= {"output": output, "output_omitted": omitted}
         changes["executed_at"] = now()
@@ -533,6 +543,12 @@ async def resumed_saga(
     )
 
 
+def _failed_effect(error: BaseException) -> EffectState:
+    if isinstance(error, NotSent):
+        return EffectState.NOT_SENT
+    return EffectState.ABANDONED if isinstance(error, TaskAbandoned) else EffectState.FAILED
+
+
 async def unrecorded_step(run: SagaRun, position: int) -> StepRun:
     """The step `run` registered at `position` whose outcome is not recorded yet, to record it
     in a later request (an MCP server that asked for input before doing the call). SagaEnded if
@@ -544,6 +560,17 @@ async def unrecorded_step(run: SagaRun, position: int) -> StepRun:
     if not owned_by(entry, run.uid) or effect not in (EffectState.PENDING, EffectState.EXECUTING):
         raise ValueError(f"step {position} of saga {run.namespace}/{run.name} is not open (effect {effect})")
     return StepRun(run, entry.spec.step, position, entry)
+
+
+async def running_tasks(run: SagaRun) -> list[tuple[StepRun, EntryTask]]:
+    """The saga's steps whose outcome waits on a server's task (MCP's tasks extension)."""
+    ledger = await run._client()
+    listing = await ledger.entries_of(await ledger.saga(run.namespace, run.name))
+    return [
+        (StepRun(run, e.spec.step, e.spec.stack_position, e), e.status.task)
+        for e in listing.entries
+        if e.status.task is not None and e.status.effect in (EffectState.PENDING, EffectState.EXECUTING)
+    ]
 
 
 P = ParamSpec("P")

@@ -1,0 +1,159 @@
+"""Long-running tool calls (MCP's tasks extension) through the gateway: a mapped tool answered
+with a task is one step whose effect is unknown until the task ends. Its entry stays open and
+names the task; the outcome is recorded when the task ends; an abort cancels the saga's running
+tasks first, and compensates a step only if its task completed (or its end was not seen). The
+upstream is the tests' conformance server, whose counter's increment runs as a task."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from mcp import Client
+
+from tests.conftest import Cluster
+from tests.support import conformance_suite
+from tests.support.gateway_process import GatewayProcess
+from tests.support.manifests import webhook
+from tests.support.waiting import eventually, saga_phase
+from undolog.gateway.task_wire import Passed, TaskCreated, TaskParams, TaskRequest, TasksClient
+from undolog.kube import Kube
+
+pytestmark = pytest.mark.cluster
+HANDLE = "undolog_saga"
+UNDO = {"compensation": {"tool": "everything.decrement", "args": {"name": "${args.name}"}}}
+
+
+@pytest.fixture
+def upstream(tmp_path: Path) -> Iterator[str]:
+    with conformance_suite.upstream(tmp_path) as url:
+        yield url
+
+
+@pytest_asyncio.fixture
+async def gateway(cluster: Cluster, kube: Kube, namespace: str, upstream: str, tmp_path: Path) -> AsyncIterator[str]:
+    await kube.create("webhooks", namespace, webhook("everything.decrement", url=upstream, mcp={"tool": "decrement"}))
+    tools = {"everything.slow_increment": UNDO, "everything.ask_then_increment": UNDO}
+    config = {
+        "namespace": namespace,
+        "unmapped": "pass",
+        "upstreams": {"everything": {"url": upstream}},
+        "tools": tools,
+    }
+    process = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+    yield process.url
+    process.stop()
+
+
+async def task_said(agent: Client, method: str, task_id: str, **fields: Any) -> dict[str, Any]:
+    params = TaskParams.model_validate({"taskId": task_id, **fields})
+    answer = await agent.session.send_request(TaskRequest(method=method, params=params), Passed)
+    return answer.model_dump(by_alias=True, exclude_none=True)
+
+
+async def started(agent: Client, tool: str, arguments: dict[str, Any]) -> tuple[TaskCreated, str]:
+    """The mapped call answered with a task: the task, and the saga's handle."""
+    created = await agent.session.call_tool(tool, arguments, allow_claimed=True)
+    assert isinstance(created, TaskCreated), created
+    assert created.meta is not None
+    return created, str(created.meta["io.undolog/saga-handle"])
+
+
+async def counter(upstream: str, name: str) -> dict[str, int]:
+    async with Client(upstream, mode="legacy") as direct:
+        said = await direct.call_tool("read_counter", {"name": name})
+    assert said.structured_content is not None
+    return {"value": int(said.structured_content["value"]), "decrements": int(said.structured_content["decrements"])}
+
+
+async def entry_of(kube: Kube, namespace: str) -> dict[str, Any]:
+    listed = await kube.list("undoentries", namespace)
+    assert len(listed) == 1, listed
+    return listed[0]
+
+
+@pytest.mark.usefixtures("operator")
+async def test_aborted_while_its_task_runs_the_task_is_cancelled_and_nothing_is_undone(
+    kube: Kube, namespace: str, gateway: str, upstream: str
+) -> None:
+    async with Client(gateway, extensions=[TasksClient()]) as agent:
+        created, handle = await started(agent, "slow_increment", {"name": "running", "seconds": 60})
+        assert created.task_id.startswith("ult1.")  # the gateway's, naming the upstream's
+        entry = await entry_of(kube, namespace)
+        assert entry["status"]["effect"] == "Executing"
+        assert entry["status"]["task"]["upstream"] == "everything"
+        said = await agent.call_tool("undolog_abort", {HANDLE: handle, "reason": "stop it"})
+        assert not said.is_error, said
+        ended = await task_said(agent, "tasks/get", created.task_id)
+    assert ended["status"] == "cancelled"
+    saga = str((await entry_of(kube, namespace))["spec"]["saga"])
+    await saga_phase(kube, namespace, saga, "Compensated")
+    entry = await entry_of(kube, namespace)
+    assert (entry["status"]["effect"], entry["status"]["reason"]) == ("Abandoned", "TaskEnded")
+    assert await counter(upstream, "running") == {"value": 0, "decrements": 0}  # nothing done, nothing undone
+
+
+@pytest.mark.usefixtures("operator")
+@pytest.mark.parametrize("polled", [True, False])
+async def test_aborted_after_its_task_completed_the_step_is_compensated_once(
+    kube: Kube, namespace: str, gateway: str, upstream: str, polled: bool
+) -> None:
+    """Whether the agent saw the task end (its tasks/get records the outcome) or not (the abort
+    asks the server, finds it completed, and records it)."""
+    async with Client(gateway, extensions=[TasksClient()]) as agent:
+        created, handle = await started(agent, "slow_increment", {"name": "done", "seconds": 0.2})
+
+        async def increments() -> dict[str, int]:
+            return await counter(upstream, "done")
+
+        await eventually(increments, lambda c: c["value"] == 1, 10, "the task's increment")
+        if polled:
+            said = await task_said(agent, "tasks/get", created.task_id)
+            assert said["status"] == "completed"
+            assert (await entry_of(kube, namespace))["status"]["effect"] == "Committed"
+        await agent.call_tool("undolog_abort", {HANDLE: handle, "reason": "undo it"})
+    saga = str((await entry_of(kube, namespace))["spec"]["saga"])
+    await saga_phase(kube, namespace, saga, "Compensated")
+    assert (await entry_of(kube, namespace))["status"]["effect"] == "Committed"
+    assert await counter(upstream, "done") == {"value": 0, "decrements": 1}
+
+
+@pytest.mark.usefixtures("operator")
+async def test_a_task_that_asks_the_user_is_answered_through_the_gateway(
+    kube: Kube, namespace: str, gateway: str, upstream: str
+) -> None:
+    async with Client(gateway, extensions=[TasksClient()]) as agent:
+        created, handle = await started(agent, "ask_then_increment", {"name": "asked"})
+
+        async def state() -> dict[str, Any]:
+            return await task_said(agent, "tasks/get", created.task_id)
+
+        asking = await eventually(state, lambda s: s["status"] == "input_required", 10, "the task's question")
+        assert list(asking["inputRequests"]) == ["confirm"]
+        answer = {"confirm": {"action": "accept", "content": {"confirm": True}}}
+        acked = await task_said(agent, "tasks/update", created.task_id, inputResponses=answer)
+        assert acked["resultType"] == "complete"
+        assert "status" not in acked  # an ack: the task's state is told by the next tasks/get
+        done = await eventually(state, lambda s: s["status"] == "completed", 10, "the task's end")
+        assert "asked is 1" in str(done["result"])
+        assert (await entry_of(kube, namespace))["status"]["effect"] == "Committed"
+        await agent.call_tool("undolog_abort", {HANDLE: handle, "reason": "undo the answered one"})
+    saga = str((await entry_of(kube, namespace))["spec"]["saga"])
+    await saga_phase(kube, namespace, saga, "Compensated")
+    assert await counter(upstream, "asked") == {"value": 0, "decrements": 1}
+
+
+async def test_a_forged_task_id_or_an_agent_without_the_extension_reaches_no_task(gateway: str) -> None:
+    async with Client(gateway, extensions=[TasksClient()]) as agent:
+        created = await agent.session.call_tool("slow_compute", {"seconds": 30}, allow_claimed=True)
+        assert isinstance(created, TaskCreated)
+        forged = created.task_id[:-4] + "AAAA"
+        with pytest.raises(Exception, match="not signed by this gateway's key"):
+            await task_said(agent, "tasks/get", forged)
+        await task_said(agent, "tasks/cancel", created.task_id)
+    async with Client(gateway) as undeclared:  # without the extension, its task surface is refused
+        with pytest.raises(Exception, match=r"needs the extension io\.modelcontextprotocol/tasks"):
+            await task_said(undeclared, "tasks/get", created.task_id)
