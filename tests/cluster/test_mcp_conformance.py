@@ -33,6 +33,9 @@ pytestmark = pytest.mark.cluster
 UNLISTED = {"tools-call-simple-text": "test_simple_text", "tools-call-error": "test_error_handling"}
 
 
+DIRECT: dict[tuple[str, str], dict[str, bool]] = {}  # by server and era: the suite's run directly, once
+
+
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with conformance_suite.upstream(tmp_path_factory.mktemp("conformance")) as url:
@@ -62,7 +65,9 @@ async def test_what_passes_directly_passes_through_the_gateway(
     """With authentication on, the suite (which sends no token) reaches the gateway through a
     proxy that puts a ServiceAccount's token for the gateway on each of its requests."""
     upstream: str = request.getfixturevalue("upstream" if server == "ours" else "everything")
-    direct = conformance_suite.scenarios(upstream, era, tmp_path)
+    if (server, era) not in DIRECT:
+        DIRECT[server, era] = conformance_suite.scenarios(upstream, era, tmp_path)
+    direct = DIRECT[server, era]
     config = {"namespace": namespace, "unmapped": "pass", "upstreams": {"everything": {"url": upstream}}}
     port = free_port()
     resource = f"http://127.0.0.1:{port}/mcp"
