@@ -36,7 +36,7 @@ async def gateway(cluster: Cluster, kube: Kube, namespace: str, tmp_path: Path) 
         "upstreams": {"shop": {"command": ["node", str(SERVER)]}},
         "tools": {"shop.stock": {"readOnly": True}},
     }
-    process = await serving_operator_calls(cluster, kube, namespace, tmp_path, config)
+    process = await serving_operator_calls(cluster.kubeconfig, kube, namespace, tmp_path, config)
     yield process
     process.stop()
 

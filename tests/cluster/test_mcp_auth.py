@@ -484,7 +484,7 @@ async def test_an_upstream_s_own_credential_is_the_gateway_s_never_the_agent_s_a
         "upstreams": {"tracker": {"url": guarded.url, "credentials": credentials}},
         "deadlineSeconds": 3,  # the operator aborts the saga of an agent that went away
     }
-    gateway = await serving_operator_calls(cluster, kube, namespace, tmp_path, config, port=port)
+    gateway = await serving_operator_calls(cluster.kubeconfig, kube, namespace, tmp_path, config, port=port)
     token = await service_account_token(kube, namespace, service_account, resource)
     try:
         async with agent(gateway.url, token, "auto") as called:
@@ -575,7 +575,7 @@ async def test_a_tenant_s_undo_through_the_gateway_finds_its_webhooks_in_the_ten
         **gateway_config(team_a, guarded, auth={"resource": resource, "serviceAccounts": True}),
         "upstreams": {"tracker": {"url": guarded.url, "credentials": credentials}},
     }
-    gateway = await serving_operator_calls(cluster, kube, team_a, tmp_path, config, port=port)
+    gateway = await serving_operator_calls(cluster.kubeconfig, kube, team_a, tmp_path, config, port=port)
     operator = OperatorProcess(cluster.kubeconfig, team_b, tmp_path)
     operator.start()
     token = await service_account_token(kube, team_b, "agent", resource)

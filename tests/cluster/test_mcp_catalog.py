@@ -77,7 +77,7 @@ def data(tmp_path: Path) -> Path:
 
 
 async def serving_operator_calls(
-    cluster: Cluster, kube: Kube, namespace: str, tmp_path: Path, config: dict[str, Any], port: int | None = None
+    kubeconfig: Path, kube: Kube, namespace: str, tmp_path: Path, config: dict[str, Any], port: int | None = None
 ) -> GatewayProcess:
     """The gateway serving its stdio servers' compensations (and those of upstreams it holds
     credentials for) to the operator: it makes their Webhooks at start, signed with the Secret
@@ -86,16 +86,14 @@ async def serving_operator_calls(
     await kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret | {"stringData": {"key": SIGNING}})
     port = port or free_port()
     calls = {"url": f"http://127.0.0.1:{port}", "signingSecret": "operator-calls"}
-    return GatewayProcess(
-        cluster.kubeconfig, {"namespace": namespace, **config, "operatorCalls": calls}, tmp_path, port=port
-    )
+    return GatewayProcess(kubeconfig, {"namespace": namespace, **config, "operatorCalls": calls}, tmp_path, port=port)
 
 
 @pytest_asyncio.fixture
 async def gateway(
     cluster: Cluster, kube: Kube, namespace: str, tmp_path: Path, data: Path
 ) -> AsyncIterator[GatewayProcess]:
-    process = await serving_operator_calls(cluster, kube, namespace, tmp_path, catalog(tmp_path))
+    process = await serving_operator_calls(cluster.kubeconfig, kube, namespace, tmp_path, catalog(tmp_path))
     yield process
     process.stop()
 

@@ -354,7 +354,7 @@ async def test_what_a_stdio_server_logs_reaches_only_the_agent_request_it_serves
     chatty = {"command": [sys.executable, "-m", "tests.support.mcp_chatty"]}
     tools = {"chatty.make": {"compensation": {"tool": "chatty.unmake", "args": {"name": "${args.name}"}}}}
     gateway = await serving_operator_calls(
-        cluster, kube, namespace, tmp_path, {"upstreams": {"chatty": chatty}, "tools": tools}
+        cluster.kubeconfig, kube, namespace, tmp_path, {"upstreams": {"chatty": chatty}, "tools": tools}
     )
     heard: dict[str, list[str]] = {"a": [], "b": []}
 

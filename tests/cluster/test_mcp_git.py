@@ -58,7 +58,7 @@ async def test_a_checkout_is_undone_with_the_branch_read_out_of_git_status_s_tex
     cluster: Cluster, kube: Kube, namespace: str, tmp_path: Path
 ) -> None:
     repo = repository(tmp_path)
-    gateway = await serving_operator_calls(cluster, kube, namespace, tmp_path, git_config(repo))
+    gateway = await serving_operator_calls(cluster.kubeconfig, kube, namespace, tmp_path, git_config(repo))
     try:
         async with Client(gateway.url) as agent:
             called = await agent.call_tool("git_checkout", {"repo_path": str(repo), "branch_name": "feature/login"})
