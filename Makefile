@@ -215,7 +215,7 @@ bin/.temporal-$(TEMPORAL_CLI):
 	GOBIN=$(CURDIR)/bin go install github.com/temporalio/cli/cmd/temporal@$(TEMPORAL_CLI)
 	touch $@
 
-bench: venv tools-control-plane postgres participant-kit mcp-conformance bin/hydra bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.temporal-$(TEMPORAL_CLI)
+bench: venv tools-control-plane postgres participant-kit mcp-conformance mcp-servers bin/hydra bin/undolog-bench-ceiling bin/undolog-bench-floor bin/.temporal-$(TEMPORAL_CLI)
 	$(PY) -m pip install -q --require-hashes -r requirements/bench.txt
 	$(PY) -m bench.compensation --sizes 1 10 100 1000
 	$(PY) -m bench.forward --concurrency 1 100
@@ -232,6 +232,7 @@ bench: venv tools-control-plane postgres participant-kit mcp-conformance bin/hyd
 	$(PY) -m bench.guard --compensations 200
 	$(PY) -m bench.participant_kit --calls 500
 	$(PY) -m bench.conformance
+	$(PY) -m bench.residue
 	$(PY) -m bench.plot
 	$(PY) -m bench.summary
 

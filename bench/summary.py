@@ -65,6 +65,8 @@ KEYS = (
     "mcp_conformance_everything_through_gateway",
     "mcp_conformance_everything_direct_2026",
     "mcp_conformance_everything_through_gateway_2026",
+    "mcp_residue_effects_made",
+    "mcp_residue_effects_left",
     "guard_added_p50_ms",
     "guard_read_to_undo_p50_ms",
     "guard_entry_writes_added",
@@ -109,6 +111,7 @@ def summarize() -> dict[str, Any]:
         "gateway",
         "guard",
         "conformance",
+        "residue",
     )
     sources = {name: load(name) for name in names}
     fsync = {name: data.get("etcd_fsync") for name, data in sources.items() if data is not None}
@@ -226,6 +229,12 @@ def summarize() -> dict[str, Any]:
                     figures[f"mcp_conformance_{server}_through_gateway{suffix}"] = (
                         f"{len(found['through_gateway'])}/{scenarios}"
                     )
+
+    if residue := sources["residue"]:
+        # Scripted sessions on real servers, each aborted after every prefix of its calls.
+        servers = residue["results"].values()
+        figures["mcp_residue_effects_made"] = sum(s["effects_made"] for s in servers)
+        figures["mcp_residue_effects_left"] = sum(s["effects_left"] for s in servers)
 
     for key, value in figures.items():
         if value is None:
