@@ -7,8 +7,11 @@ agent's account: only what the call changed, only where nothing changed it since
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ import pytest
 import pytest_asyncio
 import yaml
 from devtools.control_plane.local import free_port
+from mcp import Client
 
 from tests.cluster.test_mcp_auth import agent, service_account_token
 from tests.cluster.test_mcp_gateway import only_saga
@@ -199,3 +203,50 @@ async def test_the_undo_refused_for_a_missing_right_names_it_and_changes_nothing
     assert 'cannot patch resource "configmaps"' in entry["status"]["lastError"]
     assert halted["status"]["reason"] == "CompensationFailed"
     assert (await kube.request("GET", core(namespace, "configmaps", "settings")))["data"] == {"mode": "fast"}
+
+
+@pytest.mark.usefixtures("operator")
+async def test_an_undo_the_server_refuses_with_a_json_rpc_error_halts_in_its_own_words(
+    cluster: Cluster, kube: Kube, namespace: str, tmp_path: Path
+) -> None:
+    """Mapped to the server's own tool instead of natively: a deleted ConfigMap undone by
+    kubectl_create. Someone creates it again first; the server refuses the undo with a JSON-RPC
+    error (AlreadyExists, which this server sends as -32603, an internal error: asked again as
+    the retry policy says), and the saga halts when the policy's attempts are spent, not after
+    the outage budget, with the server's own message on the entry, its Events and `undolog show`."""
+    from tests.cluster.test_mcp_catalog import serving_operator_calls
+
+    await kube.request("POST", core(namespace, "configmaps"), config_map("old", keep="me"))
+    at = {"resourceType": "configmap", "name": "old", "namespace": namespace}
+    undo = {k: f"${{args.{k}}}" for k in at} | {"fromLiteral": ["keep=me"]}
+    mapped = {"compensation": {"tool": "kubernetes.kubectl_create", "args": undo}}
+    config = kubernetes_catalog(cluster) | {"tools": {"kubernetes.kubectl_delete": mapped}}
+    gateway = await serving_operator_calls(cluster.kubeconfig, kube, namespace, tmp_path, config)
+    try:
+        async with Client(gateway.url) as called:
+            answer = await called.call_tool("kubectl_delete", at)
+            assert not answer.is_error, answer
+            with pytest.raises(errors.NotFound):
+                await kube.request("GET", core(namespace, "configmaps", "old"))
+            again = config_map("old", keep="someone else's")
+            await kube.request("POST", core(namespace, "configmaps"), again)  # someone else's
+            await called.call_tool("undolog_abort", {HANDLE: handle_of(answer), "reason": "undo it"})
+        name = await only_saga(kube, namespace)
+        halted = await saga_phase(kube, namespace, name, "Halted", within=60)
+    finally:
+        gateway.stop()
+    entry = await kube.get("undoentries", namespace, f"{name}-1")
+    said = entry["status"]["lastError"]
+    print(f"\n{said}\nattempts: {len(entry['status']['attempts'])}")
+    assert said.startswith("MCP error ")  # the server's JSON-RPC refusal, in its own words
+    assert 'configmaps "old" already exists' in said
+    assert entry["status"]["reason"] == "RetriesExhausted"  # the retry policy's 4 attempts, seconds apart
+    assert len([a for a in entry["status"]["attempts"] if a["kind"] == "Compensation"]) == 4
+    assert halted["status"]["reason"] == "CompensationFailed"
+    events = (await kube.request("GET", core(namespace, "events")))["items"]
+    assert any("already exists" in e.get("message", "").lower() for e in events)
+    show = [sys.executable, "-m", "undolog.cli", "show", name, "-n", namespace, "--kubeconfig", str(cluster.kubeconfig)]
+    shown = (await asyncio.to_thread(subprocess.run, show, capture_output=True, text=True, check=True)).stdout
+    assert "already exists" in shown.lower()
+    kept = await kube.request("GET", core(namespace, "configmaps", "old"))
+    assert kept["data"] == {"keep": "someone else's"}
