@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import httpx2
@@ -47,3 +48,17 @@ async def test_the_transport_mends_a_post_s_answer_by_the_request_s_revision(ver
     async with httpx2.AsyncClient(transport=LenientAnswers(httpx2.MockTransport(answer))) as client:
         response = await client.post("http://127.0.0.1/mcp", headers={"mcp-protocol-version": version}, json={})
     assert ("resultType" in response.json()["result"]) is typed
+
+
+async def test_an_answer_sent_compressed_is_read_once() -> None:
+    """The transport hands on the body it read (decompressed), so it must not say gzip again."""
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        body = gzip.compress(json.dumps({**RESULT, "result": {"content": [], "resultType": "complete"}}).encode())
+        return httpx2.Response(
+            200, headers={"content-type": "application/json", "content-encoding": "gzip"}, content=body
+        )
+
+    async with httpx2.AsyncClient(transport=LenientAnswers(httpx2.MockTransport(answer))) as client:
+        response = await client.post("http://127.0.0.1/mcp", headers={"mcp-protocol-version": "2026-07-28"}, json={})
+    assert response.json()["result"]["resultType"] == "complete"

@@ -18,6 +18,7 @@ import httpx2
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 PROTOCOL_HEADER = "mcp-protocol-version"
+SENT_AS = frozenset({"content-length", "content-encoding", "transfer-encoding"})
 MAX_BODY_BYTES = 64 << 20  # an answer read whole to mend it; past this, passed on as it came
 
 
@@ -31,13 +32,10 @@ class LenientAnswers(httpx2.AsyncBaseTransport):
         length = int(response.headers.get("content-length") or 0)
         if request.method != "POST" or not kind.startswith("application/json") or length > MAX_BODY_BYTES:
             return response
-        body = await response.aread()
+        body = await response.aread()  # decoded: the headers that described the bytes as sent go
+        headers = {k: v for k, v in response.headers.items() if k not in SENT_AS}
         mended = mend(body, request.headers.get(PROTOCOL_HEADER) in MODERN_PROTOCOL_VERSIONS)
-        content, headers = body, dict(response.headers)
-        if mended is not None:
-            content, kind = mended
-            headers = {k: v for k, v in headers.items() if k not in ("content-length", "transfer-encoding")}
-            headers["content-type"] = kind
+        content, headers["content-type"] = mended if mended is not None else (body, kind)
         return httpx2.Response(response.status_code, headers=headers, content=content, extensions=response.extensions)
 
     async def aclose(self) -> None:
