@@ -6,6 +6,9 @@ call resuming the saga from the ledger), then on the session era (2025-11-25). R
 and p99 of each, what the gateway adds (the difference), and the API writes per call (the
 apiserver's own counts). The first calls, which open the saga, are left out, as is the
 client's handshake; a read-only tool (passed through, nothing written) shows the hop alone.
+The same rounds also make, with the SDK and no gateway, the two durable writes a mapped call
+costs the ledger (its UndoEntry registered, then its outcome): the part of the gateway's hop no
+gateway with a ledger can avoid, measured alone.
 
 On the stateless revision each round also calls a second gateway that requires a token, with a
 ServiceAccount token (TokenRequest; checked by TokenReview, kept 10 s) and with a JWT of Ory
@@ -37,6 +40,8 @@ from tests.support.mcp_tracker import Tracker
 
 from bench.compensation import percentile
 from bench.harness import bench_cluster, delta, print_table, save
+from undolog.api import Call
+from undolog.sdk import SagaRun, open_saga
 
 
 async def timed(call: Awaitable[Any]) -> float:
@@ -97,11 +102,12 @@ def bearing(url: str, token: str | None) -> Client:
     return Client(streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers, timeout=60)))
 
 
-async def routes(bench: Any, tracker: Tracker, calls: int, agents: dict[str, Client]) -> dict[str, Any]:
+async def routes(bench: Any, namespace: str, tracker: Tracker, calls: int, agents: dict[str, Client]) -> dict[str, Any]:
     """Stateless calls, round after round: directly, then through each agent's gateway; each
     agent's saga opened first (left out). Per route: mapped and read-only p50 and p99."""
-    mapped: dict[str, list[float]] = {"direct": [], **{name: [] for name in agents}}
+    mapped: dict[str, list[float]] = {"direct": [], "ledger": [], **{name: [] for name in agents}}
     read: dict[str, list[float]] = {"direct": [], **{name: [] for name in agents}}
+    ledger = await open_saga(generate_name="bench-ledger-", namespace=namespace, kube=bench.kube)
     async with Client(tracker.url) as upstream:
         handles = {}
         for name, agent in agents.items():
@@ -114,6 +120,7 @@ async def routes(bench: Any, tracker: Tracker, calls: int, agents: dict[str, Cli
                 mapped[name].append(
                     await timed(agent.call_tool("create_issue", {"title": f"{name}{n}"} | handles[name]))
                 )
+            mapped["ledger"].append(await two_writes(ledger, n))
         writes = delta(await bench.writes(), before)
         for agent in (upstream, *agents.values()):  # the first read of each makes its connection
             await agent.call_tool("list_issues", {})
@@ -123,7 +130,18 @@ async def routes(bench: Any, tracker: Tracker, calls: int, agents: dict[str, Cli
                 read[name].append(await timed(agent.call_tool("list_issues", {})))
         for name, agent in agents.items():
             await agent.call_tool("undolog_commit", handles[name])
+    await ledger.commit()
     return {"mapped": mapped, "read": read, "writes": writes}
+
+
+async def two_writes(run: SagaRun, n: int) -> float:
+    """The milliseconds of what a mapped call writes to the ledger: its UndoEntry registered
+    with its compensation, then its outcome recorded."""
+    began = time.perf_counter()
+    step = await run.register(f"create-issue-{n}", Call(function="tracker.close-issue", args={"number": n}))
+    step.output = {"number": n}
+    await run.finish(step)
+    return (time.perf_counter() - began) * 1000
 
 
 async def measure(calls: int) -> dict[str, Any]:
@@ -154,7 +172,7 @@ async def measure(calls: int) -> dict[str, Any]:
                     bearing(guarded.url, tokens["jwt"]) as jwt_agent,
                 ):
                     agents = {"open": open_agent, "service_account": account_agent, "jwt": jwt_agent}
-                    stateless = await routes(bench, tracker, calls, agents)
+                    stateless = await routes(bench, namespace, tracker, calls, agents)
                 session = await era(bench, gateway, tracker, calls, "legacy")
             finally:
                 gateway.stop()
@@ -177,11 +195,16 @@ def summarized(measured: dict[str, Any], calls: int) -> dict[str, Any]:
         }
         for kind in ("service_account", "jwt")
     }
-    steps_a_round = 3  # the open agent's, the ServiceAccount's and the JWT's each register one
+    steps_a_round = 4  # the open agent's, the ServiceAccount's, the JWT's and the ledger's alone each register one
     return {
         "direct": figures(mapped["direct"]),
         "through_gateway": figures(mapped["open"]),
         "added": difference(mapped["open"], mapped["direct"]),
+        "ledger_writes": figures(mapped["ledger"]),
+        "added_beyond_ledger_writes": {
+            k: round(difference(mapped["open"], mapped["direct"])[k] - figures(mapped["ledger"])[k], 2)
+            for k in ("p50_ms", "p99_ms")
+        },
         "read_only_added": difference(read["open"], read["direct"]),
         "api_writes": writes,
         "entry_writes_per_call": round(writes.get("undoentries", 0) / (calls * steps_a_round), 2),
@@ -200,6 +223,11 @@ def rows(calls: int, era: str, result: dict[str, Any]) -> list[list[Any]]:
         [calls, era, "direct to the tracker", *ms(result["direct"]), "-", "-"],
         [calls, era, "through undolog mcp", *ms(result["through_gateway"]), *writes],
         [calls, era, "added by the gateway", *ms(result["added"]), "", ""],
+        *(
+            [[calls, era, "its two ledger writes alone (SDK, no gateway)", *ms(result["ledger_writes"]), 2, 0]]
+            if "ledger_writes" in result
+            else []
+        ),
         [calls, era, "added to a read-only call (passed through)", *ms(result["read_only_added"]), 0, 0],
     ]
 

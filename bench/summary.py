@@ -50,6 +50,8 @@ KEYS = (
     "wave_seconds_after_return",
     "mcp_gateway_added_p50_ms",
     "mcp_gateway_added_p99_ms",
+    "mcp_gateway_ledger_writes_p50_ms",
+    "mcp_gateway_added_beyond_ledger_writes_p50_ms",
     "mcp_gateway_entry_writes_per_call",
     "mcp_gateway_session_added_p50_ms",
     "mcp_gateway_session_added_p99_ms",
@@ -197,6 +199,11 @@ def summarize() -> dict[str, Any]:
         figures["mcp_gateway_added_p50_ms"] = gateway["results"]["added"]["p50_ms"]
         figures["mcp_gateway_added_p99_ms"] = gateway["results"]["added"]["p99_ms"]
         figures["mcp_gateway_entry_writes_per_call"] = gateway["results"]["entry_writes_per_call"]
+        if writes := gateway["results"].get("ledger_writes"):  # the two entry writes alone, in the same rounds
+            figures["mcp_gateway_ledger_writes_p50_ms"] = writes["p50_ms"]
+            figures["mcp_gateway_added_beyond_ledger_writes_p50_ms"] = gateway["results"]["added_beyond_ledger_writes"][
+                "p50_ms"
+            ]
         if session := gateway["results"].get("session"):  # the same on the session era (2025-11-25)
             figures["mcp_gateway_session_added_p50_ms"] = session["added"]["p50_ms"]
             figures["mcp_gateway_session_added_p99_ms"] = session["added"]["p99_ms"]
