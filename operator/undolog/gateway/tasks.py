@@ -15,6 +15,7 @@ not compensated; one that completed, or whose end was not seen, is."""
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -40,6 +41,7 @@ METHODS = ("tasks/get", "tasks/update", "tasks/cancel")
 ENDED = frozenset({"completed", "failed", "cancelled"})
 NAME_HEADER, HEADER_MISMATCH = "mcp-name", -32020
 SETTLE_SECONDS = 10.0  # an abort waits this long for the tasks it cancels to end
+KNOWN_ENDS = 10_000  # task ends remembered, the oldest forgotten first
 Recording = Callable[[SagaRun, StepRun, dict[str, Any]], Awaitable[None]]  # a task's end, on its step
 
 
@@ -55,6 +57,7 @@ def handed(
 class Tasks:
     def __init__(self, upstreams: Upstreams, kube: Kube, key: bytes, record: Recording) -> None:
         self.upstreams, self.kube, self.key, self.record = upstreams, kube, key, record
+        self.ended: OrderedDict[str, None] = OrderedDict()  # tasks whose end this replica recorded
 
     def install(self, server: Any) -> None:
         server.extensions[TASKS] = {}
@@ -83,7 +86,11 @@ class Tasks:
         fields = {**params.model_dump(by_alias=True, exclude_none=True), "taskId": found.task_id}
         said = await self._sent(request, found.upstream, method, fields)
         if method == "tasks/get" and said.get("status") in ENDED and found.saga is not None:
-            await self._ended(found, said)
+            if params.task_id not in self.ended:  # an agent polls on: the ledger is not read again
+                await self._ended(found, said)
+            self.ended[params.task_id] = None
+            while len(self.ended) > KNOWN_ENDS:
+                self.ended.popitem(last=False)
         return {**said, "taskId": params.task_id} if "taskId" in said else said
 
     async def _sent(self, request: Requester, upstream: str, method: str, fields: dict[str, Any]) -> dict[str, Any]:
