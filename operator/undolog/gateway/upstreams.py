@@ -127,9 +127,7 @@ class Upstreams:
         clients = self.clients
         async with AsyncExitStack() as stack:
             for name in self.discovered if stateless else ():
-                connection = Connection(name, None, self.subscriptions.announced)
-                opened = self._stateless_client(name, connection, frozenset(), None)
-                clients[name] = connection.client = await stack.enter_async_context(opened)
+                clients[name] = (await stack.enter_async_context(self._own(name, frozenset(), None))).ready
             yield clients
 
     @contextlib.asynccontextmanager
@@ -165,6 +163,16 @@ class Upstreams:
             found = probe.session.discover_result
             if found is not None and modern(probe):
                 self.discovered[name] = (probe.protocol_version, found)
+
+    @contextlib.asynccontextmanager
+    async def _own(
+        self, upstream: str, declared: frozenset[str], log_level: types.LoggingLevel | None
+    ) -> AsyncIterator[Connection]:
+        """A connection of its own to an upstream of the stateless revision, open for the while."""
+        connection = Connection(upstream, None, self.subscriptions.announced)
+        async with self._stateless_client(upstream, connection, declared, log_level) as client:
+            connection.client = client
+            yield connection
 
     @contextlib.asynccontextmanager
     async def _stateless_client(
@@ -251,20 +259,14 @@ class Upstreams:
         operator's request of a task (`tasks`: declaring the tasks extension)."""
         agent = request if isinstance(request, AgentRequest) else None
         if agent is None and tasks and upstream in self.discovered:
-            own = Connection(upstream, None, self.subscriptions.announced)
-            async with self._stateless_client(upstream, own, frozenset({TASKS}), None) as client:
-                own.client = client
-                async with own.serving(request) as serving:
-                    yield serving
+            async with self._own(upstream, frozenset({TASKS}), None) as own, own.serving(request) as serving:
+                yield serving
             return
         if agent is not None and agent.stateless and agent.log_level and upstream in self.discovered:
-            own = Connection(upstream, None, self.subscriptions.announced)
             try:
                 wanted = agent.declared | agent.extensions
-                async with self._stateless_client(upstream, own, wanted, agent.log_level) as client:
-                    own.client = client
-                    async with own.serving(agent) as serving:
-                        yield serving
+                async with self._own(upstream, wanted, agent.log_level) as own, own.serving(agent) as serving:
+                    yield serving
             except BaseExceptionGroup as group:  # the client's task group wraps what the server refused
                 raise lone(group) from None
             return
@@ -287,10 +289,9 @@ class Upstreams:
     async def listening(self, upstream: str, resources: frozenset[str]) -> AsyncIterator[Subscription]:
         """A listen stream to an upstream of the stateless revision: its list changes, and the
         updates of `resources`."""
-        connection = Connection(upstream, None, self.subscriptions.announced)
         async with (
-            self._stateless_client(upstream, connection, frozenset(), None) as client,
-            client.listen(
+            self._own(upstream, frozenset(), None) as own,
+            own.ready.listen(
                 tools_list_changed=True,
                 prompts_list_changed=True,
                 resources_list_changed=True,

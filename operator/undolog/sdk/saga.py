@@ -565,7 +565,7 @@ async def unrecorded_step(run: SagaRun, position: int) -> StepRun:
 async def running_tasks(run: SagaRun) -> list[tuple[StepRun, EntryTask]]:
     """The saga's steps whose outcome waits on a server's task (MCP's tasks extension)."""
     ledger = await run._client()
-    listing = await ledger.entries_of(await ledger.saga(run.namespace, run.name))
+    listing = await ledger.entries_of(run.saga)  # by its name and uid, which never change
     return [
         (StepRun(run, e.spec.step, e.spec.stack_position, e), e.status.task)
         for e in listing.entries
