@@ -157,3 +157,27 @@ async def test_a_forged_task_id_or_an_agent_without_the_extension_reaches_no_tas
     async with Client(gateway) as undeclared:  # without the extension, its task surface is refused
         with pytest.raises(Exception, match=r"needs the extension io\.modelcontextprotocol/tasks"):
             await task_said(undeclared, "tasks/get", created.task_id)
+
+
+@pytest.mark.usefixtures("operator")
+async def test_a_task_its_server_no_longer_knows_is_compensated_as_an_unknown_outcome(
+    kube: Kube, namespace: str, gateway: str, upstream: str
+) -> None:
+    """The server refuses the abort's tasks/cancel (it does not know the task: restarted, or
+    expired): the abort goes on, and the step, its outcome unknown, is compensated."""
+    async with Client(gateway, extensions=[TasksClient()]) as agent:
+        _, handle = await started(agent, "slow_increment", {"name": "forgotten", "seconds": 0.2})
+
+        async def increments() -> dict[str, int]:
+            return await counter(upstream, "forgotten")
+
+        await eventually(increments, lambda c: c["value"] == 1, 10, "the task's increment")
+        entry = await entry_of(kube, namespace)
+        gone = {"status": {"task": {"upstream": "everything", "taskId": "task-the-server-forgot"}}}
+        await kube.patch_status("undoentries", namespace, entry["metadata"]["name"], gone)
+        said = await agent.call_tool("undolog_abort", {HANDLE: handle, "reason": "undo it"})
+        assert not said.is_error, said
+    saga = str((await entry_of(kube, namespace))["spec"]["saga"])
+    await saga_phase(kube, namespace, saga, "Compensated")
+    assert (await entry_of(kube, namespace))["status"]["effect"] == "Executing"  # its end never seen
+    assert await counter(upstream, "forgotten") == {"value": 0, "decrements": 1}

@@ -258,14 +258,14 @@ class Upstreams:
         back on the request's stream, which the SDK's client does not tell apart; so does the
         operator's request of a task (`tasks`: declaring the tasks extension)."""
         agent = request if isinstance(request, AgentRequest) else None
-        if agent is None and tasks and upstream in self.discovered:
-            async with self._own(upstream, frozenset({TASKS}), None) as own, own.serving(request) as serving:
-                yield serving
-            return
-        if agent is not None and agent.stateless and agent.log_level and upstream in self.discovered:
+        own: tuple[frozenset[str], types.LoggingLevel | None] | None = None
+        if agent is None and tasks:
+            own = frozenset({TASKS}), None
+        elif agent is not None and agent.stateless and agent.log_level:
+            own = agent.declared | agent.extensions, agent.log_level
+        if own is not None and upstream in self.discovered:
             try:
-                wanted = agent.declared | agent.extensions
-                async with self._own(upstream, wanted, agent.log_level) as own, own.serving(agent) as serving:
+                async with self._own(upstream, *own) as connection, connection.serving(request) as serving:
                     yield serving
             except BaseExceptionGroup as group:  # the client's task group wraps what the server refused
                 raise lone(group) from None
