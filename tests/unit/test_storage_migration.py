@@ -41,12 +41,14 @@ async def test_objects_are_written_again_only_where_an_earlier_release_led(
     kube.put("undoentries", entry_body("s", 1))
     leases = FakeLeases({"undolog-operator": lease(holder, transitions)})
     settings = LeaseSettings("ns")
-    migration = StorageMigration(kube, Ledger(kube), leases, settings, FixedFence(), Rate(1000), ME)
+    migration = StorageMigration(
+        kube, Ledger(kube), leases, settings, FixedFence(), Rate(1000), ME, ["ns"], Shard(0, 1)
+    )
     kube.requests.clear()
-    await migration.run(["ns"], Shard(0, 1))
+    await migration.run()
     assert [r for r in kube.requests if r[0] == "patch"] == written
     annotations = leases.stored["undolog-operator"]["metadata"]["annotations"]
     assert annotations[STORED_AS_ANNOTATION] == "v1beta1"
     kube.requests.clear()
-    await migration.run(["ns"], Shard(0, 1))  # remembered: nothing again
+    await migration.run()  # remembered: nothing again
     assert kube.requests == []

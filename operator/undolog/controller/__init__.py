@@ -1,6 +1,6 @@
-"""The operator: kopf watches feed one driver per saga, which applies the pure decisions.
+"""The operator: each shard's informer feeds one driver per saga, which applies the pure decisions.
 
-ledger: conditional reads and writes of Sagas and UndoEntries. timeline: Kubernetes Events.
-compensation: one entry's undo over HTTP. driver: one saga's loop. engine: the drivers.
-main: kopf wiring and the `undolog operator` process.
+informer: a shard's watches and what subscribed to them. engine: a shard led or followed.
+driver: one saga's loop. compensation: one entry's undo. timeline: Kubernetes Events.
+main: the wiring and the `undolog operator` process.
 """

@@ -28,6 +28,7 @@ from undolog.archive import ArchivedEvent, ArchivedSaga, ArchiveStore, ArchiveUn
 from undolog.archive.mend import GONE, SAGA_GONE, UNFINISHED, mend, read_whole
 from undolog.controller.concurrency import woken
 from undolog.controller.entry_index import SagaKey
+from undolog.controller.shard_handler import ShardHandler
 from undolog.conventions import now
 from undolog.decisions import archive, retention
 from undolog.decisions.retention import Finished
@@ -329,25 +330,25 @@ class Archiver:
         metrics.archive_backlog_seconds.set(0 if oldest is None else (now() - oldest).total_seconds())
 
 
-class ArchiveConcern:
-    """One engine's sagas offered to the shared archive as they finish (a SagaConcern)."""
+class ArchiveFeed(ShardHandler):
+    """One shard's sagas offered to the shared archive as they finish (subscribed to its informer)."""
 
     def __init__(self, archiver: Archiver) -> None:
         self.archiver = archiver
         self.uids: dict[SagaKey, str] = {}  # of the finished sagas offered, to forget them when gone
 
-    def seen(self, saga: Saga, *, written: bool) -> None:
+    def saga_seen(self, saga: Saga, *, written: bool) -> None:
         record = retention.finished(saga)
         if record is not None:
             self.uids[saga.key] = record.uid
             self.archiver.offer(record)
 
-    def gone(self, key: SagaKey) -> None:
+    def saga_gone(self, key: SagaKey) -> None:
         uid = self.uids.pop(key, None)
         if uid is not None:
             self.archiver.forget(uid)
 
-    def let_go(self, saga: Saga, entries: Sequence[UndoEntry]) -> None:
+    def saga_finished(self, saga: Saga, entries: Sequence[UndoEntry]) -> None:
         """Archived with the entries its driver held, when they are all of them."""
         record = retention.finished(saga)
         if record is not None:

@@ -1,14 +1,14 @@
-"""What a saga's driver needs from the operator, in one small object (the engine builds it and
-owns the drivers; a driver never reaches back into the engine)."""
+"""What a saga's driver needs from the operator, in one small object (built with its shard's
+parts; a driver tells its shard's informer what it wrote through `shard`, and nothing else)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from undolog.api import Saga, UndoEntry
 from undolog.calls.runner import Fence
@@ -25,6 +25,22 @@ from undolog.ledger import Ledger
 T = TypeVar("T")
 
 
+class ShardFeed(Protocol):
+    """What a driver tells its shard's informer (controller/informer.py), and asks of it."""
+
+    def written(self, saga: Saga) -> None:
+        """The saga as just written in a new phase: every subscriber hears of it."""
+
+    def finished(self, saga: Saga, entries: list[UndoEntry]) -> None:
+        """The driver let its saga go, finished, holding these entries (the archive takes them)."""
+
+    def seen_again(self, saga: Saga) -> None:
+        """A copy its driver quit on as it arrived: handled anew."""
+
+    def entries_seen(self, namespace: str) -> Progress | None:
+        """How far the watch that shows every entry of a namespace has come; None where none does."""
+
+
 @dataclass
 class DriverContext:
     ledger: Ledger
@@ -33,13 +49,9 @@ class DriverContext:
     compensator: Compensator
     forwarder: Forwarder
     slots: SagaSlots  # sagas reconciled at once: memory and fairness with thousands of sagas
-    phase_changed: Callable[[Saga], None]  # the saga as just written in a new phase: the engine's gauges
+    shard: ShardFeed  # its informer
     fence: Fence  # checked before every move: a replaced leader neither writes nor calls
-    # How far the watch that shows every entry of a namespace has come; None where no watch does.
-    entries_seen: Callable[[str], Progress | None]
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)  # stamps status.expiresAt when a saga finishes
-    # The saga as its driver let it go, finished, with its entries (the archive takes them).
-    finished: Callable[[Saga, list[UndoEntry]], None] = lambda saga, entries: None
     clock: Clock = CLUSTER_CLOCK  # wall and monotonic time: a test's own makes time pass
 
 

@@ -109,7 +109,7 @@ class SagaDriver:
 
     async def run(self, slot: Slot | None = None) -> None:
         """Reconcile until the saga needs nothing more; `slot`: one already taken for the first
-        reconcile (the engine starts a driver once a slot is free)."""
+        reconcile (its drivers start one once a slot is free)."""
         failures = 0
         while not self.gone:
             self.wake.clear()
@@ -127,7 +127,7 @@ class SagaDriver:
                 continue
             except errors.NotLeading:
                 # This operator cannot be sure it still holds the Lease (a late renewal under
-                # load): wait and look again. If it did lose it, the engine stops every driver;
+                # load): wait and look again. If it did lose it, every driver of the shard is stopped;
                 # a driver that quit on its own would leave its saga to no one.
                 wait = moves.Wait(until=self.context.clock.now() + timedelta(seconds=NOT_LEADING_RECHECK))
             except Exception as error:
@@ -172,7 +172,7 @@ class SagaDriver:
             if isinstance(move, moves.Wait):
                 self.copy.keep_newest(saga)
                 if move.finished:
-                    self.context.finished(saga, list(entries))
+                    self.context.shard.finished(saga, list(entries))
                 return move
             self.context.fence.check()
             written = await self.applied(move, saga, entries)

@@ -27,7 +27,7 @@ WATCH_PROOF_WAIT = 5.0  # seconds a proof waits for the entry watch before it li
 
 @dataclass(frozen=True, slots=True)
 class Listed:
-    """A saga's copy as the engine listed it on taking charge (its resourceVersion), and when
+    """A saga's copy as the informer listed it on taking charge (its resourceVersion), and when
     that listing was sent: the entry listing taken just after proves what the copy showed by then."""
 
     resource_version: str
@@ -103,7 +103,7 @@ class EntryProver:
             self.take_indexed(saga, entries)
             return []
         ledger = self.context.ledger
-        progress = self.context.entries_seen(self.key[0])
+        progress = self.context.shard.entries_seen(self.key[0])
         mark = ledger.entry_writes.mark()
         listing = asyncio.ensure_future(ledger.entries_of(saga))
         if progress is not None and await self.echoed_before(listing, progress, mark):
@@ -157,7 +157,7 @@ class EntryProver:
         """Whether the watch of every entry of the namespace reaches the newest write of these
         entries within WATCH_PROOF_WAIT (deletions and unreadable entries up to there have then
         been reported to this driver too)."""
-        progress = self.context.entries_seen(self.key[0])
+        progress = self.context.shard.entries_seen(self.key[0])
         revisions = [e.metadata.revision for e in entries]
         if progress is None or not revisions:
             return False

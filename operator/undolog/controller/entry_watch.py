@@ -1,6 +1,6 @@
-"""UndoEntries as a shard's engine sees them: one ordered watch per watched namespace (or one
+"""UndoEntries as a shard's informer sees them: one ordered watch per watched namespace (or one
 for all), of the shard's buckets, each event parsed once and applied to the index before the
-engine hears of it. An entry labelled into the shard by hand that belongs to another is left
+informer hands it on. An entry labelled into the shard by hand that belongs to another is left
 out (`owned`)."""
 
 from __future__ import annotations

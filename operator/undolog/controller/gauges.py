@@ -1,18 +1,18 @@
 """The saga gauges: how many sagas this replica drives, by namespace and phase, and how many are
 halted, by namespace and the function they wait on. One for all the shards a replica holds;
-a shard's engine takes its sagas out when it stops driving them (a standby's would count the
+a shard's informer takes its sagas out when it stops driving them (a standby's would count the
 same sagas twice); a standby shows `undolog_leader 0`."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from undolog import metrics
-from undolog.api import Saga, SagaPhase, UndoEntry
+from undolog.api import Saga, SagaPhase
 from undolog.controller.entry_index import EntryIndex, SagaKey
+from undolog.controller.shard_handler import ShardHandler
 from undolog.decisions import resolutions
 
 State = tuple[SagaPhase | None, str | None]  # a saga's phase, and the function it is halted on
@@ -40,16 +40,16 @@ class SagaGauges:
         return self.sagas[namespace] > 0
 
 
-class PhaseGauges:
-    """One engine's sagas in the shared gauges (a SagaConcern): each saga's phase, and the
-    function it is halted on, counted while the engine leads (it is told `gone` for each when
-    it stops leading)."""
+class PhaseGauges(ShardHandler):
+    """One shard's sagas in the shared gauges (subscribed to its informer): each saga's phase,
+    and the function it is halted on, counted while the shard is led (it is told each saga is
+    gone when it is no longer)."""
 
     def __init__(self, gauges: SagaGauges, index: EntryIndex) -> None:
         self.gauges, self.index = gauges, index
         self.states: dict[SagaKey, State] = {}
 
-    def seen(self, saga: Saga, *, written: bool) -> None:
+    def saga_seen(self, saga: Saga, *, written: bool) -> None:
         phase = saga.status.phase
         halted = phase == SagaPhase.HALTED
         state = (phase, resolutions.halted_on(saga, list(self.index.of(saga.key).values())) if halted else None)
@@ -58,13 +58,10 @@ class PhaseGauges:
             self.gauges.moved(saga.metadata.namespace, before, state)
             self.states[saga.key] = state
 
-    def gone(self, key: SagaKey) -> None:
+    def saga_gone(self, key: SagaKey) -> None:
         before = self.states.pop(key, None)
         if before is not None:
             self.gauges.moved(key[0], before, (None, None))
-
-    def let_go(self, saga: Saga, entries: Sequence[UndoEntry]) -> None:
-        return None
 
 
 K = TypeVar("K")

@@ -32,7 +32,7 @@ from undolog.calls.webhook_cache import WebhookCache
 from undolog.controller.archiving import Archiver
 from undolog.controller.compensation import Compensator
 from undolog.controller.context import SagaSlots, without_slot
-from undolog.controller.engine import Engine
+from undolog.controller.engine import Engine, ShardParts, shard_engine
 from undolog.controller.forward import Forwarder
 from undolog.controller.gauges import SagaGauges
 from undolog.controller.leadership import Leadership, LeaseSettings, identity
@@ -162,23 +162,33 @@ class Operator:
         policy = dataclasses.replace(options.retention, shards=len(shards))
         pace = Rate(options.retention_rate)
         self.engines = [
-            Engine(
-                self.kube,
-                self.ledger,
-                Compensator(self.calls.recorder, self.calls.objects),
-                Forwarder(self.calls.recorder, self.calls.reads),
-                self.timeline,
-                leadership,
-                namespaces=options.namespaces,
-                shard=shard,
-                slots=slots,
-                gauges=gauges,
-                labels=self.labels,
-                retention=Retention(self.ledger, policy, leadership, pace, self.archiver),
-                archiver=self.archiver,
-                storage=StorageMigration(
-                    self.kube, self.ledger, self.leases, leadership.settings, leadership, pace, me
-                ),
+            shard_engine(
+                ShardParts(
+                    self.kube,
+                    self.ledger,
+                    Compensator(self.calls.recorder, self.calls.objects),
+                    Forwarder(self.calls.recorder, self.calls.reads),
+                    self.timeline,
+                    leadership,
+                    namespaces=options.namespaces,
+                    shard=shard,
+                    slots=slots,
+                    gauges=gauges,
+                    labels=self.labels,
+                    retention=Retention(self.ledger, policy, leadership, pace, self.archiver),
+                    archiver=self.archiver,
+                    storage=StorageMigration(
+                        self.kube,
+                        self.ledger,
+                        self.leases,
+                        leadership.settings,
+                        leadership,
+                        pace,
+                        me,
+                        options.namespaces,
+                        shard,
+                    ),
+                )
             )
             for shard, leadership in zip(shards, self.leaderships, strict=True)
         ]
@@ -187,7 +197,6 @@ class Operator:
         """Stand for the shards' Leases (a little apart) and, with several shards, file what
         arrives without a bucket label; a task that ends on its own ends the process."""
         if self.archiver is not None:
-            self.archiver.committed.extend(e.retention.archived for e in self.engines if e.retention)
             self.archiver.start()
         await self.replicas.refresh()  # know how many replicas share the shards before standing for any
         period = self.options.lease.retry_period / len(self.engines)
@@ -201,7 +210,7 @@ class Operator:
                 hand_back=self.replicas.hand_back(index),
             )
             self.tasks.append(
-                asyncio.create_task(staggered(index * period, election), name=f"Lease of shard {engine.shard}")
+                asyncio.create_task(staggered(index * period, election), name=f"Lease of shard {engine.informer.shard}")
             )
         # With one shard its engine watches every object, labelled or not: nothing to file.
         unfiled = unfiled_watches(self.kube, self.labels, self.options.namespaces) if len(self.engines) > 1 else []

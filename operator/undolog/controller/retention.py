@@ -1,4 +1,4 @@
-"""Retention of one shard's finished sagas (a SagaConcern of its engine): each is deleted at the
+"""Retention of one shard's finished sagas (subscribed to its informer, run while leading): each is deleted at the
 time its status.expiresAt says (decisions/retention.py), which is first stamped again when
 its TTL or the operator's defaults make it another; with its entries (the garbage
 collector's work), never before the archive holds it when an archive is configured, at a
@@ -10,16 +10,16 @@ import asyncio
 import functools
 import logging
 from collections import Counter
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
 from undolog import errors, metrics
-from undolog.api import Saga, UndoEntry
+from undolog.api import Saga
 from undolog.calls.pace import Rate
 from undolog.calls.runner import Fence
 from undolog.controller.concurrency import woken
 from undolog.controller.entry_index import SagaKey
+from undolog.controller.shard_handler import ShardHandler
 from undolog.conventions import CLUSTER_CLOCK, Clock
 from undolog.decisions import retention
 from undolog.decisions.retention import Due, Finished, Restamp, RetentionPolicy
@@ -45,7 +45,7 @@ class ArchiveGate(Protocol):
         ...
 
 
-class Retention:
+class Retention(ShardHandler):
     def __init__(
         self,
         ledger: Ledger,
@@ -66,12 +66,12 @@ class Retention:
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
 
-    def seen(self, saga: Saga, *, written: bool = False) -> None:
+    def saga_seen(self, saga: Saga, *, written: bool = False) -> None:
         """The saga as last seen: finished (kept track of, woken if it is due sooner, its due
         time stamped again if its status says another) or not."""
         record = retention.finished(saga)
         if record is None:
-            self.gone(saga.key)
+            self.saga_gone(saga.key)
             return
         stamp = retention.restamp(saga, self.policy)
         if stamp is not None:
@@ -88,10 +88,7 @@ class Retention:
         if over_cap or sooner:
             self.wake.set()
 
-    def let_go(self, saga: Saga, entries: Sequence[UndoEntry]) -> None:
-        return None  # its copy comes with the watch, finalizer released
-
-    def gone(self, key: SagaKey) -> None:
+    def saga_gone(self, key: SagaKey) -> None:
         self.stamps.pop(key, None)
         record = self.kept.pop(key, None)
         if record is not None:
@@ -199,4 +196,4 @@ class Retention:
         else:
             metrics.series.of(metrics.retention_deletions, record.namespace, record.phase).inc()
             log.info("deleted finished saga %s/%s (%s): %s", record.namespace, record.name, record.phase, due.why)
-        self.gone(record.key)
+        self.saga_gone(record.key)

@@ -1,4 +1,4 @@
-"""What an engine remembers of each saga of its shard between events (small: kept for every
+"""What an informer remembers of each saga of its shard between events (small: kept for every
 saga): what routes an entry's event to its saga's driver, and tells a late copy from news."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ class Seen:
     phase: SagaPhase | None
     top_position: int | None
     revision: int | None = None  # of the newest copy seen or written: an older one is a late echo
-    handed: int | None = None  # of the last copy every concern was handed: its echo is no news
+    handed: int | None = None  # of the last copy every subscriber was handed: its echo is no news
 
     def saw(self, revision: int | None) -> None:
         if revision is not None and (self.revision is None or revision > self.revision):
@@ -31,13 +31,13 @@ class SeenSagas(dict[SagaKey, Seen]):
         return revision < seen.revision
 
     def handed(self, key: SagaKey, revision: int | None) -> bool:
-        """Whether the copy at `revision` is the one every concern was last handed (the watch's
+        """Whether the copy at `revision` is the one every subscriber was last handed (the watch's
         echo of a driver's phase write): nothing in it is news to any of them."""
         seen = self.get(key)
         return seen is not None and revision is not None and seen.handed == revision
 
     def saw(self, saga: Saga, *, handed: bool = False) -> None:
-        """The saga as last written or seen (`handed`: to every concern)."""
+        """The saga as last written or seen (`handed`: to every subscriber)."""
         seen = self.setdefault(saga.key, Seen(None, None))
         seen.saw(saga.metadata.revision)
         seen.phase, seen.top_position = saga.status.phase, saga.status.top_position

@@ -36,15 +36,17 @@ class StorageMigration:
         fence: Fence,
         pace: Rate,
         me: str,
+        namespaces: list[str],
+        shard: Shard,
     ) -> None:
-        """`me`: this replica's identity on the Lease."""
-        self.me = me
+        """`me`: this replica's identity on the Lease; `namespaces` watched (empty: all), in `shard`."""
+        self.me, self.namespaces, self.shard = me, namespaces, shard
         self.objects, self.ledger, self.leases, self.lease = objects, ledger, leases, lease
         self.fence, self.pace = fence, pace
         self.task: asyncio.Task[None] | None = None
 
-    def start(self, namespaces: list[str], shard: Shard) -> None:
-        self.task = asyncio.create_task(self.run(namespaces, shard), name="storage migration")
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.run(), name="storage migration")
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -52,7 +54,7 @@ class StorageMigration:
             await asyncio.gather(self.task, return_exceptions=True)
             self.task = None
 
-    async def run(self, namespaces: list[str], shard: Shard) -> None:
+    async def run(self) -> None:
         try:
             lease = await self.leases.get_lease(self.lease.namespace, self.lease.name)
             if (lease["metadata"].get("annotations") or {}).get(STORED_AS_ANNOTATION) == VERSION:
@@ -60,7 +62,7 @@ class StorageMigration:
             if _created_by(lease, self.me):  # a new installation: no earlier release stored anything here
                 await self._remember()
                 return
-            objects = await self._listed(namespaces, shard)
+            objects = await self._listed()
             for plural, namespace, name in objects:
                 await self.pace.turn()
                 self.fence.check()
@@ -76,8 +78,9 @@ class StorageMigration:
         except errors.KubeError as error:
             log.warning("the storage migration stops, to run again at the next start: %s", error.message)
 
-    async def _listed(self, namespaces: list[str], shard: Shard) -> list[Stored]:
+    async def _listed(self) -> list[Stored]:
         """The shard's sagas and entries (its label selector), and the webhooks for shard 0."""
+        namespaces, shard = self.namespaces, self.shard
         plurals: list[Plural] = ["sagas", "undoentries", "webhooks"] if shard.index == 0 else ["sagas", "undoentries"]
         targets: list[str | None] = [*namespaces] or [None]
         listed: list[Stored] = []

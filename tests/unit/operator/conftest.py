@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.support.fakes import FakeKube, FakeTransport, FixedFence
-from tests.unit.operator.harness import Operator
+from tests.unit.operator.harness import Operator, QuietShard
 from undolog.calls.registry import Registry
 from undolog.calls.runner import Runner
 from undolog.controller.compensation import Compensator
@@ -38,6 +38,7 @@ async def operator() -> AsyncIterator[Operator]:
     runner = Runner(transport, fence, rng=random.Random(1), away=without_slot)
     recorder = CallRecorder(ledger, Registry(ledger), runner, timeline)
     reads = ObjectReads(unreachable_api())
+    shard = QuietShard()
     context = DriverContext(
         ledger=ledger,
         timeline=timeline,
@@ -45,12 +46,10 @@ async def operator() -> AsyncIterator[Operator]:
         compensator=Compensator(recorder, ObjectUndoer(ledger, timeline, fence, reads.impersonation)),
         forwarder=Forwarder(recorder, reads),
         slots=SagaSlots(10),
-        phase_changed=lambda saga: None,
+        shard=shard,
         fence=fence,
-        entries_seen=lambda namespace: None,
     )
-    harness = Operator(kube, transport, fence, context, timeline)
-    context.entries_seen = lambda namespace: harness.watched
+    harness = Operator(kube, transport, fence, context, timeline, shard)
     harness.webhook("undo")
     yield harness
     await timeline.stop(drain_seconds=1)

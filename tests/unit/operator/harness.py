@@ -19,7 +19,7 @@ from undolog.api import (
 )
 from undolog.controller.context import DriverContext
 from undolog.controller.driver import SagaDriver
-from undolog.controller.engine import Engine
+from undolog.controller.engine import Engine, ShardParts, shard_engine
 from undolog.controller.entry_proof import Listed
 from undolog.controller.timeline import Timeline
 from undolog.conventions import FINALIZER, now
@@ -33,26 +33,48 @@ OK = CallOutcome(status_code=200)
 
 
 @dataclass
+class QuietShard:
+    """The informer as a driver run alone sees it (controller/context.py's ShardFeed): nobody
+    subscribed, and an entry watch as far as the test says."""
+
+    watched: Progress | None = None  # the entry watch's progress (None: no watch shows every entry)
+
+    def written(self, saga: Saga) -> None:
+        return None
+
+    def finished(self, saga: Saga, entries: list[UndoEntry]) -> None:
+        return None
+
+    def seen_again(self, saga: Saga) -> None:
+        return None
+
+    def entries_seen(self, namespace: str) -> Progress | None:
+        return self.watched
+
+
+@dataclass
 class Operator:
     kube: FakeKube
     transport: FakeTransport
     fence: FixedFence
     context: DriverContext
     timeline: Timeline
-    watched: Progress | None = None  # the entry watch's progress (None: no watch shows every entry)
+    shard: QuietShard
 
     def engine(self, **options: Any) -> Engine:
         """An engine over this operator's fakes, leading (its watches not started)."""
-        engine = Engine(
-            self.kube,  # type: ignore[arg-type]
-            self.context.ledger,
-            self.context.compensator,
-            self.context.forwarder,
-            self.timeline,
-            self.fence,
-            **options,
+        engine = shard_engine(
+            ShardParts(
+                self.kube,  # type: ignore[arg-type]
+                self.context.ledger,
+                self.context.compensator,
+                self.context.forwarder,
+                self.timeline,
+                self.fence,
+                **options,
+            )
         )
-        engine.leading = True
+        engine.informer.state.leading = True
         return engine
 
     def webhook(self, name: str) -> None:
@@ -118,7 +140,7 @@ class Operator:
 
     def watch_showing_entry_writes(self) -> Progress:
         """An entry watch that is never behind: each entry write's echo is applied as it is made."""
-        progress = self.watched = Progress()
+        progress = self.shard.watched = Progress()
         plain = self.kube.patch
 
         async def echoed(plural: Plural, namespace: str, name: str, patch: Body, **at: str) -> Body:

@@ -36,7 +36,7 @@ class AwayStore(ArchiveStore):
 
 async def finished(operator: Operator, engine: Engine, name: str) -> Body:
     """The saga driven until its driver let it go, finished (finalizer released)."""
-    engine.saga_event("MODIFIED", operator.kube.body("sagas", NS, name))
+    engine.informer.saga_event("MODIFIED", operator.kube.body("sagas", NS, name))
 
     async def settled() -> Body | None:
         body = operator.kube.body("sagas", NS, name)
@@ -64,7 +64,7 @@ async def test_a_late_copy_of_a_finished_saga_never_replaces_its_entries_with_no
     late = copy.deepcopy(released)  # the Completed copy, before the release's write
     late["metadata"]["finalizers"] = [FINALIZER]
     late["metadata"]["resourceVersion"] = str(int(released["metadata"]["resourceVersion"]) - 1)
-    engine.saga_event("MODIFIED", late)
+    engine.informer.saga_event("MODIFIED", late)
     assert engine.drivers.running == {}, "a late copy started a driver for a saga already let go"
     await eventually(lambda: idle(engine), bool, 5, "no driver left")
     held = archiver.waiting[uid].held

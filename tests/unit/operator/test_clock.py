@@ -37,7 +37,7 @@ async def test_a_finished_saga_is_deleted_once_retention_s_clock_passes_its_expi
     clock = ManualClock(done + timedelta(minutes=59))
     policy = RetentionPolicy(completed=timedelta(hours=1))
     retention = Retention(operator.context.ledger, policy, FixedFence(), Rate(1000), clock=clock)
-    retention.seen(Saga.model_validate(body))
+    retention.saga_seen(Saga.model_validate(body))
     kept = list(retention.kept.values())
     assert retention.stamps == {}  # its status says the time its TTL gives
     assert plan(kept, policy, clock.now()).due == []

@@ -41,7 +41,7 @@ async def test_a_watch_that_does_not_reach_the_last_write_is_not_taken_as_proof(
     """The watch is stuck (an outage) while an entry is registered during the compensation: the
     driver lists instead, finds it and compensates it before the saga is done."""
     monkeypatch.setattr(entry_proof, "WATCH_PROOF_WAIT", 0.05)
-    operator.watched = Progress()
+    operator.shard.watched = Progress()
     saga = operator.aborted("s", 1)
 
     def register_late(call: PreparedCall) -> None:

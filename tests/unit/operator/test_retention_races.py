@@ -36,7 +36,7 @@ async def test_a_saga_labelled_while_its_deletion_is_in_flight_is_deleted_at_its
     async def racing(plural: Any, namespace: str, name: str, **preconditions: Any) -> None:
         if not conflicts:  # a person labels the saga; its watch event arrives before the 409
             labelled = await operator.kube.patch("sagas", NS, name, {"metadata": {"labels": {"team": "a"}}})
-            retention.seen(Saga.model_validate(labelled))
+            retention.saga_seen(Saga.model_validate(labelled))
         try:
             await plain(plural, namespace, name, **preconditions)
         except errors.Conflict:
@@ -44,7 +44,7 @@ async def test_a_saga_labelled_while_its_deletion_is_in_flight_is_deleted_at_its
             raise
 
     operator.kube.delete = racing  # type: ignore[method-assign]
-    retention.seen(Saga.model_validate(body))
+    retention.saga_seen(Saga.model_validate(body))
     retention.start()
     try:
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 
 from tests.support.fakes import FakeKube
 from tests.support.waiting import eventually
@@ -12,7 +11,7 @@ from undolog.api import (
     Saga,
     UndoEntry,
 )
-from undolog.controller.entry_index import SagaKey
+from undolog.controller.shard_handler import ShardHandler
 from undolog.controller.shard_labels import ShardLabels, filed_in
 from undolog.conventions import BUCKET_LABEL, PHASE_LABEL, bucket_of
 from undolog.decisions.sharding import Shard
@@ -37,8 +36,8 @@ async def test_a_saga_and_entry_labelled_into_the_wrong_shard_are_filed_where_th
     saga["metadata"]["labels"][BUCKET_LABEL] = str(Shard(0, 2).buckets[0])
     entry = operator.entry(saga, 1, indexed=False)
     engine = operator.engine(shard=Shard(0, 2), labels=ShardLabels(operator.context.ledger))
-    engine.saga_event("MODIFIED", saga)
-    assert not filed_in(engine.shard, engine.labels, UndoEntry.model_validate(entry))
+    engine.informer.saga_event("MODIFIED", saga)
+    assert not filed_in(engine.informer.shard, engine.informer.labels, UndoEntry.model_validate(entry))
     assert engine.drivers.running == {}
     await until_filed(operator.kube, [("sagas", name), ("undoentries", f"{name}-1")], str(bucket_of(NS, name)))
     assert operator.transport.sent == []
@@ -50,22 +49,22 @@ async def test_the_entries_of_a_finished_saga_are_let_go_until_one_changes(opera
     saga["metadata"].update(finalizers=[], labels={PHASE_LABEL: "compensated"})
     operator.entry(saga, 1, state="Compensated")
     engine = operator.engine(index=operator.context.index)
-    engine.saga_event("MODIFIED", saga)
-    assert engine.index.of((NS, "s")) == {}
+    engine.informer.saga_event("MODIFIED", saga)
+    assert engine.informer.index.of((NS, "s")) == {}
     assert engine.drivers.running == {}
     # The watch's echo of an entry write made before the saga settled, arriving after it did.
     echo = UndoEntry.model_validate(operator.kube.body("undoentries", NS, "s-1"))
-    engine.index.keep(echo)
-    engine.drivers.entry_event((echo, False))
-    assert engine.index.of((NS, "s")) == {}
+    engine.informer.index.keep(echo)
+    engine.drivers.entry_seen((echo, False))
+    assert engine.informer.index.of((NS, "s")) == {}
     late = UndoEntry.model_validate(operator.entry(saga, 2))
-    engine.drivers.entry_event((late, False))
+    engine.drivers.entry_seen((late, False))
     assert (NS, "s") in engine.drivers.running
     await engine.stop()
 
 
 async def test_the_echo_of_a_phase_its_driver_wrote_is_not_handed_out_again(operator: Operator) -> None:
-    """Every concern is handed a driver's phase write as the API answered it (Engine.written); the
+    """Every subscriber is handed a driver's phase write as the API answered it (informer.written); the
     watch's echo of that very copy is neither parsed nor handed out again (it woke the driver for a
     reconcile that decided nothing). A newer copy is, and so is a copy of another saga."""
     body = operator.saga("s", phase="Compensated")
@@ -73,23 +72,17 @@ async def test_the_echo_of_a_phase_its_driver_wrote_is_not_handed_out_again(oper
     engine = operator.engine()
     handed: list[tuple[str, str, bool]] = []
 
-    class Spy:
-        def seen(self, saga: Saga, *, written: bool) -> None:
+    class Spy(ShardHandler):
+        def saga_seen(self, saga: Saga, *, written: bool) -> None:
             handed.append((saga.metadata.name, saga.metadata.resource_version, written))
 
-        def gone(self, key: SagaKey) -> None:
-            return None
-
-        def let_go(self, saga: Saga, entries: Sequence[UndoEntry]) -> None:
-            return None
-
-    engine.concerns.append(Spy())
-    engine.written(Saga.model_validate(body))
-    engine.saga_event("MODIFIED", copy.deepcopy(body))  # its echo
+    engine.informer.subscribe(Spy())
+    engine.informer.written(Saga.model_validate(body))
+    engine.informer.saga_event("MODIFIED", copy.deepcopy(body))  # its echo
     newer = copy.deepcopy(body)
     newer["metadata"]["resourceVersion"] = version = str(int(body["metadata"]["resourceVersion"]) + 1)
-    engine.saga_event("MODIFIED", newer)
-    engine.saga_event("MODIFIED", other)
+    engine.informer.saga_event("MODIFIED", newer)
+    engine.informer.saga_event("MODIFIED", other)
     rv = body["metadata"]["resourceVersion"]
     assert handed == [("s", rv, True), ("s", version, False), ("t", other["metadata"]["resourceVersion"], False)]
     await engine.stop()

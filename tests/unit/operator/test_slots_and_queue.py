@@ -117,7 +117,7 @@ async def test_sagas_waiting_for_a_slot_wait_in_a_queue_not_as_tasks(operator: O
     for name in names:
         saga = operator.saga(name, outcome="Abort")
         operator.entry(saga, 1, indexed=False)
-        engine.saga_event("MODIFIED", saga)
+        engine.informer.saga_event("MODIFIED", saga)
     assert [d.copy.as_json for d in engine.drivers.running.values()] == [False] * 2 + [True] * 18
     most = 0
 
@@ -132,7 +132,7 @@ async def test_sagas_waiting_for_a_slot_wait_in_a_queue_not_as_tasks(operator: O
     assert most <= 2
     async with Slot(slots, NS):  # one slot held elsewhere: t1 is given the other, t2 and t3 wait
         for name in ("t1", "t2", "t3"):
-            engine.saga_event("MODIFIED", operator.saga(name, outcome="Abort"))
+            engine.informer.saga_event("MODIFIED", operator.saga(name, outcome="Abort"))
         await asyncio.sleep(0)  # the dispatcher started t1's task, which has not run yet
         assert [key[1] for key, d in engine.drivers.running.items() if d.task is not None] == ["t1"]
         await engine.stop()
@@ -166,7 +166,7 @@ async def test_a_namespace_whose_sagas_queue_behind_another_namespaces_hundreds_
     for namespace, name in sagas:
         saga = operator.saga(name, outcome="Abort", namespace=namespace)
         operator.kube.put("undoentries", entry_body(name, 1, namespace=namespace, owner_uid=saga["metadata"]["uid"]))
-        engine.saga_event("MODIFIED", saga)
+        engine.informer.saga_event("MODIFIED", saga)
 
     async def compensated() -> int:
         return sum(
