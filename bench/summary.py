@@ -50,11 +50,17 @@ KEYS = (
     "wave_seconds_after_return",
     "mcp_gateway_added_p50_ms",
     "mcp_gateway_added_p99_ms",
-    "mcp_gateway_ledger_writes_p50_ms",
-    "mcp_gateway_added_beyond_ledger_writes_p50_ms",
+    "mcp_gateway_floor_p50_ms",
+    "mcp_gateway_floor_p99_ms",
+    "mcp_gateway_added_to_floor_p50",
+    "mcp_gateway_added_to_floor_p99",
     "mcp_gateway_entry_writes_per_call",
     "mcp_gateway_session_added_p50_ms",
     "mcp_gateway_session_added_p99_ms",
+    "mcp_gateway_session_floor_p50_ms",
+    "mcp_gateway_session_floor_p99_ms",
+    "mcp_gateway_session_added_to_floor_p50",
+    "mcp_gateway_session_added_to_floor_p99",
     "mcp_gateway_auth_service_account_added_p50_ms",
     "mcp_gateway_auth_service_account_added_p99_ms",
     "mcp_gateway_auth_jwt_added_p50_ms",
@@ -196,17 +202,21 @@ def summarize() -> dict[str, Any]:
     if gateway := sources["gateway"]:
         # 200 mapped tool calls through `undolog mcp`, each beside the same call made directly,
         # on today's stateless revision (the handle); then on the session era.
-        figures["mcp_gateway_added_p50_ms"] = gateway["results"]["added"]["p50_ms"]
-        figures["mcp_gateway_added_p99_ms"] = gateway["results"]["added"]["p99_ms"]
         figures["mcp_gateway_entry_writes_per_call"] = gateway["results"]["entry_writes_per_call"]
-        if writes := gateway["results"].get("ledger_writes"):  # the two entry writes alone, in the same rounds
-            figures["mcp_gateway_ledger_writes_p50_ms"] = writes["p50_ms"]
-            figures["mcp_gateway_added_beyond_ledger_writes_p50_ms"] = gateway["results"]["added_beyond_ledger_writes"][
-                "p50_ms"
-            ]
-        if session := gateway["results"].get("session"):  # the same on the session era (2025-11-25)
-            figures["mcp_gateway_session_added_p50_ms"] = session["added"]["p50_ms"]
-            figures["mcp_gateway_session_added_p99_ms"] = session["added"]["p99_ms"]
+        # The floor: the two entry writes alone from Python in the same rounds, plus the read-only hop.
+        for prefix, measured in (
+            ("mcp_gateway", gateway["results"]),
+            ("mcp_gateway_session", gateway["results"].get("session")),
+        ):
+            if measured is None:
+                continue
+            figures[f"{prefix}_added_p50_ms"] = measured["added"]["p50_ms"]
+            figures[f"{prefix}_added_p99_ms"] = measured["added"]["p99_ms"]
+            if floor := measured.get("floor"):
+                figures[f"{prefix}_floor_p50_ms"] = floor["p50_ms"]
+                figures[f"{prefix}_floor_p99_ms"] = floor["p99_ms"]
+                figures[f"{prefix}_added_to_floor_p50"] = measured["added_to_floor"]["p50_ms"]
+                figures[f"{prefix}_added_to_floor_p99"] = measured["added_to_floor"]["p99_ms"]
         # What requiring a token adds, against the gateway without auth in the same rounds.
         for kind, measured in gateway["results"].get("authenticated", {}).items():
             figures[f"mcp_gateway_auth_{kind}_added_p50_ms"] = measured["auth_added"]["p50_ms"]
