@@ -5,12 +5,17 @@ for people watching, and the outcome is written on the marked copy."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import cast
+
+import pytest
 
 from tests.support.fakes import FakeKube
 from undolog.conventions import IN_FLIGHT_MARK_AFTER
+from undolog.errors import SagaEnded
 from undolog.kube import Kube
 from undolog.sdk import open_saga
+from undolog.sdk.saga import RESUMED_FRESH_SECONDS, resumed_saga
 
 WRITES = {"create", "patch", "patch-status", "replace", "replace-status"}
 
@@ -44,3 +49,35 @@ async def test_a_slow_step_is_marked_executing_and_then_recorded_on_the_marked_c
     assert effect(kube, step.entry_name) == "Committed"
     assert kube.objects[("undoentries", "a", step.entry_name)]["status"]["output"] == {"id": 7}
     assert len(entry_writes(kube)) == 3, kube.requests
+
+
+def saga_reads(kube: FakeKube) -> int:
+    return kube.requests.count(("get", "sagas"))
+
+
+async def test_the_step_registered_as_its_saga_is_resumed_reads_the_saga_once_and_the_next_reads_it_again() -> None:
+    """A stateless MCP request resumes its saga by its handle and registers its step at once: the
+    saga is read once for both. The next step reads it again, and sees an abort made meanwhile."""
+    kube = FakeKube()
+    opened = await open_saga("order", namespace="a", kube=cast(Kube, kube))
+    kube.requests.clear()
+    run = await resumed_saga(cast(Kube, kube), "a", "order", last_position=0)
+    await run.register("create_user", None)
+    assert saga_reads(kube) == 1, kube.requests
+    await opened.abort("a person aborted it")
+    with pytest.raises(SagaEnded):
+        await run.register("charge_card", None)
+    assert saga_reads(kube) == 2, kube.requests
+
+
+async def test_a_step_registered_long_after_its_saga_was_resumed_reads_the_saga_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kube = FakeKube()
+    opened = await open_saga("order", namespace="a", kube=cast(Kube, kube))
+    run = await resumed_saga(cast(Kube, kube), "a", "order", last_position=0)
+    await opened.abort("a person aborted it")
+    later = time.monotonic() + RESUMED_FRESH_SECONDS + 1
+    monkeypatch.setattr(time, "monotonic", lambda: later)
+    with pytest.raises(SagaEnded):
+        await run.register("create_user", None)

@@ -62,6 +62,9 @@ POLL_SECONDS = 0.2
 # takes seconds to a minute, and an abort that was not written left the saga Active with its
 # steps' effects in place (nothing undoes an Active saga before its deadline, if it has one).
 RECORD_WITHIN_SECONDS = 120.0
+# A saga read to resume it is not read again by the step registered right after (a stateless MCP
+# request does both: the second read was one more apiserver round trip on every tool call).
+RESUMED_FRESH_SECONDS = 1.0
 
 T = TypeVar("T")
 
@@ -192,6 +195,7 @@ class SagaRun:
     _names: set[str] = field(default_factory=set)
     _token: contextvars.Token[SagaRun] | None = None
     _closed: bool = False
+    _resumed_at: float | None = None  # monotonic: the saga was read to resume it, no step since
 
     @property
     def name(self) -> str:
@@ -250,7 +254,9 @@ class SagaRun:
         typos(compensation, f"saga {self.namespace}/{self.name}: step {step!r}'s compensation")
         typos(guard, f"saga {self.namespace}/{self.name}: step {step!r}'s guard")
         ledger = await self._client()
-        self.saga = await ledger.saga(self.namespace, self.name)
+        resumed, self._resumed_at = self._resumed_at, None
+        if resumed is None or time.monotonic() - resumed > RESUMED_FRESH_SECONDS:
+            self.saga = await ledger.saga(self.namespace, self.name)
         phase = self.saga.status.phase
         if phase not in (None, SagaPhase.ACTIVE) or self.saga.spec.outcome:
             raise SagaEnded(f"saga {self.namespace}/{self.name} is {phase}: step {step!r} was not registered or run")
@@ -530,8 +536,11 @@ async def resumed_saga(
     if saga.status.phase not in (None, SagaPhase.ACTIVE) or saga.spec.outcome:
         asked = f" (outcome {saga.spec.outcome})" if saga.spec.outcome else ""
         raise SagaEnded(f"saga {namespace}/{name} is {saga.status.phase or 'Active'}{asked}: it cannot be resumed")
+    read_at = time.monotonic()
     if last_position is not None:
-        return SagaRun(kube, saga, owns_client=owns, kubeconfig=kubeconfig, _positions=last_position)
+        return SagaRun(
+            kube, saga, owns_client=owns, kubeconfig=kubeconfig, _positions=last_position, _resumed_at=read_at
+        )
     entries = (await ledger.entries_of(saga)).entries
     return SagaRun(
         kube,
@@ -540,6 +549,7 @@ async def resumed_saga(
         kubeconfig=kubeconfig,
         _positions=max((e.spec.stack_position for e in entries), default=0),
         _names={e.spec.step for e in entries},
+        _resumed_at=read_at,
     )
 
 
