@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -214,6 +215,11 @@ async def serve_http(
         await gateway.webhooks.serve_in(gateway.config.namespace)
         app = http_app(gateway, operator_calls, host, await door(gateway.config, gateway.kube, http))
         server = Serving(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+        # What was made to start (modules, schemas, clients, the catalogue) lives as long as the
+        # process: out of the collector's sight, the collections that land on one request in four
+        # took 1.6 ms on average instead of 5.5 (they scanned all of it).
+        gc.collect()
+        gc.freeze()
         reaper = asyncio.create_task(gateway.reap_idle())
         try:
             async with operator_calls.running():
