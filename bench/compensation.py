@@ -202,16 +202,19 @@ Floor = Literal["go", "python"]
 FLOOR_PREFIX: dict[Floor, str] = {"go": "floor-", "python": "pyfloor-"}
 
 
-async def burst_latency(bench: Bench, size: int, bursts: int, *, floor: Floor | None = None) -> dict[str, Any]:
+async def burst_latency(
+    bench: Bench, size: int, bursts: int, *, floor: Floor | None = None, profile: Path | None = None
+) -> dict[str, Any]:
     """Abort to first compensation call on an operator with nothing else to do: `bursts` times,
     `size` sagas aborted together, each burst once the previous one is compensated. One saga at
     a time gives the idle figure; bursts of 10 give the 10-at-once figure over enough samples
     (one burst of 10 moved between 65 and 180 ms from run to run). `floor`: the sagas are
     compensated by bench/goclients/floor instead, the least any controller does (harness.floor_client),
-    or by its requests made from Python (bench/python_floor.py).
-    Either way they are sagas an operator made Active: a write costs the apiserver more the
-    larger its object is (a saga patch 3 ms of control-plane CPU without a status, 6 with the
-    operator's), and a floor handed bare sagas measured a cheaper job than any controller's."""
+    or by its requests made from Python (bench/python_floor.py). `profile`: where py-spy's
+    stacks of the operator during the bursts go. Either way they are sagas an operator made
+    Active: a write costs the apiserver more the larger its object is (a saga patch 3 ms of
+    control-plane CPU without a status, 6 with the operator's), and a floor handed bare sagas
+    measured a cheaper job than any controller's."""
     kube = bench.kube
     namespace = await bench.namespace(
         ("" if floor is None else FLOOR_PREFIX[floor]) + ("idle" if size == 1 else f"burst{size}")
@@ -240,7 +243,8 @@ async def burst_latency(bench: Bench, size: int, bursts: int, *, floor: Floor | 
             await bounded(lambda name=name: make_saga(kube, namespace, name) for burst in names for name in burst)  # type: ignore[misc]
             await until(lambda: _all(kube, namespace, "Active", total), 120, f"{total} sagas Active")
             if floor is None:
-                cpu = await aborted_in_bursts(pid)
+                async with profiled(pid, profile):
+                    cpu = await aborted_in_bursts(pid)
         if floor is not None:
             with floor_client(bench, namespace, participant.url("/undo"), python=floor == "python") as pid:
                 cpu = await aborted_in_bursts(pid)
@@ -286,7 +290,7 @@ def burst_cells(who: str, r: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-async def rounds_of_ten(bench: Bench, rounds: int, bursts: int) -> None:
+async def rounds_of_ten(bench: Bench, rounds: int, bursts: int, profile: Path | None) -> None:
     """The bursts of ten by the operator, the Go floor and the floor's requests from Python, one
     after the other, `rounds` times on one control plane: the ratios of one round, round after round."""
     controllers: tuple[tuple[str, Floor | None], ...] = (
@@ -297,7 +301,9 @@ async def rounds_of_ten(bench: Bench, rounds: int, bursts: int) -> None:
     rows: list[dict[str, Any]] = []
     for number in range(1, rounds + 1):
         for who, floor in controllers:
-            rows.append({"round": number, "controller": who, **await burst_latency(bench, 10, bursts, floor=floor)})
+            stacks = profile / f"operator-bursts-of-10-round-{number}.txt" if profile and floor is None else None
+            measured = await burst_latency(bench, 10, bursts, floor=floor, profile=stacks)
+            rows.append({"round": number, "controller": who, **measured})
     print_table(["round", *BURST_COLUMNS], ((r["round"], *burst_cells(r["controller"], r)) for r in rows))
     save("compensation_rounds", rows)
 
@@ -306,7 +312,7 @@ async def main(sizes: list[int], idle_samples: int, bursts_of_10: int, rounds: i
     rows = []
     async with bench_cluster() as bench:
         if rounds:
-            await rounds_of_ten(bench, rounds, bursts_of_10)
+            await rounds_of_ten(bench, rounds, bursts_of_10, profile)
         if idle_samples:
             idle = await burst_latency(bench, 1, idle_samples)
             ten = await burst_latency(bench, 10, bursts_of_10) if bursts_of_10 else None
