@@ -11,11 +11,13 @@ from undolog.api import (
     Saga,
     UndoEntry,
 )
+from undolog.controller.entry_watch import EntryEvent
 from undolog.controller.shard_handler import ShardHandler
 from undolog.controller.shard_labels import ShardLabels, filed_in
 from undolog.conventions import BUCKET_LABEL, PHASE_LABEL, bucket_of
 from undolog.decisions.sharding import Shard
 from undolog.kube import Plural
+from undolog.ledger import Unreadable
 
 
 async def until_filed(kube: FakeKube, objects: list[tuple[Plural, str]], bucket: str) -> None:
@@ -86,3 +88,44 @@ async def test_the_echo_of_a_phase_its_driver_wrote_is_not_handed_out_again(oper
     rv = body["metadata"]["resourceVersion"]
     assert handed == [("s", rv, True), ("s", version, False), ("t", other["metadata"]["resourceVersion"], False)]
     await engine.stop()
+
+
+async def test_entry_events_reach_every_subscriber_while_the_shard_is_led_and_the_runnables_stop_newest_first(
+    operator: Operator,
+) -> None:
+    """An entry event goes to whoever subscribed, as a saga event does, and to nobody while the
+    shard is not led (its listing is being taken). What runs while leading starts in the order
+    it was registered and stops newest first."""
+    saga = operator.saga("s", outcome="Abort")
+    entry = UndoEntry.model_validate(operator.entry(saga, 1))
+    engine = operator.engine()
+    heard: list[str] = []
+    order: list[str] = []
+
+    class Listener(ShardHandler):
+        def entry_seen(self, event: EntryEvent) -> None:
+            assert not isinstance(event, Unreadable)
+            heard.append(event[0].metadata.name)
+
+    class Part:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def start(self) -> None:
+            order.append(f"start {self.name}")
+
+        async def stop(self) -> None:
+            order.append(f"stop {self.name}")
+
+    engine.informer.subscribe(Listener())
+    engine.informer.state.leading = False
+    engine.informer.entry_event((entry, False))
+    assert heard == []
+    engine.informer.state.leading = True
+    engine.informer.entry_event((entry, False))
+    assert heard == ["s-1"]
+    engine.runnables.register(Part("a"))
+    engine.runnables.register(Part("b"))
+    engine.runnables.start()
+    await engine.stop()
+    assert order == ["start a", "start b", "stop b", "stop a"]
