@@ -13,7 +13,6 @@ from undolog.calls.pace import Rate
 from undolog.controller.leadership import LeaseSettings
 from undolog.controller.storage_migration import StorageMigration
 from undolog.conventions import STORED_AS_ANNOTATION
-from undolog.decisions.sharding import Shard
 from undolog.ledger import Ledger
 
 ME = "replica-a"
@@ -41,9 +40,7 @@ async def test_objects_are_written_again_only_where_an_earlier_release_led(
     kube.put("undoentries", entry_body("s", 1))
     leases = FakeLeases({"undolog-operator": lease(holder, transitions)})
     settings = LeaseSettings("ns")
-    migration = StorageMigration(
-        kube, Ledger(kube), leases, settings, FixedFence(), Rate(1000), ME, ["ns"], Shard(0, 1)
-    )
+    migration = StorageMigration(kube, Ledger(kube), leases, settings, FixedFence(), Rate(1000), ME, ["ns"])
     kube.requests.clear()
     await migration.run()
     assert [r for r in kube.requests if r[0] == "patch"] == written

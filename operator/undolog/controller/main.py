@@ -186,7 +186,6 @@ class Operator:
                         pace,
                         me,
                         options.namespaces,
-                        shard,
                     ),
                 )
             )

@@ -18,7 +18,6 @@ from undolog.calls.pace import Rate
 from undolog.calls.runner import Fence
 from undolog.controller.leadership import LeaseSettings, LeaseStore
 from undolog.conventions import STORED_AS_ANNOTATION
-from undolog.decisions.sharding import Shard
 from undolog.kube import Body, Plural
 from undolog.ledger import Ledger, ObjectStore
 
@@ -37,10 +36,10 @@ class StorageMigration:
         pace: Rate,
         me: str,
         namespaces: list[str],
-        shard: Shard,
     ) -> None:
-        """`me`: this replica's identity on the Lease; `namespaces` watched (empty: all), in `shard`."""
-        self.me, self.namespaces, self.shard = me, namespaces, shard
+        """`me`: this replica's identity on the Lease; `namespaces` watched (empty: all), in the
+        Lease's shard."""
+        self.me, self.namespaces = me, namespaces
         self.objects, self.ledger, self.leases, self.lease = objects, ledger, leases, lease
         self.fence, self.pace = fence, pace
         self.task: asyncio.Task[None] | None = None
@@ -80,7 +79,7 @@ class StorageMigration:
 
     async def _listed(self) -> list[Stored]:
         """The shard's sagas and entries (its label selector), and the webhooks for shard 0."""
-        namespaces, shard = self.namespaces, self.shard
+        namespaces, shard = self.namespaces, self.lease.shard
         plurals: list[Plural] = ["sagas", "undoentries", "webhooks"] if shard.index == 0 else ["sagas", "undoentries"]
         targets: list[str | None] = [*namespaces] or [None]
         listed: list[Stored] = []
