@@ -1,5 +1,5 @@
 """What a saga's driver needs from the operator, in one small object (built with its shard's
-parts; a driver tells its shard's informer what it wrote through `shard`, and nothing else)."""
+parts; a driver tells its shard's informer what it wrote through `informer`, and nothing else)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class DriverContext:
     compensator: Compensator
     forwarder: Forwarder
     slots: SagaSlots  # sagas reconciled at once: memory and fairness with thousands of sagas
-    shard: ShardFeed  # its informer
+    informer: ShardFeed  # the shard's (controller/informer.py)
     fence: Fence  # checked before every move: a replaced leader neither writes nor calls
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)  # stamps status.expiresAt when a saga finishes
     clock: Clock = CLUSTER_CLOCK  # wall and monotonic time: a test's own makes time pass

@@ -172,7 +172,7 @@ class SagaDriver:
             if isinstance(move, moves.Wait):
                 self.copy.keep_newest(saga)
                 if move.finished:
-                    self.context.shard.finished(saga, list(entries))
+                    self.context.informer.finished(saga, list(entries))
                 return move
             self.context.fence.check()
             written = await self.applied(move, saga, entries)

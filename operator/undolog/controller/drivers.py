@@ -134,7 +134,7 @@ class Drivers(ShardHandler):
                     sagas[key].saw(driver.copy.revision)  # a copy older than its last write is late
                 came_back = driver.latest
                 if driver.quit_gone and not driver.gone and came_back is not None:  # seen again as it quit
-                    self.context.shard.seen_again(came_back)  # handled anew
+                    self.context.informer.seen_again(came_back)  # handled anew
                 else:
                     self.settled(key)
 

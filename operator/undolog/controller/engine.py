@@ -86,7 +86,7 @@ def shard_engine(parts: ShardParts) -> Engine:
         compensator=parts.compensator,
         forwarder=parts.forwarder,
         slots=parts.slots,
-        shard=informer,
+        informer=informer,
         fence=parts.fence,
         retention=parts.retention.policy if parts.retention is not None else RetentionPolicy(),
         clock=parts.clock,

@@ -103,7 +103,7 @@ class EntryProver:
             self.take_indexed(saga, entries)
             return []
         ledger = self.context.ledger
-        progress = self.context.shard.entries_seen(self.key[0])
+        progress = self.context.informer.entries_seen(self.key[0])
         mark = ledger.entry_writes.mark()
         listing = asyncio.ensure_future(ledger.entries_of(saga))
         if progress is not None and await self.echoed_before(listing, progress, mark):
@@ -157,7 +157,7 @@ class EntryProver:
         """Whether the watch of every entry of the namespace reaches the newest write of these
         entries within WATCH_PROOF_WAIT (deletions and unreadable entries up to there have then
         been reported to this driver too)."""
-        progress = self.context.shard.entries_seen(self.key[0])
+        progress = self.context.informer.entries_seen(self.key[0])
         revisions = [e.metadata.revision for e in entries]
         if progress is None or not revisions:
             return False

@@ -81,7 +81,7 @@ class StatusWriter:
         if phase in phases.FINAL:
             traced(written, phase, reason)
         metrics.series.of(metrics.saga_transitions, self.namespace, phase, reason).inc()
-        self.context.shard.written(written)
+        self.context.informer.written(written)
         failed = reason in phases.FAILURE_REASONS  # the failure shares this write: say it as such
         warning = failed or phase in (SagaPhase.FAILED, SagaPhase.HALTED)
         self.context.timeline.record(

@@ -46,7 +46,7 @@ async def operator() -> AsyncIterator[Operator]:
         compensator=Compensator(recorder, ObjectUndoer(ledger, timeline, fence, reads.impersonation)),
         forwarder=Forwarder(recorder, reads),
         slots=SagaSlots(10),
-        shard=shard,
+        informer=shard,
         fence=fence,
     )
     harness = Operator(kube, transport, fence, context, timeline, shard)
