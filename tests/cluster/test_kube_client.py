@@ -72,6 +72,10 @@ async def test_impersonation_is_checked_by_the_api(kube: Kube, cluster: Cluster)
 async def test_refusals_are_mapped_by_kind_with_the_apiservers_message(kube: Kube, namespace: str) -> None:
     with pytest.raises(errors.NotFound, match=re.escape('sagas.undolog.io "absent" not found')):
         await kube.get("sagas", namespace, "absent")
+    with pytest.raises(errors.NotFound) as missing:  # the driver tells a deleted entry from its saga by these
+        await kube.patch_status("undoentries", namespace, "absent-1", {"status": {"state": "Pending"}})
+    assert missing.value.details is not None
+    assert (missing.value.details.kind, missing.value.details.name) == ("undoentries", "absent-1")
     _, version = await kube.list_versioned("sagas", namespace)
     with pytest.raises(errors.Gone):  # a revision older than the watch cache: a 410 inside the stream
         async for _ in kube.watch("sagas", namespace, "1"):

@@ -63,7 +63,9 @@ class FakeKube:
         try:
             return self.objects[(plural, namespace, name)]
         except KeyError:
-            raise errors.NotFound(f'{plural} "{name}" not found', status=404) from None
+            # The apiserver's Status names the object in its details, as here.
+            details = errors.StatusDetails(kind=plural, name=name)
+            raise errors.NotFound(f'{plural} "{name}" not found', status=404, details=details) from None
 
     async def get(self, plural: Plural, namespace: str, name: str) -> Body:
         self._refused("get", plural)

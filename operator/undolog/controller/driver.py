@@ -119,8 +119,11 @@ class SagaDriver:
                     self.copy.rest(False)
                     wait = await self.reconcile()
                 failures, self.last_error = 0, None
-            except errors.NotFound:
-                return  # the saga was deleted: nothing of ours is left to hold
+            except errors.NotFound as missing:
+                if not names_other_than_saga(missing):
+                    return  # the saga was deleted: nothing of ours is left to hold
+                failures += 1  # an entry deleted meanwhile: said, and decided again
+                wait = self._backoff(failures, missing)
             except errors.Conflict as conflict:  # someone wrote first: read again and decide again
                 log.info("saga %s/%s: %s; deciding again", self.namespace, self.name, conflict.message)
                 self.latest = None
@@ -190,13 +193,16 @@ class SagaDriver:
         turn = Turn(self.context, self.status, self.prover, self.losses, self.never_sent, saga, entries)
         try:
             return await applying.apply(turn, move)
-        except errors.NotFound:
+        except errors.NotFound as missing:
             entry = getattr(move, "entry", None)
+            why = IN_FLIGHT_DELETION
+            if entry is None:  # one of the entries a move writes (a retry puts them back to Pending)
+                entry, why = deleted_entry(missing, entries), "deleted by hand"
             if entry is None:
                 raise
-            # The entry was deleted while its call was being made: report it, go on.
+            # The entry was deleted while the move wrote it: report it, go on.
             entries.pop(entry.metadata.name)
-            self.lose(lost_entry(entry, IN_FLIGHT_DELETION))
+            self.lose(lost_entry(entry, why))
             return saga
         except errors.Invalid as refused:
             return await self.refused(move, saga, entries, refused)
@@ -225,3 +231,18 @@ class SagaDriver:
         message = f"the API refused a write the operator needs ({type(move).__name__}): {refused.message}"
         halted = moves.Transition(SagaPhase.HALTED, SagaReason.LEDGER_WRITE_REFUSED, message[:4096])
         return await self.status.enter(saga, entries, halted)
+
+
+def deleted_entry(missing: errors.NotFound, entries: Stack) -> UndoEntry | None:
+    """The entry of `entries` the 404 names (the apiserver's Status details); None: something
+    else (the saga itself, when deleted)."""
+    details = missing.details
+    if details is None or details.kind != "undoentries":
+        return None
+    return next((e for e in entries if e.metadata.name == details.name), None)
+
+
+def names_other_than_saga(missing: errors.NotFound) -> bool:
+    """Whether the 404 is about another object than the saga (its Status names what is missing):
+    a driver that took an entry's 404 for its saga's stopped, and left a person's retry unanswered."""
+    return missing.details is not None and missing.details.kind not in ("", "sagas")

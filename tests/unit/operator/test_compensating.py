@@ -14,6 +14,7 @@ from undolog.api import (
 )
 from undolog.calls.transport import PreparedCall
 from undolog.controller.driver import SagaDriver
+from undolog.conventions import RETRY_ANNOTATION
 from undolog.decisions.lost_entries import lost_entry
 from undolog.decisions.retry import CallOutcome
 from undolog.kube import Body, Plural
@@ -283,3 +284,18 @@ async def test_a_compensation_whose_arguments_resolve_past_the_bound_halts_and_s
     assert operator.transport.paths() == ["/create", "/grant", "/undo"]  # the second step's undo only
     entry = operator.kube.body("undoentries", NS, "o-1")["status"]
     assert (entry["state"], entry["reason"]) == ("Failed", "ArgumentsTooLarge")
+
+
+async def test_a_retry_that_finds_an_entry_deleted_goes_on_without_it(operator: Operator) -> None:
+    """The namespace controller deletes entries while a person retries a saga halted on them (CI:
+    the retry's write of the entry's status met a 404): the entry is reported lost and the saga
+    goes on; its driver does not stop as if the saga were gone, leaving the retry unanswered."""
+    saga = operator.saga("s", outcome="Abort")
+    operator.entry(saga, 1, compensation={"function": "nowhere"})
+    assert (await operator.drive("s")).status.phase == "Halted"
+    await operator.kube.patch("sagas", NS, "s", {"metadata": {"annotations": {RETRY_ANNOTATION: "released"}}})
+    await operator.kube.delete("undoentries", NS, "s-1")  # the watch has not said so yet
+    await operator.run_until("s", "Compensated", within=10)
+    done = operator.kube.body("sagas", NS, "s")
+    assert RETRY_ANNOTATION not in done["metadata"].get("annotations", {})
+    assert [(e["name"], e["acknowledged"]) for e in done["status"]["lostEntries"]] == [("s-1", True)]
