@@ -10,11 +10,12 @@ from typing import cast
 import pytest
 
 from tests.support.fakes import FakeKube
+from undolog.api.common import Plural
 from undolog.conventions import IN_FLIGHT_MARK_AFTER
 from undolog.errors import SagaEnded
-from undolog.kube import Kube
+from undolog.kube import Body, Kube
 from undolog.sdk import open_saga
-from undolog.sdk.saga import RESUMED_FRESH_SECONDS, resumed_saga
+from undolog.sdk.saga import RESUMED_FRESH_SECONDS, known_saga, resumed_saga
 
 WRITES = {"create", "patch", "patch-status", "replace", "replace-status"}
 
@@ -78,3 +79,57 @@ async def test_a_step_registered_long_after_its_saga_was_resumed_reads_the_saga_
     run._resumed_at -= RESUMED_FRESH_SECONDS + 1  # resumed that long ago (the event loop's clock untouched)
     with pytest.raises(SagaEnded):
         await run.register("create_user", None)
+
+
+class ReadAfterCreating(FakeKube):
+    """Answers a saga's read only once an entry's creation has begun: a step that read its saga
+    before creating its entry waits here until the test's deadline."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.creating = asyncio.Event()
+
+    async def create(self, plural: Plural, namespace: str, body: Body) -> Body:
+        if plural == "undoentries":
+            self.creating.set()
+        return await super().create(plural, namespace, body)
+
+    async def get(self, plural: Plural, namespace: str, name: str) -> Body:
+        if plural == "sagas":
+            await self.creating.wait()
+        return await super().get(plural, namespace, name)
+
+
+async def test_a_step_s_saga_is_read_while_its_entry_is_created_not_before() -> None:
+    kube = ReadAfterCreating()
+    run = await open_saga("order", namespace="a", kube=cast(Kube, kube))
+    step = await asyncio.wait_for(run.register("create_user", None), timeout=5)
+    assert effect(kube, step.entry_name) == "Pending"
+    assert saga_reads(kube) == 1, kube.requests
+
+
+async def test_a_step_of_a_saga_aborted_meanwhile_is_recorded_not_sent_and_not_run() -> None:
+    kube = FakeKube()
+    opened = await open_saga("order", namespace="a", kube=cast(Kube, kube))
+    run = await resumed_saga(cast(Kube, kube), "a", "order", last_position=0)
+    run._resumed_at = None  # read long ago: the step reads it again
+    await opened.abort("a person aborted it")
+    with pytest.raises(SagaEnded, match=r"saga a/order is Active \(outcome Abort\): step 'create_user' was recorded"):
+        async with run.step("create_user"):
+            raise AssertionError("the step's body ran in an aborted saga")
+    [entry] = await kube.list("undoentries", "a")
+    assert entry["status"]["effect"] == "NotSent"
+    assert "the step's call was not sent" in entry["status"]["lastError"]
+
+
+async def test_a_step_of_a_saga_known_only_by_name_is_refused_when_it_is_another_saga_now() -> None:
+    kube = FakeKube()
+    opened = await open_saga("order", namespace="a", kube=cast(Kube, kube))
+    run = known_saga(cast(Kube, kube), "a", "order", "the-uid-of-an-older-saga", last_position=0)
+    with pytest.raises(SagaEnded, match="is another saga of that name now"):
+        await run.register("create_user", None)
+    [entry] = await kube.list("undoentries", "a")
+    assert entry["status"]["effect"] == "NotSent"
+    # Owned by the saga that is gone, not by the one of that name: the garbage collector's to delete.
+    assert [o["uid"] for o in entry["metadata"]["ownerReferences"]] == ["the-uid-of-an-older-saga"]
+    assert opened.saga.metadata.uid != "the-uid-of-an-older-saga"

@@ -39,5 +39,5 @@ class SagaBinding(ABC):
         """What each answer in this saga carries in `_meta` besides the saga and the step."""
 
     @abstractmethod
-    def ended(self) -> None:
-        """The saga was committed or aborted (a session's next mapped call opens another)."""
+    def ended(self, run: SagaRun) -> None:
+        """`run` was committed or aborted (a session's next mapped call opens another)."""

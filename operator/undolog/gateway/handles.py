@@ -23,7 +23,7 @@ from undolog.gateway.task_wire import TaskCreated
 from undolog.gateway.upstreams import Rounds
 from undolog.kube import Kube
 from undolog.sdk import SagaRun, open_saga
-from undolog.sdk.saga import resumed_saga
+from undolog.sdk.saga import known_saga, resumed_saga
 
 HANDLE_ARG = "undolog_saga"  # the argument an agent passes the handle in
 HANDLE_META = "io.undolog/saga-handle"
@@ -76,12 +76,25 @@ class HandleSagas:
     def handle_of(self, run: SagaRun, identity: str | None) -> str:
         return saga_handles.mint(self.key, SagaHandle(run.namespace, run.name, run.uid), identity)
 
-    async def resumed(self, text: str, identity: str | None, namespace: str) -> SagaRun:
-        """The saga a handle stands for, as the ledger has it now, if it is the caller's (minted
-        for it, in its namespace); HandleRefused saying why not."""
+    async def extended(self, text: str, identity: str | None, namespace: str) -> SagaRun:
+        """The saga a handle stands for, to register a step in: unread when this replica knows its
+        last position (read while the step's entry is created), else as `resumed`."""
+        found = self._found(text, identity, namespace)
+        last = self.positions.get(found.uid)
+        if last is None:
+            return await self.resumed(text, identity, namespace)
+        return known_saga(self.kube, found.namespace, found.name, found.uid, last)
+
+    def _found(self, text: str, identity: str | None, namespace: str) -> SagaHandle:
         found = saga_handles.opened(self.key, text, identity, namespace)
         if isinstance(found, HandleRefusal):
             raise HandleRefused(f"{HANDLE_ARG}: {found.message}; nothing was called")
+        return found
+
+    async def resumed(self, text: str, identity: str | None, namespace: str) -> SagaRun:
+        """The saga a handle stands for, as the ledger has it now, if it is the caller's (minted
+        for it, in its namespace); HandleRefused saying why not."""
+        found = self._found(text, identity, namespace)
         saga = f"saga {found.namespace}/{found.name}"
         try:
             run = await resumed_saga(
@@ -139,22 +152,26 @@ class HandleBinding(SagaBinding):
         self.text = self.sagas.handle_of(run, self.identity)
         return run
 
-    async def _run(self) -> SagaRun:
-        if self.text is not None:
-            return await self.sagas.resumed(str(self.text), self.identity, self.namespace)
-        return await self.sagas.opened(self.namespace, self.identity)
+    async def _run(self, registering: bool = False) -> SagaRun:
+        """The request's saga; `registering` a new step, read only while its entry is created."""
+        if self.text is None:
+            return await self.sagas.opened(self.namespace, self.identity)
+        if registering:
+            return await self.sagas.extended(str(self.text), self.identity, self.namespace)
+        return await self.sagas.resumed(str(self.text), self.identity, self.namespace)
 
     def meta(self, run: SagaRun) -> dict[str, Any]:
         return {HANDLE_META: self.sagas.handle_of(run, self.identity)}
 
-    def ended(self) -> None:
-        """Nothing to forget: the next call names its saga by its handle, or opens one."""
+    def ended(self, run: SagaRun) -> None:
+        """The next call names its saga by its handle (read before its step), or opens one."""
+        self.sagas.forget(run)
 
     async def step(self, tool: str, call: StepAt) -> Answer:
         carried = self.carried
         for tries in range(1, REGISTER_TRIES + 1):
             try:
-                run = await self._run()
+                run = await self._run(registering=carried is None)
             except (ValueError, UndoLogError) as error:
                 raise NotCalled(f"tool {tool} was not called: {error}") from error
             position = carried.position if carried is not None else run.last_position + 1
@@ -165,6 +182,10 @@ class HandleBinding(SagaBinding):
                 self.sagas.forget(run)
                 if isinstance(refused.__cause__, AlreadyExists) and self.text is not None and tries < REGISTER_TRIES:
                     continue
+                if isinstance(refused.__cause__, SagaEnded):
+                    raise NotCalled(
+                        f"{refused}; {HANDLE_ARG}: call without it to start a new saga. Nothing was called"
+                    ) from refused.__cause__
                 raise
             self.sagas.remember(run)
             return self._told(handle, position, result)

@@ -77,7 +77,7 @@ class OwnTools:
         run = await binding.named(tool)
         if run is None:
             return f"{NONE_OPEN}: nothing to commit or abort"
-        binding.ended()
+        binding.ended(run)
         saga = f"saga {run.namespace}/{run.name}"
         if outcome == OnClose.COMMIT:
             await run.commit()

@@ -79,7 +79,7 @@ class SessionBinding(SagaBinding):
     def meta(self, run: SagaRun) -> dict[str, str]:
         return {}
 
-    def ended(self) -> None:
+    def ended(self, run: SagaRun) -> None:
         self.session.run = None
 
 

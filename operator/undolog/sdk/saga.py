@@ -24,6 +24,7 @@ from undolog.api import (
     EntryTask,
     Guard,
     GuardStatus,
+    ObjectMeta,
     ObjectUndo,
     Outcome,
     Rewind,
@@ -141,6 +142,31 @@ class StepRun:
             with contextlib.suppress(Exception):
                 self.entry = await ledger.entry(*self.entry.key)  # the mark may have landed all the same
 
+    async def started_if_active(
+        self, created: UndoEntry | BaseException, read: Saga | BaseException, ledger: Ledger
+    ) -> None:
+        """The step whose entry was created while its saga was read: started when the saga was
+        Active, else recorded NotSent (its call never leaves) and SagaEnded raised."""
+        saga = self.saga
+        refused = read if isinstance(read, BaseException) else ended_refusal(read, saga.uid)
+        if isinstance(read, Saga) and refused is None:
+            saga.saga = read
+        if isinstance(created, BaseException):
+            if isinstance(refused, str):
+                raise SagaEnded(f"{refused}: step {self.name!r} was not registered or run") from None
+            raise created
+        self.entry = created
+        if refused is None:
+            self.mark_when_slow(ledger)
+            return
+        if isinstance(refused, errors.NotFound):  # its entry goes with it (owned by a saga that is gone)
+            raise refused
+        why = refused if isinstance(refused, str) else f"saga {saga.namespace}/{saga.name} could not be read"
+        await saga.finish(self, NotSent(f"{why}: the step's call was not sent"))
+        if isinstance(refused, BaseException):
+            raise refused
+        raise SagaEnded(f"{why}: step {self.name!r} was recorded NotSent and not run")
+
     async def marked(self) -> None:
         """The mark settled before the outcome is written: not begun (cancelled in its wait) or
         written (its copy of the entry is the one the next write is conditional on)."""
@@ -245,6 +271,9 @@ class SagaRun:
         leaves is read again before its compensation (`StepRun.leaves` says what it was), and a
         later change there halts the undo as Conflict instead of being overwritten. `kubernetes`:
         the object the step changes, undone natively (see `undolog.sdk.objects.changing`).
+
+        The saga is read while its entry is created (unless it was just read to resume it): one
+        round trip, not two. If it ended, the entry is recorded NotSent and SagaEnded raised.
         """
         if self._ended:
             raise SagaEnded(f"saga {self.namespace}/{self.name} is {self._ended}: step {step!r} was not registered")
@@ -255,11 +284,36 @@ class SagaRun:
         typos(guard, f"saga {self.namespace}/{self.name}: step {step!r}'s guard")
         ledger = await self._client()
         resumed, self._resumed_at = self._resumed_at, None
-        if resumed is None or time.monotonic() - resumed > RESUMED_FRESH_SECONDS:
-            self.saga = await ledger.saga(self.namespace, self.name)
-        phase = self.saga.status.phase
-        if phase not in (None, SagaPhase.ACTIVE) or self.saga.spec.outcome:
-            raise SagaEnded(f"saga {self.namespace}/{self.name} is {phase}: step {step!r} was not registered or run")
+        fresh = resumed is not None and time.monotonic() - resumed <= RESUMED_FRESH_SECONDS
+        refused = ended_refusal(self.saga, self.uid) if fresh else None
+        if refused:
+            raise SagaEnded(f"{refused}: step {step!r} was not registered or run")
+        position, step = await self._position(step, depends_on)
+        entry = new_undo_entry(
+            self.saga,
+            position,
+            step,
+            compensation,
+            depends_on=None if depends_on is None else list(depends_on),
+            guard=guard,
+            kubernetes=kubernetes,
+        )
+        with tracing.span(
+            f"undolog register {step}", {"undolog.saga": self.saga.reference, "undolog.position": position}
+        ):
+            run = StepRun(self, step, position, entry)
+            if fresh:
+                run.entry = await ledger.create_entry(entry)
+                run.mark_when_slow(ledger)
+                return run
+            created, read = await asyncio.gather(
+                ledger.create_entry(entry), ledger.saga(self.namespace, self.name), return_exceptions=True
+            )
+        await run.started_if_active(created, read, ledger)
+        return run
+
+    async def _position(self, step: str, depends_on: Sequence[str] | None) -> tuple[int, str]:
+        """The step's stack position, and its name (made unique when the tool was called before)."""
         async with self._lock:
             unknown = sorted(set(depends_on or ()) - self._names)
             if unknown:
@@ -272,18 +326,7 @@ class SagaRun:
             if step in self._names:  # a tool called twice: each call its own step and forward key
                 step = repeated_step(step, position)
             self._names.add(step)
-        dependencies = None if depends_on is None else list(depends_on)
-        with tracing.span(
-            f"undolog register {step}", {"undolog.saga": self.saga.reference, "undolog.position": position}
-        ):
-            entry = await ledger.create_entry(
-                new_undo_entry(
-                    self.saga, position, step, compensation, depends_on=dependencies, guard=guard, kubernetes=kubernetes
-                )
-            )
-        run = StepRun(self, step, position, entry)
-        run.mark_when_slow(ledger)
-        return run
+            return position, step
 
     async def finish(self, run: StepRun, error: BaseException | None = None) -> None:
         """Record the effect's outcome: Committed with its output, or Failed with the error
@@ -551,6 +594,24 @@ async def resumed_saga(
         _names={e.spec.step for e in entries},
         _resumed_at=read_at,
     )
+
+
+def known_saga(kube: Kube, namespace: str, name: str, uid: str, last_position: int) -> SagaRun:
+    """An external saga known by name and uid, and the last position its steps took, carried on
+    with unread: its next step reads it while registering (SagaEnded if it ended meanwhile)."""
+    saga = Saga(metadata=ObjectMeta(name=name, namespace=namespace, uid=uid), spec=SagaSpec())
+    return SagaRun(kube, saga, _positions=last_position)
+
+
+def ended_refusal(saga: Saga, uid: str) -> str | None:
+    """Why no step may start in `saga` as read (None: it is Active, and the saga of uid `uid`)."""
+    meta = saga.metadata
+    if uid and meta.uid != uid:
+        return f"saga {meta.namespace}/{meta.name} is another saga of that name now (uid {meta.uid})"
+    if saga.status.phase in (None, SagaPhase.ACTIVE) and not saga.spec.outcome:
+        return None
+    asked = f" (outcome {saga.spec.outcome})" if saga.spec.outcome else ""
+    return f"saga {meta.namespace}/{meta.name} is {saga.status.phase or 'Active'}{asked}"
 
 
 def _failed_effect(error: BaseException) -> EffectState:

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import mcp_types as types
 import pytest
 
 from tests.support.fakes import FakeKube
 from tests.support.gateway_settings import settings
 from undolog.api.gateway import CallerLimits
+from undolog.errors import SagaEnded
 from undolog.gateway.caller_limits import LimitReached, Limits
 from undolog.gateway.handles import HandleRefused, HandleSagas, binding
 from undolog.gateway.sessions import SessionBinding, SessionSaga, no_limit
+from undolog.gateway.steps import Answer, NotCalled
 from undolog.gateway.upstreams import Rounds
 from undolog.kube import Kube
+from undolog.sdk import SagaRun
 
 CONFIG = settings()
 ALICE, BOB = "https://login.example/#alice", "system:serviceaccount:team-b:agent"
@@ -56,7 +60,7 @@ async def test_a_session_keeps_one_saga_until_it_ends_then_opens_another() -> No
     assert await bound.named("undolog_status") is None
     first = await bound.opened()
     assert (await bound.opened()).uid == first.uid
-    bound.ended()
+    bound.ended(first)
     second = await bound.opened()
     assert second.uid != first.uid
     listed = await kube.list("sagas", "team-b")
@@ -88,3 +92,33 @@ def test_rounds_of_a_stateless_request_pass_the_server_s_state_on() -> None:
     sagas = handles(FakeKube())
     bound = binding(sagas, (ALICE, "team-a"), "t.x", {}, "the-server-s-own-state", None)
     assert bound.rounds == Rounds(None, "the-server-s-own-state")
+
+
+async def test_a_handle_s_step_in_a_saga_ended_elsewhere_is_refused_and_the_next_reads_first() -> None:
+    """A step through a handle whose last position this replica knows reads its saga only while
+    registering; when another replica or a person ended the saga, the step is recorded NotSent
+    and refused, and the next call reads the saga before writing anything."""
+    kube = FakeKube()
+    sagas = handles(kube)
+    opened = await stateless(sagas, ALICE, "team-a", {}).opened()
+    sagas.remember(opened)  # as after a step through this replica
+    await opened.commit()  # elsewhere
+    handle = sagas.handle_of(opened, ALICE)
+    ran: list[int] = []
+
+    async def step(run: SagaRun, position: int, meta: dict[str, Any], carried: bool) -> Answer:
+        try:
+            await run.register(f"create_issue-{position}", None)
+        except SagaEnded as ended:
+            raise NotCalled(f"tool create_issue was not called: {ended}") from ended
+        ran.append(position)
+        return types.CallToolResult(content=[])
+
+    with pytest.raises(NotCalled, match=r"is Active \(outcome Commit\).*call without it to start a new saga"):
+        await stateless(sagas, ALICE, "team-a", {"undolog_saga": handle}).step("create_issue", step)
+    [entry] = await kube.list("undoentries", "team-a")
+    assert entry["status"]["effect"] == "NotSent"
+    with pytest.raises(NotCalled, match="it cannot be resumed; call without it to start a new saga"):
+        await stateless(sagas, ALICE, "team-a", {"undolog_saga": handle}).step("create_issue", step)
+    assert len(await kube.list("undoentries", "team-a")) == 1  # refused before any write
+    assert ran == []
