@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from undolog.decisions.expressions import Environment, ExpressionError
-from undolog.decisions.undo_expressions import mistyped
+from undolog.decisions.undo_expressions import compile_expression, mistyped
 
 ENV = Environment(("before", "args"))
 STATUS = "On branch feature/login\nYour branch is up to date with 'origin/feature/login'.\n"
@@ -80,3 +80,7 @@ def test_an_argument_whose_type_the_called_tool_does_not_take_is_named() -> None
     assert mistyped({"number": True}, schemas, target) == [
         "number: true gives boolean, where the tool's schema says integer"
     ]
+
+
+def test_an_expression_is_compiled_once_however_many_calls_fill_it() -> None:
+    assert compile_expression("args.number + 1") is compile_expression("args.number + 1")

@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from undolog.decisions.expressions import Environment, ExpressionError
@@ -38,6 +39,7 @@ class Compiled:
     reads: frozenset[str]  # which of args, output, before it reads
 
 
+@lru_cache(maxsize=1024)  # each mapped call fills its templates: their expressions compiled once, at load
 def compile_expression(source: str) -> Compiled:
     source = _indexed(source)
     program = _ENV.compile(source, f"${{{source}}}")
