@@ -151,6 +151,8 @@ class StepRun:
         refused = read if isinstance(read, BaseException) else ended_refusal(read, saga.uid)
         if isinstance(read, Saga) and refused is None:
             saga.saga = read
+        elif isinstance(read, Saga) and isinstance(refused, str) and read.status.phase != SagaPhase.REWINDING:
+            saga._found_ended = refused  # ended for good (a rewind ends Active): later steps write nothing
         if isinstance(created, BaseException):
             if isinstance(refused, str):
                 raise SagaEnded(f"{refused}: step {self.name!r} was not registered or run") from None
@@ -222,6 +224,7 @@ class SagaRun:
     _token: contextvars.Token[SagaRun] | None = None
     _closed: bool = False
     _resumed_at: float | None = None  # monotonic: the saga was read to resume it, no step since
+    _found_ended: str | None = None  # why a step's read found the saga ended: later steps write nothing
 
     @property
     def name(self) -> str:
@@ -277,6 +280,8 @@ class SagaRun:
         """
         if self._ended:
             raise SagaEnded(f"saga {self.namespace}/{self.name} is {self._ended}: step {step!r} was not registered")
+        if self._found_ended:
+            raise SagaEnded(f"{self._found_ended}: step {step!r} was not registered or run")
         refused = step_name_refusal(step)
         if refused:
             raise ValueError(f"saga {self.namespace}/{self.name}: {refused}")
