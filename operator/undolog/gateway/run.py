@@ -215,11 +215,7 @@ async def serve_http(
         await gateway.webhooks.serve_in(gateway.config.namespace)
         app = http_app(gateway, operator_calls, host, await door(gateway.config, gateway.kube, http))
         server = Serving(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
-        # What was made to start (modules, schemas, clients, the catalogue) lives as long as the
-        # process: out of the collector's sight, the collections that land on one request in four
-        # took 1.6 ms on average instead of 5.5 (they scanned all of it).
-        gc.collect()
-        gc.freeze()
+        freeze_start()
         reaper = asyncio.create_task(gateway.reap_idle())
         try:
             async with operator_calls.running():
@@ -229,6 +225,14 @@ async def serve_http(
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
             await gateway.close_all("the gateway stopped")
+
+
+def freeze_start() -> None:
+    """What was made to start (modules, schemas, clients, the catalogue) lives as long as the
+    process: out of the collector's sight, the collections that land on one request in four took
+    1.6 ms on average instead of 5.5 (they scanned all of it)."""
+    gc.collect()
+    gc.freeze()
 
 
 async def serve_stdio(config: GatewayConfig, connect: Callable[[], Awaitable[Kube]], handle_key: bytes) -> None:
