@@ -122,9 +122,8 @@ async def test_a_step_of_a_saga_aborted_meanwhile_is_recorded_not_sent_and_not_r
     assert "the step's call was not sent" in entry["status"]["lastError"]
     with pytest.raises(SagaEnded, match=r"\(outcome Abort\): step 'charge_card' was not registered or run"):
         await run.register("charge_card", None)
-    assert (
-        len(await kube.list("undoentries", "a")) == 1
-    )  # refused before any write: an agent that goes on calling adds nothing
+    # refused before any write: an agent that goes on calling adds nothing
+    assert len(await kube.list("undoentries", "a")) == 1
 
 
 async def test_a_step_of_a_saga_known_only_by_name_is_refused_when_it_is_another_saga_now() -> None:
