@@ -211,10 +211,10 @@ async def burst_latency(
     (one burst of 10 moved between 65 and 180 ms from run to run). `floor`: the sagas are
     compensated by bench/goclients/floor instead, the least any controller does (harness.floor_client),
     or by its requests made from Python (bench/python_floor.py). `profile`: where py-spy's
-    stacks of the operator during the bursts go. Either way they are sagas an operator made
-    Active: a write costs the apiserver more the larger its object is (a saga patch 3 ms of
-    control-plane CPU without a status, 6 with the operator's), and a floor handed bare sagas
-    measured a cheaper job than any controller's."""
+    stacks of the controller during the bursts go (the operator's, or the Python floor's).
+    Either way they are sagas an operator made Active: a write costs the apiserver more the
+    larger its object is (a saga patch 3 ms of control-plane CPU without a status, 6 with the
+    operator's), and a floor handed bare sagas measured a cheaper job than any controller's."""
     kube = bench.kube
     namespace = await bench.namespace(
         ("" if floor is None else FLOOR_PREFIX[floor]) + ("idle" if size == 1 else f"burst{size}")
@@ -247,7 +247,8 @@ async def burst_latency(
                     cpu = await aborted_in_bursts(pid)
         if floor is not None:
             with floor_client(bench, namespace, participant.url("/undo"), python=floor == "python") as pid:
-                cpu = await aborted_in_bursts(pid)
+                async with profiled(pid, profile):
+                    cpu = await aborted_in_bursts(pid)
     finally:
         participant.close()
     # What the controller and the control plane spent on the 2 cores per aborted saga, from the
@@ -301,7 +302,8 @@ async def rounds_of_ten(bench: Bench, rounds: int, bursts: int, profile: Path | 
     rows: list[dict[str, Any]] = []
     for number in range(1, rounds + 1):
         for who, floor in controllers:
-            stacks = profile / f"operator-bursts-of-10-round-{number}.txt" if profile and floor is None else None
+            named = {None: "operator", "python": "python-floor"}.get(floor)
+            stacks = profile / f"{named}-bursts-of-10-round-{number}.txt" if profile and named else None
             measured = await burst_latency(bench, 10, bursts, floor=floor, profile=stacks)
             rows.append({"round": number, "controller": who, **measured})
     print_table(["round", *BURST_COLUMNS], ((r["round"], *burst_cells(r["controller"], r)) for r in rows))
@@ -398,6 +400,8 @@ if __name__ == "__main__":
         default=0,
         help="first, rounds of the bursts of ten: the operator, the Go floor, the floor's requests from Python",
     )
-    parser.add_argument("--profile", type=Path, help="py-spy the operator during each run; stacks in this folder")
+    parser.add_argument(
+        "--profile", type=Path, help="py-spy the operator and the Python floor during each run; stacks in this folder"
+    )
     options = parser.parse_args()
     asyncio.run(main(options.sizes, options.idle_samples, options.bursts_of_10, options.rounds, options.profile))
