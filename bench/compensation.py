@@ -18,16 +18,18 @@ import argparse
 import asyncio
 import functools
 import json
+import os
 import statistics
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
 from tests.support.manifests import call, saga, undo_entry, webhook
 
+from bench.call_counts import counted, environment
 from bench.harness import (
     Bench,
     RemoteParticipant,
@@ -243,11 +245,14 @@ async def burst_latency(
             await bounded(lambda name=name: make_saga(kube, namespace, name) for burst in names for name in burst)  # type: ignore[misc]
             await until(lambda: _all(kube, namespace, "Active", total), 120, f"{total} sagas Active")
             if floor is None:
-                async with profiled(pid, profile):
+                async with profiled(pid, profile), counted(pid) as calls:
                     cpu = await aborted_in_bursts(pid)
         if floor is not None:
             with floor_client(bench, namespace, participant.url("/undo"), python=floor == "python") as pid:
-                async with profiled(pid, profile):
+                counting: AbstractAsyncContextManager[dict[str, int]] = (
+                    counted(pid) if floor == "python" else nullcontext({})
+                )
+                async with profiled(pid, profile), counting as calls:
                     cpu = await aborted_in_bursts(pid)
     finally:
         participant.close()
@@ -262,6 +267,7 @@ async def burst_latency(
         "abort_to_first_call_max_ms": round(max(latencies) * 1000, 1),
         "driver_cpu_ms_per_saga": round(cpu[0] * 1000 / total, 1),
         "control_plane_cpu_ms_per_saga": round(cpu[1] * 1000 / total, 1),
+        **({"python_calls_per_saga": {k: round(v / total) for k, v in calls.items()}} if calls else {}),
     }
 
 
@@ -307,10 +313,30 @@ async def rounds_of_ten(bench: Bench, rounds: int, bursts: int, profile: Path | 
             measured = await burst_latency(bench, 10, bursts, floor=floor, profile=stacks)
             rows.append({"round": number, "controller": who, **measured})
     print_table(["round", *BURST_COLUMNS], ((r["round"], *burst_cells(r["controller"], r)) for r in rows))
+    counted_rows = [r for r in rows if "python_calls_per_saga" in r]
+    if counted_rows:
+        print_calls(counted_rows)
     save("compensation_rounds", rows)
 
 
-async def main(sizes: list[int], idle_samples: int, bursts_of_10: int, rounds: int, profile: Path | None) -> None:
+def print_calls(rows: list[dict[str, Any]]) -> None:
+    """Python function calls per compensated saga, by package, each counted controller a column."""
+    packages = Counter[str]()
+    for r in rows:
+        packages.update(r["python_calls_per_saga"])
+    columns = [f"{r['controller']}, round {r['round']}" for r in rows]
+    table = [
+        (package, *(r["python_calls_per_saga"].get(package, 0) for r in rows)) for package, _ in packages.most_common()
+    ]
+    table.append(("all", *(sum(r["python_calls_per_saga"].values()) for r in rows)))
+    print_table(["Python function calls per saga", *columns], table)
+
+
+async def main(
+    sizes: list[int], idle_samples: int, bursts_of_10: int, rounds: int, profile: Path | None, count_calls: Path | None
+) -> None:
+    if count_calls is not None:  # the operators and Python floors started from now on count their calls
+        os.environ.update(environment(count_calls))
     rows = []
     async with bench_cluster() as bench:
         if rounds:
@@ -401,7 +427,24 @@ if __name__ == "__main__":
         help="first, rounds of the bursts of ten: the operator, the Go floor, the floor's requests from Python",
     )
     parser.add_argument(
-        "--profile", type=Path, help="py-spy the operator and the Python floor during each run; stacks in this folder"
+        "--profile",
+        type=Path,
+        help="py-spy the operator and the Python floor during each run; stacks in this folder",
+    )
+    parser.add_argument(
+        "--count-calls",
+        type=Path,
+        help="count the Python function calls per saga of the operator and the Python floor in the bursts of ten, "
+        "by package (cProfile's counts, written to this folder; the CPU figures of such a run are inflated)",
     )
     options = parser.parse_args()
-    asyncio.run(main(options.sizes, options.idle_samples, options.bursts_of_10, options.rounds, options.profile))
+    asyncio.run(
+        main(
+            options.sizes,
+            options.idle_samples,
+            options.bursts_of_10,
+            options.rounds,
+            options.profile,
+            options.count_calls,
+        )
+    )
