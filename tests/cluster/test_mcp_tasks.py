@@ -36,7 +36,11 @@ def upstream(tmp_path: Path) -> Iterator[str]:
 @pytest_asyncio.fixture
 async def gateway(cluster: Cluster, kube: Kube, namespace: str, upstream: str, tmp_path: Path) -> AsyncIterator[str]:
     await kube.create("webhooks", namespace, webhook("everything.decrement", url=upstream, mcp={"tool": "decrement"}))
-    tools = {"everything.slow_increment": UNDO, "everything.ask_then_increment": UNDO}
+    tools = {
+        "everything.slow_increment": UNDO,
+        "everything.ask_then_increment": UNDO,
+        "everything.stubborn_increment": UNDO,
+    }
     config = {
         "namespace": namespace,
         "unmapped": "pass",
@@ -94,6 +98,28 @@ async def test_aborted_while_its_task_runs_the_task_is_cancelled_and_nothing_is_
     entry = await entry_of(kube, namespace)
     assert (entry["status"]["effect"], entry["status"]["reason"]) == ("Abandoned", "TaskEnded")
     assert await counter(upstream, "running") == {"value": 0, "decrements": 0}  # nothing done, nothing undone
+
+
+@pytest.mark.usefixtures("operator")
+async def test_an_abort_cancels_the_saga_s_running_tasks_together(
+    kube: Kube, namespace: str, gateway: str, upstream: str
+) -> None:
+    """The server answers a cancel only once its task has ended (after `seconds`): the abort
+    sends every cancel at once, so it waits for the slowest task, never for each in turn (with
+    tasks that do not end, SETTLE_SECONDS each). Both ended completed: both compensated."""
+    async with Client(gateway, extensions=[TasksClient()]) as agent:
+        _, handle = await started(agent, "stubborn_increment", {"name": "stubborn", "seconds": 6})
+        arguments = {"name": "stubborn", "seconds": 6, HANDLE: handle}
+        second = await agent.session.call_tool("stubborn_increment", arguments, allow_claimed=True)
+        assert isinstance(second, TaskCreated), second
+        said = await agent.call_tool("undolog_abort", {HANDLE: handle, "reason": "stop both"})
+        assert not said.is_error, said
+    async with Client(upstream, mode="legacy") as direct:
+        cancels = await direct.call_tool("read_cancels", {})
+    assert cancels.structured_content == {"most_at_once": 2}
+    saga = str((await kube.list("undoentries", namespace))[0]["spec"]["saga"])
+    await saga_phase(kube, namespace, saga, "Compensated")
+    assert await counter(upstream, "stubborn") == {"value": 0, "decrements": 2}
 
 
 @pytest.mark.usefixtures("operator")

@@ -8,6 +8,7 @@ stateless revision that declare the extension on their request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,6 +41,13 @@ TOOLS = [
     # UndoLog's own, for its tests of tasks as steps: a counter whose increment runs as a task.
     _tool("slow_increment", "Adds one to a counter after `seconds` (a task)", name="string", seconds="number"),
     _tool("ask_then_increment", "Asks to confirm, then adds one to a counter (a task)", name="string"),
+    _tool(
+        "stubborn_increment",
+        "Adds one to a counter after `seconds` (a task its cancel does not stop: answered once it ends)",
+        name="string",
+        seconds="number",
+    ),
+    _tool("read_cancels", "How many tasks/cancel requests were in flight at once, at most"),
     _tool("decrement", "Takes one from a counter", name="string"),
     _tool("read_counter", "A counter, and how many times it was decremented", name="string"),
 ]
@@ -96,6 +104,7 @@ class Tasks:
         self.ids = itertools.count(1)
         self.counters: dict[str, int] = {}
         self.decrements: dict[str, int] = {}
+        self.cancelling = self.most_cancelling = 0  # tasks/cancel requests in flight, now and at most
 
     def install(self, server: Any) -> None:
         server.extensions[TASKS] = {}
@@ -111,6 +120,10 @@ class Tasks:
             return _text(f"Hello, {args.get('name', 'World')}!")
         if name in ("decrement", "read_counter"):
             return self._counted(name, str(args.get("name")))
+        if name == "read_cancels":
+            said = _text(f"{self.most_cancelling} at once at most")
+            said.structured_content = {"most_at_once": self.most_cancelling}
+            return said
         if not _declared(ctx):
             if name in REQUIRED:
                 data: dict[str, Any] = {"requiredCapabilities": {"extensions": {TASKS: {}}}}
@@ -155,6 +168,9 @@ class Tasks:
             return _wire(f"Hello, {args['user_name']}! The task ran.")
         if name == "slow_increment":
             await asyncio.sleep(float(args.get("seconds", 1)))
+            return self._incremented(str(args.get("name")))
+        if name == "stubborn_increment":
+            await _unstoppable(float(args.get("seconds", 1)))
             return self._incremented(str(args.get("name")))
         asked = {"confirm": _confirm("Delete it?")}
         if name == "ask_then_increment":
@@ -220,10 +236,25 @@ class Tasks:
 
     async def cancel(self, ctx: Ctx, params: TaskParams) -> dict[str, Any]:
         task = self._task(ctx, params)
-        if task.runner is not None and not task.runner.done():
-            task.runner.cancel()
-            await asyncio.wait([task.runner])
+        self.cancelling += 1
+        self.most_cancelling = max(self.most_cancelling, self.cancelling)
+        try:
+            if task.runner is not None and not task.runner.done():
+                task.runner.cancel()
+                await asyncio.wait([task.runner])
+        finally:
+            self.cancelling -= 1
         return {"resultType": "complete"}
+
+
+async def _unstoppable(seconds: float) -> None:
+    """Sleeps `seconds`, whatever cancels it meanwhile: a server whose tasks/cancel waits for the
+    task to end on its own."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while (left := end - loop.time()) > 0:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(left)
 
 
 def _declared(ctx: Ctx) -> bool:

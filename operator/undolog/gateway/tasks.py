@@ -31,7 +31,7 @@ from undolog.errors import SagaEnded
 from undolog.gateway import agent_requests
 from undolog.gateway.agent_requests import TASKS, AgentRequest, OperatorRequest, Requester
 from undolog.gateway.task_wire import Passed, TaskCreated, TaskParams, TaskRequest
-from undolog.gateway.upstreams import Upstreams
+from undolog.gateway.upstreams import Upstreams, lone
 from undolog.kube import Kube
 from undolog.sdk import SagaRun
 from undolog.sdk.saga import StepRun, resumed_saga, running_tasks, unrecorded_step
@@ -112,16 +112,25 @@ class Tasks:
         await self.record(run, step, said)
 
     async def settle_open(self, run: SagaRun) -> None:
-        """Before an abort: each of the saga's tasks still running cancelled, and its end, if
-        seen within SETTLE_SECONDS, recorded on its step."""
-        for step, task in await running_tasks(run):
-            try:
-                with anyio.fail_after(SETTLE_SECONDS):
-                    said = await self._cancelled(task)
-            except (MCPError, OSError, TimeoutError) as error:
-                log.warning("the task of step %s (%s) did not end: compensated as unknown (%s)", step.name, task, error)
-                continue
-            await self.record(run, step, said)
+        """Before an abort: the saga's tasks still running cancelled together, and the end of
+        each, if seen within SETTLE_SECONDS, recorded on its step. Together: a server that
+        answers a cancel only once its task ends kept an abort waiting SETTLE_SECONDS per task."""
+        running = await running_tasks(run)
+        try:
+            async with anyio.create_task_group() as settling:
+                for step, task in running:
+                    settling.start_soon(self._settled, run, step, task)
+        except BaseExceptionGroup as group:  # a step's outcome not recorded: said as itself
+            raise lone(group) from None
+
+    async def _settled(self, run: SagaRun, step: StepRun, task: EntryTask) -> None:
+        try:
+            with anyio.fail_after(SETTLE_SECONDS):
+                said = await self._cancelled(task)
+        except (MCPError, OSError, TimeoutError) as error:
+            log.warning("the task of step %s (%s) did not end: compensated as unknown (%s)", step.name, task, error)
+            return
+        await self.record(run, step, said)
 
     async def _cancelled(self, task: EntryTask) -> dict[str, Any]:
         operator = OperatorRequest(f"{task.upstream} tasks/cancel")
