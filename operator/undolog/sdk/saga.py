@@ -152,7 +152,7 @@ class StepRun:
         if isinstance(read, Saga) and refused is None:
             saga.saga = read
         elif isinstance(read, Saga) and isinstance(refused, str) and read.status.phase != SagaPhase.REWINDING:
-            saga.found_ended(refused)  # ended for good (a rewind ends Active)
+            saga._found_ended = refused  # ended for good (a rewind ends Active): later steps write nothing
         if isinstance(created, BaseException):
             if isinstance(refused, str):
                 raise SagaEnded(f"{refused}: step {self.name!r} was not registered or run") from None
@@ -241,11 +241,6 @@ class SagaRun:
     @property
     def ledger(self) -> Ledger:
         return Ledger(self.kube)
-
-    def found_ended(self, why: str) -> None:
-        """A step's read found the saga ended: the steps after it write nothing (each one an
-        entry recorded NotSent would be etcd bytes without bound for an agent calling on)."""
-        self._found_ended = why
 
     @property
     def last_position(self) -> int:
