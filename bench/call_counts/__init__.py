@@ -36,12 +36,13 @@ async def counted(pid: int) -> AsyncIterator[dict[str, int]]:
     if folder is None:
         yield by_package
         return
+    written = folder / f"calls.{pid}"
+    written.unlink(missing_ok=True)  # an earlier process's, under the same pid
     os.kill(pid, signal.SIGUSR1)
     try:
         yield by_package
     finally:
         os.kill(pid, signal.SIGUSR2)
-        written = folder / f"calls.{pid}"
         deadline = time.monotonic() + DUMP_SECONDS
         while not written.exists():
             if time.monotonic() > deadline:
