@@ -55,11 +55,19 @@ $(VENV)/.installed-demo: pyproject.toml requirements/demo.txt
 	if [ $(VENV)/.installed -nt pyproject.toml ] && [ $(VENV)/.installed -nt requirements/demo.txt ]; \
 	  then touch $@; else $(call install_lock,requirements/demo.txt) && touch $@; fi
 
+# make dist's tools (build, twine, cyclonedx-bom) in a venv of their own: pyproject.toml says why.
+RELEASE_VENV := .venv-release
+$(RELEASE_VENV)/.installed: requirements/release.txt
+	$(PYTHON) -m venv $(RELEASE_VENV) && $(RELEASE_VENV)/bin/python -m pip install -q --upgrade pip && \
+	$(RELEASE_VENV)/bin/python -m pip install -q --require-hashes -r requirements/release.txt
+	touch $@
+
 lock: venv
 	$(LOCK) --extra operator --extra cli --extra dashboard --extra gateway -o requirements/operator.txt
 	$(LOCK) --extra dev -o requirements/dev.txt
 	$(LOCK) --extra demo -c requirements/dev.txt -o requirements/demo.txt
 	$(LOCK) --extra dev --extra bench -o requirements/bench.txt
+	$(LOCK) --extra release -o requirements/release.txt
 
 tools:
 	tools/build.sh
@@ -138,8 +146,8 @@ e2e: venv tools node-deps dist
 
 # What a release publishes (tools/dist.sh): sdist and wheel, the chart package, the image archive
 # and its SBOM, checksums; each checked. The e2e tests install this chart package.
-dist: venv tools-helm image
-	PY=$(PY) tools/dist.sh
+dist: venv $(RELEASE_VENV)/.installed tools-helm image
+	PY=$(PY) RELEASE_PY=$(RELEASE_VENV)/bin/python tools/dist.sh
 
 # Jaeger v2 from the Go module proxy (tools/jaeger/go.mod pins it), for `make traces`.
 bin/jaeger: tools/jaeger/go.mod tools/jaeger/go.sum

@@ -11,15 +11,16 @@ shopt -s inherit_errexit
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PY:-$ROOT/.venv/bin/python}"
+RELEASE_PY="${RELEASE_PY:-$ROOT/.venv-release/bin/python}"  # build, twine, cyclonedx-bom (make dist installs them)
 OUT="$ROOT/dist"
 VERSION=$("$PY" -c 'import undolog.version as v; print(v.__version__)')
 step() { printf '[dist %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 rm -rf "$OUT" && mkdir -p "$OUT"
 step "sdist and wheel $VERSION"
-"$PY" -m build --sdist --wheel --outdir "$OUT" "$ROOT" > "$OUT/.build.log" 2>&1 || { cat "$OUT/.build.log"; exit 1; }
+"$RELEASE_PY" -m build --sdist --wheel --outdir "$OUT" "$ROOT" > "$OUT/.build.log" 2>&1 || { cat "$OUT/.build.log"; exit 1; }
 rm -f "$OUT/.build.log"
-"$PY" -m twine check --strict "$OUT"/undolog-"$VERSION"*
+"$RELEASE_PY" -m twine check --strict "$OUT"/undolog-"$VERSION"*
 
 step "chart"
 "$ROOT/bin/helm" package "$ROOT/charts/undolog" -d "$OUT" > /dev/null
@@ -27,7 +28,7 @@ step "chart"
 
 step "image and its SBOM"
 cp "$ROOT/build/undolog-image.oci.tar" "$OUT/undolog-image-$VERSION.oci.tar"
-"$PY" -m cyclonedx_py requirements "$ROOT/requirements/operator.txt" \
+"$RELEASE_PY" -m cyclonedx_py requirements "$ROOT/requirements/operator.txt" \
     --pyproject "$ROOT/pyproject.toml" --output-reproducible --output-file "$OUT/undolog-image-$VERSION.cdx.json"
 
 step "the wheel in a clean venv"
