@@ -93,6 +93,7 @@ class Upstreams:
         self._http: dict[str, httpx2.AsyncClient] = {}
         self._background: list[anyio.CancelScope] = []
         self._closing: dict[str, anyio.Event] = {}
+        self._closed = anyio.Event()  # the shared connections' end
         self._opening = anyio.Lock()
         self._stack = AsyncExitStack()
         self._tasks: TaskGroup | None = None
@@ -102,11 +103,11 @@ class Upstreams:
             self._tasks = await self._stack.enter_async_context(anyio.create_task_group())
             self._stack.callback(self._close_all)
             for name, upstream in self.config.items():
-                connection = self.shared[name] = Connection(name, None, self.subscriptions.announced)
-                connection.client = await self._stack.enter_async_context(self._connected(upstream, connection))
+                self.shared[name] = Connection(name, None, self.subscriptions.announced)
+                await self._tasks.start(self._held_shared, name)
                 if upstream.url is not None:
                     await self._discover(name, upstream.url)
-                connection.announces_lists = name not in self.discovered
+                self.shared[name].announces_lists = name not in self.discovered
         except BaseException:
             await self._stack.aclose()
             raise
@@ -237,6 +238,15 @@ class Upstreams:
             if self.sessions.get(key, {}).get(upstream) is connection:
                 del self.sessions[key][upstream]
 
+    async def _held_shared(self, name: str, *, task_status: TaskStatus[None]) -> None:
+        """The upstream's shared connection, open until the upstreams close (a task of its own, as
+        a session's: `_held`)."""
+        connection = self.shared[name]
+        async with self._connected(self.config[name], connection) as client:
+            connection.client = client
+            task_status.started()
+            await self._closed.wait()
+
     def close_session(self, key: str) -> None:
         """The session's own connections closed, its subscriptions forgotten."""
         closing = self._closing.pop(key, None)
@@ -246,6 +256,7 @@ class Upstreams:
         self.subscriptions.forget(key)
 
     def _close_all(self) -> None:
+        self._closed.set()
         for scope in self._background:
             scope.cancel()
         for key in list(self._closing):
