@@ -101,6 +101,13 @@ class Upstream(Strict):
         description="What the gateway presents to it (an HTTP upstream): its compensations are then served to the "
         "operator by the gateway too (operatorCalls), so an undo carries the same credential.",
     )
+    connect_seconds: float = Field(
+        default=60,
+        gt=0,
+        le=3600,
+        description="How long a connection to it may take to open (a command's start, its answer to initialize): "
+        "past it the gateway does not start, saying so, and an agent's request that needed a new one fails.",
+    )
 
     @model_validator(mode="after")
     def one_way_in(self) -> Self:

@@ -33,6 +33,7 @@ def mcp(
     from undolog.api.gateway import AUTH_UNSAID
     from undolog.gateway.run import MappingRefused, load, serve_http, serve_stdio
     from undolog.gateway.upstream_credentials import CredentialsUnreadable
+    from undolog.gateway.upstreams import UpstreamUnreachable
     from undolog.kube import Kube
 
     try:
@@ -66,6 +67,6 @@ def mcp(
             asyncio.run(serve_stdio(loaded, connect, key))
         else:
             asyncio.run(serve_http(loaded, address, port, connect, key))
-    except (MappingRefused, CredentialsUnreadable) as refused:
+    except (MappingRefused, CredentialsUnreadable, UpstreamUnreachable) as refused:
         typer.echo(f"error: {config}: {refused}", err=True)
         raise typer.Exit(1) from None

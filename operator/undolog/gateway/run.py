@@ -41,7 +41,7 @@ from undolog.gateway.protected import Protected, metadata_routes
 from undolog.gateway.server import Gateway
 from undolog.gateway.subscriptions import Subscriptions
 from undolog.gateway.upstream_credentials import UpstreamCredentials
-from undolog.gateway.upstreams import Upstreams
+from undolog.gateway.upstreams import Upstreams, UpstreamUnreachable
 from undolog.kube import Kube
 
 MCP_PATH = "/mcp"
@@ -176,12 +176,25 @@ async def serving(
         await credentials.read()
         async with Upstreams(config.upstreams, subscriptions, credentials) as upstreams:
             catalogue = ToolCatalogue()
-            await catalogue.list_tools(upstreams)
+            await listed_in_time(catalogue, upstreams, config)
             config = await checked(config, upstreams, catalogue)
             webhooks = OperatorWebhooks(config, compensation_tools(config, catalogue), kube)
             yield Gateway(config, kube, upstreams, catalogue, subscriptions, handle_key, webhooks)
     finally:
         await kube.close()
+
+
+async def listed_in_time(catalogue: ToolCatalogue, upstreams: Upstreams, config: GatewayConfig) -> None:
+    """The upstreams' tools listed at start, within the longest connectSeconds they are given."""
+    within = max(upstream.connect_seconds for upstream in config.upstreams.values())
+    try:
+        async with asyncio.timeout(within):
+            await catalogue.list_tools(upstreams)
+    except TimeoutError:
+        raise UpstreamUnreachable(
+            f"the upstreams ({', '.join(config.upstreams)}) did not list their tools within {within:g} s: check "
+            "that each answers tools/list, or give them longer with upstreams.<name>.connectSeconds"
+        ) from None
 
 
 def http_app(gateway: Gateway, operator_calls: OperatorCalls, host: str, guard: Door | None) -> ASGIApp:

@@ -66,6 +66,22 @@ class Rounds:
         return cls(params.input_responses, params.request_state)
 
 
+class UpstreamUnreachable(ValueError):
+    """A connection to an upstream could not be opened: at start the gateway does not start."""
+
+
+def unreachable(name: str, upstream: Upstream, error: BaseException) -> UpstreamUnreachable:
+    """What the upstream did, naming it, where it is and the setting that bounds the wait."""
+    where = upstream.url or " ".join(upstream.command or [])
+    if isinstance(error, TimeoutError):
+        return UpstreamUnreachable(
+            f"upstream {name} ({where}) did not answer within {upstream.connect_seconds:g} s: check that it is up "
+            f"there and speaks MCP, or give it longer with upstreams.{name}.connectSeconds"
+        )
+    cause = lone(error) if isinstance(error, BaseExceptionGroup) else error
+    return UpstreamUnreachable(f"upstream {name} ({where}) could not be connected: {type(cause).__name__}: {cause}")
+
+
 def lone(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The one exception a group holds, however deep (the group itself when it holds more)."""
     found: BaseException = group
@@ -104,9 +120,13 @@ class Upstreams:
             self._stack.callback(self._close_all)
             for name, upstream in self.config.items():
                 self.shared[name] = Connection(name, None, self.subscriptions.announced)
-                await self._tasks.start(self._held_shared, name)
-                if upstream.url is not None:
-                    await self._discover(name, upstream.url)
+                try:
+                    with anyio.fail_after(upstream.connect_seconds):
+                        await self._tasks.start(self._held_shared, name)
+                        if upstream.url is not None:
+                            await self._discover(name, upstream.url)
+                except Exception as error:
+                    raise unreachable(name, upstream, error) from None
                 self.shared[name].announces_lists = name not in self.discovered
         except BaseException:
             await self._stack.aclose()
@@ -209,7 +229,12 @@ class Upstreams:
             own = self.sessions.setdefault(key, {})
             if upstream not in own:
                 assert self._tasks is not None
-                own[upstream] = await self._tasks.start(self._held, key, upstream, declared)
+                said = self.config[upstream]
+                try:
+                    with anyio.fail_after(said.connect_seconds):
+                        own[upstream] = await self._tasks.start(self._held, key, upstream, declared)
+                except TimeoutError as error:  # held no longer than that: the lock holds every session's opening
+                    raise unreachable(upstream, said, error) from None
             return own[upstream]
 
     async def _held(
