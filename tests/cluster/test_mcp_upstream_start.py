@@ -50,9 +50,9 @@ def silent() -> Iterator[str]:
         connection.close()
 
 
-def gateway_start(cluster: Cluster, namespace: str, tmp_path: Path, upstream: dict[str, Any]) -> tuple[int, str]:
-    """`undolog mcp` with the upstream `slow`, run until it ends: its exit status and output."""
-    config = {"auth": "none", "namespace": namespace, "unmapped": "pass", "upstreams": {"slow": upstream}}
+def gateway_start(cluster: Cluster, namespace: str, tmp_path: Path, **upstreams: dict[str, Any]) -> tuple[int, str]:
+    """`undolog mcp` with these upstreams, run until it ends: its exit status and output."""
+    config = {"auth": "none", "namespace": namespace, "unmapped": "pass", "upstreams": upstreams}
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
     command = [sys.executable, "-m", "undolog.cli", "mcp", "--config", str(path), "--port", str(free_port())]
@@ -68,7 +68,7 @@ def test_an_upstream_that_never_answers_stops_the_start_naming_it_and_its_settin
 ) -> None:
     never = [sys.executable, "-c", "import time; time.sleep(600)"]  # reads nothing, says nothing
     upstream: dict[str, Any] = {"url": silent} if kind == "http" else {"command": never}
-    status, said = gateway_start(cluster, namespace, tmp_path, upstream | {"connectSeconds": 2})
+    status, said = gateway_start(cluster, namespace, tmp_path, slow=upstream | {"connectSeconds": 2})
     where = silent if kind == "http" else " ".join(never)
     assert status == 1, said
     assert f"upstream slow ({where}) did not answer within 2 s" in said
@@ -80,9 +80,23 @@ def test_an_upstream_nothing_listens_for_stops_the_start_saying_why(
     cluster: Cluster, namespace: str, tmp_path: Path
 ) -> None:
     closed = f"http://127.0.0.1:{free_port()}/mcp"
-    status, said = gateway_start(cluster, namespace, tmp_path, {"url": closed})
+    status, said = gateway_start(cluster, namespace, tmp_path, slow={"url": closed})
     assert status == 1, said
     assert f"upstream slow ({closed}) could not be connected: ConnectError: All connection attempts failed" in said
+    assert "Traceback" not in said
+
+
+def test_the_upstreams_are_connected_together_and_each_that_fails_is_named(
+    cluster: Cluster, namespace: str, tmp_path: Path, silent: str
+) -> None:
+    """One at a time, the start would have ended with the first that failed."""
+    closed = f"http://127.0.0.1:{free_port()}/mcp"
+    status, said = gateway_start(
+        cluster, namespace, tmp_path, slow={"url": silent, "connectSeconds": 2}, gone={"url": closed}
+    )
+    assert status == 1, said
+    assert f"upstream slow ({silent}) did not answer within 2 s" in said
+    assert f"upstream gone ({closed}) could not be connected" in said
     assert "Traceback" not in said
 
 
@@ -90,7 +104,7 @@ def test_an_upstream_that_connects_and_never_lists_its_tools_stops_the_start(
     cluster: Cluster, namespace: str, tmp_path: Path
 ) -> None:
     mute = {"command": [sys.executable, "-m", "tests.support.mcp_mute_lister"], "connectSeconds": 2}
-    status, said = gateway_start(cluster, namespace, tmp_path, mute)
+    status, said = gateway_start(cluster, namespace, tmp_path, slow=mute)
     assert status == 1, said
     assert "the upstreams (slow) did not list their tools within 2 s" in said
     assert "upstreams.<name>.connectSeconds" in said

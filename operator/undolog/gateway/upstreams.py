@@ -118,16 +118,13 @@ class Upstreams:
         try:
             self._tasks = await self._stack.enter_async_context(anyio.create_task_group())
             self._stack.callback(self._close_all)
-            for name, upstream in self.config.items():
-                self.shared[name] = Connection(name, None, self.subscriptions.announced)
-                try:
-                    with anyio.fail_after(upstream.connect_seconds):
-                        await self._tasks.start(self._held_shared, name)
-                        if upstream.url is not None:
-                            await self._discover(name, upstream.url)
-                except Exception as error:
-                    raise unreachable(name, upstream, error) from None
-                self.shared[name].announces_lists = name not in self.discovered
+            failed: list[UpstreamUnreachable] = []
+            async with anyio.create_task_group() as connecting:  # all at once: the start waits for the slowest
+                for name in self.config:
+                    self.shared[name] = Connection(name, None, self.subscriptions.announced)
+                    connecting.start_soon(self._connect_shared, name, failed)
+            if failed:
+                raise UpstreamUnreachable("; ".join(map(str, failed)))
         except BaseException:
             await self._stack.aclose()
             raise
@@ -262,6 +259,21 @@ class Upstreams:
         finally:
             if self.sessions.get(key, {}).get(upstream) is connection:
                 del self.sessions[key][upstream]
+
+    async def _connect_shared(self, name: str, failed: list[UpstreamUnreachable]) -> None:
+        """The upstream's shared connection opened and its era discovered, within its
+        connectSeconds; else why not, in `failed`."""
+        upstream = self.config[name]
+        assert self._tasks is not None
+        try:
+            with anyio.fail_after(upstream.connect_seconds):
+                await self._tasks.start(self._held_shared, name)
+                if upstream.url is not None:
+                    await self._discover(name, upstream.url)
+        except Exception as error:
+            failed.append(unreachable(name, upstream, error))
+            return
+        self.shared[name].announces_lists = name not in self.discovered
 
     async def _held_shared(self, name: str, *, task_status: TaskStatus[None]) -> None:
         """The upstream's shared connection, open until the upstreams close (a task of its own, as
