@@ -136,3 +136,23 @@ async def test_a_session_s_new_connection_that_is_not_answered_fails_its_request
             proxy.backends[:] = [answering]
             gateway.stop()
             proxy.stop()
+
+
+async def test_a_gateway_whose_upstream_stopped_answering_still_stops(
+    cluster: Cluster, namespace: str, tmp_path: Path, silent: str
+) -> None:
+    """Its connections' goodbyes (a session's DELETE) go to an upstream that no longer answers:
+    `stop` waits 15 s for the gateway to exit, and fails the test past that."""
+    with conformance_suite.upstream(tmp_path) as url:
+        proxy = RoundRobin([url.removesuffix("/mcp")])
+        gateway = GatewayProcess(
+            cluster.kubeconfig, {"namespace": namespace, "upstreams": {"slow": {"url": proxy.url}}}, tmp_path
+        )
+        try:
+            proxy.backends[:] = [silent.removesuffix("/mcp")]
+            gateway.stop()
+            assert gateway.process.returncode == 0
+        finally:
+            if gateway.process.poll() is None:
+                gateway.kill()
+            proxy.stop()

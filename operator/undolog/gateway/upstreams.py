@@ -35,6 +35,7 @@ from undolog.gateway.task_wire import TaskCreated, TasksClient
 from undolog.gateway.upstream_credentials import UpstreamCredentials
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+CLOSE_SECONDS = 5.0
 STATELESS_CLIENTS = "stateless:"  # the key of the stateless agents' clients, by what they declare
 log = logging.getLogger("undolog.gateway")
 
@@ -88,6 +89,18 @@ def lone(group: BaseExceptionGroup[BaseException]) -> BaseException:
     while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
         found = found.exceptions[0]
     return found
+
+
+@contextlib.asynccontextmanager
+async def goodbye_bounded(connected: contextlib.AbstractAsyncContextManager[Client]) -> AsyncIterator[Client]:
+    """The client, whose goodbye when the block ends (its session's DELETE) is cut after
+    CLOSE_SECONDS: an upstream that no longer answers does not hold up the end."""
+    with anyio.CancelScope() as ending:
+        async with connected as client:
+            try:
+                yield client
+            finally:
+                ending.deadline = anyio.current_time() + CLOSE_SECONDS
 
 
 def modern(client: Client) -> bool:
@@ -248,7 +261,7 @@ class Upstreams:
             else self._stateless_client(upstream, connection, declared, None)
         )
         try:
-            async with connected as client:
+            async with goodbye_bounded(connected) as client:
                 connection.client = client
                 task_status.started(connection)
                 await closing.wait()
@@ -279,7 +292,7 @@ class Upstreams:
         """The upstream's shared connection, open until the upstreams close (a task of its own, as
         a session's: `_held`)."""
         connection = self.shared[name]
-        async with self._connected(self.config[name], connection) as client:
+        async with goodbye_bounded(self._connected(self.config[name], connection)) as client:
             connection.client = client
             task_status.started()
             await self._closed.wait()
