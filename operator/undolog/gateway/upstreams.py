@@ -73,7 +73,7 @@ class UpstreamUnreachable(ValueError):
 
 def unreachable(name: str, upstream: Upstream, error: BaseException) -> UpstreamUnreachable:
     """What the upstream did, naming it, where it is and the setting that bounds the wait."""
-    where = upstream.url or " ".join(upstream.command or [])
+    where = upstream.url or (upstream.command or ["?"])[0]  # not its arguments: some servers take a password there
     if isinstance(error, TimeoutError):
         return UpstreamUnreachable(
             f"upstream {name} ({where}) did not answer within {upstream.connect_seconds:g} s: check that it is up "
