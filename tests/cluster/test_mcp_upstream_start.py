@@ -50,6 +50,15 @@ def silent() -> Iterator[str]:
         connection.close()
 
 
+@pytest.fixture
+def proxied(tmp_path: Path) -> Iterator[RoundRobin]:
+    """The tests' upstream (it answers) behind a proxy a test can turn to another backend."""
+    with conformance_suite.upstream(tmp_path) as url:
+        proxy = RoundRobin([url.removesuffix("/mcp")])
+        yield proxy
+        proxy.stop()
+
+
 def gateway_start(cluster: Cluster, namespace: str, tmp_path: Path, **upstreams: dict[str, Any]) -> tuple[int, str]:
     """`undolog mcp` with these upstreams, run until it ends: its exit status and output."""
     config = {"auth": "none", "namespace": namespace, "unmapped": "pass", "upstreams": upstreams}
@@ -112,47 +121,41 @@ def test_an_upstream_that_connects_and_never_lists_its_tools_stops_the_start(
 
 
 async def test_a_session_s_new_connection_that_is_not_answered_fails_its_request_saying_so(
-    cluster: Cluster, namespace: str, tmp_path: Path, silent: str
+    cluster: Cluster, namespace: str, tmp_path: Path, proxied: RoundRobin, silent: str
 ) -> None:
-    """The upstream answers while the gateway starts, then stops answering (a proxy in front of
-    it turns to the silent server): an agent's first call opens its session's own connection.
-    The proxy turns back before the gateway stops, whose shared connection says goodbye."""
-    with conformance_suite.upstream(tmp_path) as url:
-        answering = url.removesuffix("/mcp")
-        proxy = RoundRobin([answering])
-        config = {
-            "namespace": namespace,
-            "unmapped": "pass",
-            "upstreams": {"slow": {"url": proxy.url, "connectSeconds": 2}},
-        }
-        gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
-        try:
-            proxy.backends[:] = [silent.removesuffix("/mcp")]
-            with anyio.fail_after(HUNG):
-                async with Client(gateway.url, mode="legacy") as agent:
-                    with pytest.raises(MCPError, match=r"upstream slow \(.*\) did not answer within 2 s"):
-                        await agent.call_tool("test_simple_text", {})
-        finally:
-            proxy.backends[:] = [answering]
-            gateway.stop()
-            proxy.stop()
+    """The upstream answers while the gateway starts, then stops answering (the proxy turns to
+    the silent server): an agent's first call opens its session's own connection. The proxy
+    turns back before the gateway stops, whose shared connection says goodbye."""
+    answering = proxied.backends[0]
+    config = {
+        "namespace": namespace,
+        "unmapped": "pass",
+        "upstreams": {"slow": {"url": proxied.url, "connectSeconds": 2}},
+    }
+    gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+    try:
+        proxied.backends[:] = [silent.removesuffix("/mcp")]
+        with anyio.fail_after(HUNG):
+            async with Client(gateway.url, mode="legacy") as agent:
+                with pytest.raises(MCPError, match=r"upstream slow \(.*\) did not answer within 2 s"):
+                    await agent.call_tool("test_simple_text", {})
+    finally:
+        proxied.backends[:] = [answering]
+        gateway.stop()
 
 
 async def test_a_gateway_whose_upstream_stopped_answering_still_stops(
-    cluster: Cluster, namespace: str, tmp_path: Path, silent: str
+    cluster: Cluster, namespace: str, tmp_path: Path, proxied: RoundRobin, silent: str
 ) -> None:
     """Its connections' goodbyes (a session's DELETE) go to an upstream that no longer answers:
     `stop` waits 15 s for the gateway to exit, and fails the test past that."""
-    with conformance_suite.upstream(tmp_path) as url:
-        proxy = RoundRobin([url.removesuffix("/mcp")])
-        gateway = GatewayProcess(
-            cluster.kubeconfig, {"namespace": namespace, "upstreams": {"slow": {"url": proxy.url}}}, tmp_path
-        )
-        try:
-            proxy.backends[:] = [silent.removesuffix("/mcp")]
-            gateway.stop()
-            assert gateway.process.returncode == 0
-        finally:
-            if gateway.process.poll() is None:
-                gateway.kill()
-            proxy.stop()
+    gateway = GatewayProcess(
+        cluster.kubeconfig, {"namespace": namespace, "upstreams": {"slow": {"url": proxied.url}}}, tmp_path
+    )
+    try:
+        proxied.backends[:] = [silent.removesuffix("/mcp")]
+        gateway.stop()
+        assert gateway.process.returncode == 0
+    finally:
+        if gateway.process.poll() is None:
+            gateway.kill()
