@@ -115,8 +115,18 @@ def test_an_upstream_that_connects_and_never_lists_its_tools_stops_the_start(
     mute = {"command": [sys.executable, "-m", "tests.support.mcp_mute_lister"], "connectSeconds": 2}
     status, said = gateway_start(cluster, namespace, tmp_path, slow=mute)
     assert status == 1, said
-    assert "the upstreams (slow) did not list their tools within 2 s" in said
-    assert "upstreams.<name>.connectSeconds" in said
+    assert "upstream slow did not list its tools within 2 s: check that it answers tools/list" in said
+    assert "upstreams.slow.connectSeconds" in said
+    assert "Traceback" not in said
+
+
+def test_an_upstream_whose_tool_list_names_a_next_page_for_ever_stops_the_start(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    endless = {"command": [sys.executable, "-m", "tests.support.mcp_mute_lister", "--endless"]}
+    status, said = gateway_start(cluster, namespace, tmp_path, paging=endless)
+    assert status == 1, said
+    assert "upstream paging could not list its tools: EndlessListing: tools/list named a next page after 100" in said
     assert "Traceback" not in said
 
 

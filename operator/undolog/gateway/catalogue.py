@@ -7,9 +7,9 @@ the session era: each era's agents see the list the server gives a client of the
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import mcp_types as types
 from mcp import Client
@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from undolog.api.gateway import GatewayConfig
 from undolog.decisions.advertised_undo import ListedTool
 from undolog.decisions.undo_expressions import expressions_in, mistyped, unknown_fields
+
+MAX_PAGES = 100  # of one server's tools/list: one that names a next page for ever is not read on
 
 
 @dataclass(frozen=True)
@@ -47,25 +49,20 @@ class RawListing(BaseModel):
     next_cursor: str | None = Field(default=None, alias="nextCursor")
 
 
-class EraClients(Protocol):
-    def era_clients(self, stateless: bool) -> AbstractAsyncContextManager[dict[str, Client]]:
-        """A client of each upstream, of the stateless revision where `stateless` and the upstream speaks it."""
-        ...
-
-
 class ToolCatalogue:
-    """Every upstream's tools as it lists them to each era, listed again when one announces its
-    list changed."""
+    """Every upstream's tools as it last listed them to each era, under the names agents see."""
 
     def __init__(self) -> None:
         self.tools: dict[str, UpstreamTool] = {}  # as the session era's agents see them
         self.stateless_tools: dict[str, UpstreamTool] = {}
+        self._listed: dict[tuple[str, bool], list[types.Tool]] = {}  # by upstream and era (stateless or not)
 
-    async def list_tools(self, upstreams: EraClients) -> None:
-        async with upstreams.era_clients(False) as clients:
-            self.tools = await _named(clients)
-        async with upstreams.era_clients(True) as clients:
-            self.stateless_tools = await _named(clients)
+    def keep(self, listed: Mapping[tuple[str, bool], list[types.Tool]], upstreams: Iterable[str]) -> None:
+        """The lists just read, by upstream and era; an upstream not among them keeps what it listed before."""
+        self._listed.update(listed)
+        names = list(upstreams)
+        self.tools = _named({name: self._listed.get((name, False), []) for name in names})
+        self.stateless_tools = _named({name: self._listed.get((name, True), []) for name in names})
 
     def of(self, stateless: bool) -> dict[str, UpstreamTool]:
         """The tools an agent of that era sees."""
@@ -80,39 +77,34 @@ class ToolCatalogue:
         raise KeyError(f"no upstream lists {name}")
 
 
-async def _named(clients: dict[str, Client]) -> dict[str, UpstreamTool]:
-    """The clients' servers' tools under the names agents see them by."""
-    listed: list[UpstreamTool] = []
-    for name, client in clients.items():
-        cursor: str | None = None
-        while True:
-            page = await client.list_tools(cursor=cursor)
-            listed.extend(UpstreamTool(name, tool) for tool in page.tools)
-            cursor = page.next_cursor
-            if not cursor:
-                break
+def _named(listed: dict[str, list[types.Tool]]) -> dict[str, UpstreamTool]:
+    """The upstreams' tools under the names agents see them by."""
+    tools = [UpstreamTool(name, tool) for name, of_one in listed.items() for tool in of_one]
     counts: dict[str, int] = {}
-    for found in listed:
+    for found in tools:
         counts[found.tool.name] = counts.get(found.tool.name, 0) + 1
-    return {(t.tool.name if counts[t.tool.name] == 1 else t.qualified): t for t in listed}
+    return {(t.tool.name if counts[t.tool.name] == 1 else t.qualified): t for t in tools}
 
 
-async def listed_tools(upstreams: EraClients) -> dict[str, dict[str, ListedTool]]:
-    """Every upstream's tools as the server sent them to either era (the session era's where
-    both list one), annotations' unknown fields kept (the SDK's types drop them): by upstream, by
-    tool name."""
-    listed: dict[str, dict[str, ListedTool]] = {}
-    for stateless in (True, False):
-        async with upstreams.era_clients(stateless) as clients:
-            for name, client in clients.items():
-                listed.setdefault(name, {}).update(await _raw_tools(client))
-    return listed
+async def tools_of(client: Client) -> list[types.Tool]:
+    """The server's tools, every page of them (at most MAX_PAGES)."""
+    tools: list[types.Tool] = []
+    cursor: str | None = None
+    for _ in range(MAX_PAGES):
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            return tools
+    raise EndlessListing(f"tools/list named a next page after {MAX_PAGES} pages")
 
 
-async def _raw_tools(client: Client) -> dict[str, ListedTool]:
+async def raw_tools_of(client: Client) -> dict[str, ListedTool]:
+    """The server's tools as it sent them, annotations' unknown fields kept (the SDK's types drop
+    them): by name, every page of them (at most MAX_PAGES)."""
     tools: dict[str, ListedTool] = {}
     cursor: str | None = None
-    while True:
+    for _ in range(MAX_PAGES):
         request = types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor))
         page = await client.session.send_request(request, RawListing)
         for raw in page.tools:
@@ -126,6 +118,22 @@ async def _raw_tools(client: Client) -> dict[str, ListedTool]:
         cursor = page.next_cursor
         if not cursor:
             return tools
+    raise EndlessListing(f"tools/list named a next page after {MAX_PAGES} pages")
+
+
+class EndlessListing(ValueError):
+    """A server whose tools/list pages on past MAX_PAGES: not read further."""
+
+
+def advertised(listed: Mapping[tuple[str, bool], dict[str, ListedTool]]) -> dict[str, dict[str, ListedTool]]:
+    """Every upstream's tools as the server sent them to either era (the session era's where
+    both list one): by upstream, by tool name."""
+    merged: dict[str, dict[str, ListedTool]] = {}
+    for stateless in (True, False):
+        for (name, era), tools in listed.items():
+            if era is stateless:
+                merged.setdefault(name, {}).update(tools)
+    return merged
 
 
 def mapping_problems(config: GatewayConfig, catalogue: ToolCatalogue) -> list[str]:

@@ -31,15 +31,17 @@ from mcp.shared.subscriptions import (
     ToolsListChanged,
 )
 
-from undolog.gateway.catalogue import ToolCatalogue
+from undolog.gateway.catalogue import ToolCatalogue, tools_of
 from undolog.gateway.subscriptions import LIST_CHANGES, Subscriptions
-from undolog.gateway.upstreams import Upstreams
+from undolog.gateway.upstreams import Upstreams, listed_from_each
 
 log = logging.getLogger("undolog.gateway")
 RELISTEN_SECONDS = 2.0  # after an upstream's listen stream dropped
 CATCH_UP_SECONDS = 5.0  # an agent's listen stream waits for the upstreams to listen for its resources
 MAX_NAMED, MAX_WATCHED = 100, 1_000  # resources one listen stream names; watched upstream for all
 KNOWN_SESSIONS = 10_000  # agent sessions told of changes; the least recently seen forgotten first
+TELL_SECONDS = 5.0  # to tell one session of a change
+GONE = (MCPError, anyio.ClosedResourceError, anyio.BrokenResourceError)  # a session's stream, when it has ended
 ListChange = ToolsListChanged | PromptsListChanged | ResourcesListChanged
 
 
@@ -61,7 +63,9 @@ class Changes:
         self._relisten: dict[str, anyio.CancelScope] = {}
         self._watching: dict[str, frozenset[str]] = {}  # by upstream, what its open listen stream names
         self._acknowledged = anyio.Event()
+        self._stale = anyio.Event()  # a change of tools was announced since they were last listed
         subscriptions.on_changed = self.changed
+        upstreams.background(self._relisting)
         for name in upstreams.discovered:
             upstreams.background(functools.partial(self._listening, name))
 
@@ -156,18 +160,39 @@ class Changes:
 
     async def changed(self, event: ServerEvent) -> None:
         """An upstream announced it: a resource's update to the listen streams that name it; a
-        list's change after the tools are listed again, to every agent."""
+        list's change to every agent, a change of tools once they are listed again."""
         if isinstance(event, ResourceUpdated):
             await self.bus.publish(event)
-            return
-        if not isinstance(event, ToolsListChanged | PromptsListChanged | ResourcesListChanged):
-            return
-        if isinstance(event, ToolsListChanged):
-            await self.catalogue.list_tools(self.upstreams)
-        await self.bus.publish(event)
-        for key, session in list(self.sessions.items()):
+        elif isinstance(event, ToolsListChanged):
+            self._stale.set()
+        elif isinstance(event, PromptsListChanged | ResourcesListChanged):
+            await self._tell(event)
+
+    async def _relisting(self) -> None:
+        """The tools listed again after a change was announced, then every agent told: one listing
+        at a time, whatever announces how often, the changes announced meanwhile answered by the
+        next. An upstream that does not list its tools in time keeps those it listed before."""
+        while True:
+            await self._stale.wait()
+            self._stale = anyio.Event()
             try:
-                await _told(session, event)()
-            except (MCPError, anyio.ClosedResourceError, anyio.BrokenResourceError) as gone:
-                log.debug("session %s was not told of a list change (%s): forgotten", key, gone)
+                listed, failed = await listed_from_each(self.upstreams, tools_of)
+                for why in failed.values():
+                    log.warning("after a change was announced, %s; the tools it listed before are kept", why)
+                self.catalogue.keep(listed, self.upstreams.config)
+                await self._tell(ToolsListChanged())
+            except Exception:  # a defect: said, and the next change is still listed
+                log.exception("the tools could not be listed again after a change was announced")
+
+    async def _tell(self, change: ListChange) -> None:
+        """The change to the stateless agents' listen streams and to every session, each within
+        TELL_SECONDS (a session that takes longer, or has gone, is forgotten)."""
+        await self.bus.publish(change)
+        for key, session in list(self.sessions.items()):
+            told = False
+            with anyio.move_on_after(TELL_SECONDS), contextlib.suppress(*GONE):
+                await _told(session, change)()
+                told = True
+            if not told:
+                log.debug("session %s was not told of a list change: forgotten", key)
                 self.forget(key)

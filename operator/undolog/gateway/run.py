@@ -34,14 +34,14 @@ from undolog.decisions.tool_calls import expression_problems
 from undolog.errors import KubeError
 from undolog.gateway.agent_requests import SESSION_HEADER, STDIO_SESSION
 from undolog.gateway.authentication import Authenticator
-from undolog.gateway.catalogue import ToolCatalogue, listed_tools, mapping_problems
+from undolog.gateway.catalogue import ToolCatalogue, advertised, mapping_problems, raw_tools_of, tools_of
 from undolog.gateway.operator_calls import OperatorCalls, compensation_tools
 from undolog.gateway.operator_webhooks import OperatorWebhooks
 from undolog.gateway.protected import Protected, metadata_routes
 from undolog.gateway.server import Gateway
 from undolog.gateway.subscriptions import Subscriptions
 from undolog.gateway.upstream_credentials import UpstreamCredentials
-from undolog.gateway.upstreams import Upstreams, UpstreamUnreachable
+from undolog.gateway.upstreams import Upstreams, listed_from_all
 from undolog.kube import Kube
 
 MCP_PATH = "/mcp"
@@ -74,7 +74,8 @@ async def checked(config: GatewayConfig, upstreams: Upstreams, catalogue: ToolCa
     """The configuration with what the servers advertise (`compensations: fromAnnotations`),
     checked against what they list (tools, schemas): MappingRefused naming each problem."""
     if config.compensations == Compensations.FROM_ANNOTATIONS:
-        config, said = with_advertised(config, await listed_tools(upstreams))
+        listed = await listed_from_all(upstreams, raw_tools_of)
+        config, said = with_advertised(config, advertised(listed))
         for line in said:
             log.info("%s", line)
     problems = mapping_problems(config, catalogue) + expression_problems(config)
@@ -176,25 +177,12 @@ async def serving(
         await credentials.read()
         async with Upstreams(config.upstreams, subscriptions, credentials) as upstreams:
             catalogue = ToolCatalogue()
-            await listed_in_time(catalogue, upstreams, config)
+            catalogue.keep(await listed_from_all(upstreams, tools_of), config.upstreams)
             config = await checked(config, upstreams, catalogue)
             webhooks = OperatorWebhooks(config, compensation_tools(config, catalogue), kube)
             yield Gateway(config, kube, upstreams, catalogue, subscriptions, handle_key, webhooks)
     finally:
         await kube.close()
-
-
-async def listed_in_time(catalogue: ToolCatalogue, upstreams: Upstreams, config: GatewayConfig) -> None:
-    """The upstreams' tools listed at start, within the longest connectSeconds they are given."""
-    within = max(upstream.connect_seconds for upstream in config.upstreams.values())
-    try:
-        async with asyncio.timeout(within):
-            await catalogue.list_tools(upstreams)
-    except TimeoutError:
-        raise UpstreamUnreachable(
-            f"the upstreams ({', '.join(config.upstreams)}) did not list their tools within {within:g} s: check "
-            "that each answers tools/list, or give them longer with upstreams.<name>.connectSeconds"
-        ) from None
 
 
 def http_app(gateway: Gateway, operator_calls: OperatorCalls, host: str, guard: Door | None) -> ASGIApp:

@@ -11,7 +11,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import overload
+from typing import TypeVar, overload
 
 import anyio
 import httpx2
@@ -38,6 +38,7 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 CLOSE_SECONDS = 5.0
 STATELESS_CLIENTS = "stateless:"  # the key of the stateless agents' clients, by what they declare
 log = logging.getLogger("undolog.gateway")
+T = TypeVar("T")
 
 
 async def keyed(request: httpx2.Request) -> None:
@@ -152,14 +153,14 @@ class Upstreams:
         return {name: connection.ready for name, connection in self.shared.items()}
 
     @contextlib.asynccontextmanager
-    async def era_clients(self, stateless: bool) -> AsyncIterator[dict[str, Client]]:
-        """A client of each upstream: of the stateless revision where `stateless` and the upstream
-        speaks it (each opened for the while), else the shared one of the session era."""
-        clients = self.clients
-        async with AsyncExitStack() as stack:
-            for name in self.discovered if stateless else ():
-                clients[name] = (await stack.enter_async_context(self._own(name, frozenset(), None))).ready
-            yield clients
+    async def era_client(self, upstream: str, stateless: bool) -> AsyncIterator[Client]:
+        """A client of the upstream: of the stateless revision where `stateless` and it speaks it
+        (opened for the while), else its shared one of the session era."""
+        if not (stateless and upstream in self.discovered):
+            yield self.shared[upstream].ready
+            return
+        async with self._own(upstream, frozenset(), None) as own:
+            yield own.ready
 
     @contextlib.asynccontextmanager
     async def _connected(self, upstream: Upstream, connection: Connection) -> AsyncIterator[Client]:
@@ -405,3 +406,44 @@ class Upstreams:
             if not isinstance(result, types.CallToolResult | types.InputRequiredResult | TaskCreated):
                 raise MCPError(types.INTERNAL_ERROR, f"{tool.qualified} answered a {type(result).__name__}")
             return result
+
+
+async def listed_from_each(
+    upstreams: Upstreams, read: Callable[[Client], Awaitable[T]]
+) -> tuple[dict[tuple[str, bool], T], dict[str, str]]:
+    """What `read` lists from each upstream, by upstream and era (stateless or not): for each era
+    it speaks, all at once, each within its connectSeconds. Also why any failed, by upstream."""
+    listed: dict[tuple[str, bool], T] = {}
+    failed: dict[str, str] = {}
+
+    async def one(name: str, stateless: bool) -> None:
+        within = upstreams.config[name].connect_seconds
+        try:
+            with anyio.fail_after(within):
+                async with upstreams.era_client(name, stateless) as client:
+                    listed[name, stateless] = await read(client)
+        except TimeoutError:
+            failed[name] = (
+                f"upstream {name} did not list its tools within {within:g} s: check that it answers tools/list, "
+                f"or give it longer with upstreams.{name}.connectSeconds"
+            )
+        except Exception as error:
+            cause = lone(error) if isinstance(error, BaseExceptionGroup) else error
+            failed[name] = f"upstream {name} could not list its tools: {type(cause).__name__}: {cause}"
+        if (name, False) in listed and name not in upstreams.discovered:  # one era: one list for both
+            listed[name, True] = listed[name, False]
+
+    async with anyio.create_task_group() as listing:
+        for name in upstreams.config:
+            for stateless in (False, True) if name in upstreams.discovered else (False,):
+                listing.start_soon(one, name, stateless)
+    return listed, failed
+
+
+async def listed_from_all(upstreams: Upstreams, read: Callable[[Client], Awaitable[T]]) -> dict[tuple[str, bool], T]:
+    """What `read` lists from each upstream (`listed_from_each`), or UpstreamUnreachable naming
+    every upstream that failed: the gateway does not start without them."""
+    listed, failed = await listed_from_each(upstreams, read)
+    if failed:
+        raise UpstreamUnreachable("; ".join(failed.values()))
+    return listed

@@ -1,0 +1,60 @@
+"""An upstream announces its tools changed and then never answers tools/list: the gateway lists
+the tools again within the upstream's `connectSeconds`, keeps what that one listed before and says
+so, and the changes other upstreams announce still reach agents."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client
+
+from tests.conftest import Cluster
+from tests.support import conformance_suite
+from tests.support.gateway_process import GatewayProcess
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.cluster
+QUIET = [sys.executable, "-m", "tests.support.mcp_mute_lister", "--after-change"]
+
+
+async def test_an_upstream_gone_quiet_after_announcing_a_change_holds_up_no_other_change(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    told: list[object] = []
+
+    async def heard(message: object) -> None:
+        told.append(message)
+
+    def changes_told() -> int:
+        return sum(isinstance(m, types.ToolListChangedNotification) for m in told)
+
+    async def tool_names(agent: Client) -> list[str]:
+        return [t.name for t in (await agent.list_tools()).tools]
+
+    with conformance_suite.upstream(tmp_path) as suite:
+        upstreams = {"quiet": {"command": QUIET, "connectSeconds": 2}, "suite": {"url": suite}}
+        gateway = GatewayProcess(
+            cluster.kubeconfig, {"namespace": namespace, "unmapped": "pass", "upstreams": upstreams}, tmp_path
+        )
+        try:
+            with anyio.fail_after(60):
+                async with Client(gateway.url, mode="legacy", message_handler=heard) as agent:
+                    assert "go_quiet" in await tool_names(agent)
+                    assert not (await agent.call_tool("go_quiet", {})).is_error
+                    await eventually(lambda: asyncio.sleep(0, changes_told()), lambda n: n >= 1, 20, "told once")
+                    assert not (await agent.call_tool("test_trigger_tool_change", {})).is_error
+                    await eventually(lambda: tool_names(agent), lambda n: "test_added_tool_1" in n, 20, "relisted")
+                    assert "go_quiet" in await tool_names(agent)  # as the quiet upstream listed it before
+                    assert changes_told() >= 2
+        finally:
+            gateway.stop()
+    said = gateway.log_path.read_text()
+    assert (
+        "after a change was announced, upstream quiet did not list its tools within 2 s: check that it answers "
+        "tools/list, or give it longer with upstreams.quiet.connectSeconds; the tools it listed before are kept"
+    ) in said
