@@ -21,6 +21,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import Subscription
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -393,19 +394,32 @@ class Upstreams:
         async with self.serving(request, tool.upstream) as client:
             if rounds is None or not modern(client):
                 return await client.call_tool(tool.tool.name, arguments, meta=meta, progress_callback=progress)
-            result = await client.session.call_tool(
-                tool.tool.name,
-                arguments,
-                progress_callback=progress,
-                input_responses=rounds.responses,
-                request_state=rounds.state,
-                meta=meta,
-                allow_input_required=True,
-                allow_claimed=True,
-            )
-            if not isinstance(result, types.CallToolResult | types.InputRequiredResult | TaskCreated):
-                raise MCPError(types.INTERNAL_ERROR, f"{tool.qualified} answered a {type(result).__name__}")
-            return result
+            return await called_in_rounds(client, tool, arguments, meta, progress, rounds)
+
+
+async def called_in_rounds(
+    client: Client,
+    tool: UpstreamTool,
+    arguments: dict[str, object],
+    meta: types.RequestParamsMeta | None,
+    progress: ProgressFnT | None,
+    rounds: Rounds,
+) -> types.CallToolResult | types.InputRequiredResult | TaskCreated:
+    """The tool called on a server of the stateless revision, which may answer `input_required`,
+    or with a task: returned as it came."""
+    result = await client.session.call_tool(
+        tool.tool.name,
+        arguments,
+        progress_callback=progress,
+        input_responses=rounds.responses,
+        request_state=rounds.state,
+        meta=meta,
+        allow_input_required=True,
+        allow_claimed=True,
+    )
+    if not isinstance(result, types.CallToolResult | types.InputRequiredResult | TaskCreated):
+        raise MCPError(types.INTERNAL_ERROR, f"{tool.qualified} answered a {type(result).__name__}")
+    return result
 
 
 async def listed_from_each(
