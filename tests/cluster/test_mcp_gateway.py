@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import mcp_types as types
 import pytest
@@ -398,3 +399,38 @@ async def test_an_upstream_s_json_rpc_refusal_reaches_the_agent_and_the_entry_in
     )
     assert entries[0]["status"]["effect"] == "Failed"
     assert said in entries[0]["status"]["lastError"], entries[0]["status"]["lastError"]
+
+
+@pytest.mark.usefixtures("operator")
+async def test_a_call_not_answered_within_its_upstream_s_call_seconds_fails_and_is_undone(
+    cluster: Cluster, kube: Kube, namespace: str, tracker: Tracker, tmp_path: Path
+) -> None:
+    """The issue is opened upstream and the answer never comes: past the upstream's callSeconds
+    the agent gets an error naming the setting, the step is recorded failed (its effect may have
+    happened), and the session's end undoes it with what its arguments say."""
+    undo_webhook = webhook("tracker.close-issues-titled", url=tracker.url, mcp={"tool": "close_issues_titled"})
+    await kube.create("webhooks", namespace, undo_webhook)
+    undo = {"tool": "tracker.close_issues_titled", "args": {"title": "${args.title}"}}
+    config = gateway_config(namespace, tracker, tools={"tracker.create_issue": {"compensation": undo}})
+    config["upstreams"]["tracker"]["callSeconds"] = 2
+    gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+    tracker.issues.answer.clear()
+    try:
+        with anyio.fail_after(30):
+            async with Client(gateway.url, mode="legacy") as agent:
+                with pytest.raises(MCPError) as stopped:
+                    await agent.call_tool("create_issue", {"title": "held"})
+                name = await only_saga(kube, namespace)
+    finally:
+        tracker.issues.answer.set()
+        gateway.stop()
+    said = "upstream tracker did not answer create_issue within 2 s"
+    assert said in stopped.value.error.message
+    assert "upstreams.tracker.callSeconds" in stopped.value.error.message
+    [entry] = await kube.list("undoentries", namespace)
+    assert entry["status"]["effect"] == "Failed", entry["status"]
+    assert said in entry["status"]["lastError"], entry["status"]
+    await saga_phase(kube, namespace, name, "Compensated", within=60)
+    assert tracker.issues.state(1) == "closed"
+    [close] = tracker.issues.closes
+    assert close.meta_key == f"undo-{entry['spec']['undoId']}"

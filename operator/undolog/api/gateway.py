@@ -108,6 +108,14 @@ class Upstream(Strict):
         description="How long a connection to it may take to open (a command's start, its answer to initialize): "
         "past it the gateway does not start, saying so, and an agent's request that needed a new one fails.",
     )
+    call_seconds: float = Field(
+        default=300,
+        gt=0,
+        le=86400,
+        description="How long a tool call may wait for its answer: past it the gateway stops waiting, asks the "
+        "server to cancel, and the call fails, saying so (a mapped step's effect may have happened: it is undone "
+        "with the saga). A longer job is a task (the tasks extension), which answers at once.",
+    )
 
     @model_validator(mode="after")
     def one_way_in(self) -> Self:

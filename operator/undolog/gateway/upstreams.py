@@ -388,13 +388,22 @@ class Upstreams:
     ) -> types.CallToolResult | types.InputRequiredResult | TaskCreated:
         """The tool called for `request` (its progress passed back to it). With `rounds` (a
         stateless agent's), a server of that revision may answer `input_required`, or with a
-        task when the agent declared the tasks extension: returned as it came, for the agent."""
+        task when the agent declared the tasks extension: returned as it came, for the agent.
+        Past the upstream's callSeconds, an MCPError saying so (the server is asked to cancel)."""
         meta = keyed_meta(key) if key else None
         progress = progress_of(request)
-        async with self.serving(request, tool.upstream) as client:
-            if rounds is None or not modern(client):
-                return await client.call_tool(tool.tool.name, arguments, meta=meta, progress_callback=progress)
-            return await called_in_rounds(client, tool, arguments, meta, progress, rounds)
+        within = self.config[tool.upstream].call_seconds
+        with anyio.move_on_after(within) as bound:
+            async with self.serving(request, tool.upstream) as client:
+                if rounds is None or not modern(client):
+                    return await client.call_tool(tool.tool.name, arguments, meta=meta, progress_callback=progress)
+                return await called_in_rounds(client, tool, arguments, meta, progress, rounds)
+        assert bound.cancelled_caught
+        raise MCPError(
+            types.INTERNAL_ERROR,
+            f"upstream {tool.upstream} did not answer {tool.tool.name} within {within:g} s, and was asked to cancel "
+            f"it: give it longer with upstreams.{tool.upstream}.callSeconds, or make it a task",
+        )
 
 
 async def called_in_rounds(
