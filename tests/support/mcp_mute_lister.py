@@ -1,7 +1,8 @@
 """A local MCP server (stdio) that answers initialize and never answers tools/list: an upstream
 that connects and then hangs. With `--after-change`, it lists its one tool, `go_quiet`, until
 that is called: the call announces the list changed, and tools/list is never answered again.
-With `--endless`, every page of its tools/list names a next one."""
+With `--endless`, every page of its tools/list names a next one. With `--mute-resources`, it
+lists its tool and never answers resources/list."""
 
 from __future__ import annotations
 
@@ -35,9 +36,19 @@ class Lister:
         return types.CallToolResult(content=[types.TextContent(type="text", text="quiet from now on")])
 
 
-async def main(after_change: bool, endless: bool) -> None:
-    lister = Lister(quiet=not (after_change or endless), endless=endless)
-    server: Server[Any] = Server("mute-lister", on_list_tools=lister.list_tools, on_call_tool=lister.call_tool)
+async def never(_: Any, __: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+    await anyio.sleep_forever()
+    raise AssertionError("sleep_forever returned")  # it does not: this only types the handler
+
+
+async def main(after_change: bool, endless: bool, mute_resources: bool) -> None:
+    lister = Lister(quiet=not (after_change or endless or mute_resources), endless=endless)
+    server: Server[Any] = Server(
+        "mute-lister",
+        on_list_tools=lister.list_tools,
+        on_call_tool=lister.call_tool,
+        on_list_resources=never if mute_resources else None,
+    )
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
 
@@ -46,5 +57,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--after-change", action="store_true")
     parser.add_argument("--endless", action="store_true")
+    parser.add_argument("--mute-resources", action="store_true")
     options = parser.parse_args()
-    anyio.run(main, options.after_change, options.endless)
+    anyio.run(main, options.after_change, options.endless, options.mute_resources)

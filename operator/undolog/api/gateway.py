@@ -112,9 +112,9 @@ class Upstream(Strict):
         default=300,
         gt=0,
         le=86400,
-        description="How long a tool call may wait for its answer: past it the gateway stops waiting, asks the "
-        "server to cancel, and the call fails, saying so (a mapped step's effect may have happened: it is undone "
-        "with the saga). A longer job is a task (the tasks extension), which answers at once.",
+        description="How long a request sent to it (a tool call, a read, a list) may wait for its answer: past "
+        "it the gateway asks the server to cancel and the request fails, saying so (a mapped step's effect may have "
+        "happened: it is undone with the saga). A longer job is a task (the tasks extension), which answers at once.",
     )
 
     @model_validator(mode="after")

@@ -2,13 +2,16 @@
 (listed, their templates, read, subscribed to), prompts (listed, got), completion and the
 logging level. Lists are every upstream's, merged (each one's pages read through); a resource
 or a prompt goes to the upstream that listed it (else to each in turn, until one answers). An
-upstream that does not offer a feature answers nothing for it. Each goes over the agent
+upstream that does not offer a feature answers nothing for it, and one that does not answer
+within its callSeconds is asked to cancel and left out of a list. Each goes over the agent
 session's own connection (connections.py), so what the server sends back reaches that session;
 a stateless agent's, over a client of its own, so a server's question (`input_required`) comes
 back to it as it came and its answers go on with its retry."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -18,7 +21,7 @@ from mcp.shared.exceptions import MCPError
 
 from undolog.gateway.agent_requests import AgentRequest
 from undolog.gateway.subscriptions import Subscriptions
-from undolog.gateway.upstreams import Rounds, Upstreams, modern
+from undolog.gateway.upstreams import Rounds, Upstreams, asked, modern
 
 T = TypeVar("T")
 MAX_PAGES = 100  # of one upstream's list: a server whose cursor never ends is not followed for ever
@@ -53,16 +56,15 @@ class Relay:
         }
 
     async def _pages(
-        self, request: AgentRequest, fetch: Callable[[Client, str | None], Awaitable[Any]], field: str
+        self, request: AgentRequest, fetch: Callable[[str | None, Client], Awaitable[Any]], field: str
     ) -> list[tuple[str, Any]]:
         found: list[tuple[str, Any]] = []
         for name in self.upstreams.config:
             cursor: str | None = None
             for _ in range(MAX_PAGES):
                 try:
-                    async with self.upstreams.serving(request, name) as client:
-                        page = await fetch(client, cursor)
-                except MCPError:  # this upstream does not offer it
+                    page = await asked(self.upstreams, request, name, functools.partial(fetch, cursor), f"its {field}")
+                except MCPError:  # it does not offer them, or did not answer in time: the others' are listed
                     break
                 found += [(name, item) for item in getattr(page, field)]
                 cursor = page.next_cursor
@@ -74,7 +76,7 @@ class Relay:
         self, request: AgentRequest, params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         found = await self._pages(
-            request, lambda c, cursor: c.list_resources(cursor=cursor, cache_mode="bypass"), "resources"
+            request, lambda cursor, c: c.list_resources(cursor=cursor, cache_mode="bypass"), "resources"
         )
         self.resources.update({str(r.uri): name for name, r in found})
         return types.ListResourcesResult(resources=[r for _, r in found])
@@ -84,7 +86,7 @@ class Relay:
     ) -> types.ListResourceTemplatesResult:
         found = await self._pages(
             request,
-            lambda c, cursor: c.list_resource_templates(cursor=cursor, cache_mode="bypass"),
+            lambda cursor, c: c.list_resource_templates(cursor=cursor, cache_mode="bypass"),
             "resource_templates",
         )
         return types.ListResourceTemplatesResult(resource_templates=[t for _, t in found])
@@ -107,7 +109,7 @@ class Relay:
         self, request: AgentRequest, params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
         found = await self._pages(
-            request, lambda c, cursor: c.list_prompts(cursor=cursor, cache_mode="bypass"), "prompts"
+            request, lambda cursor, c: c.list_prompts(cursor=cursor, cache_mode="bypass"), "prompts"
         )
         self.prompts.update({p.name: name for name, p in found})
         return types.ListPromptsResult(prompts=[p for _, p in found])
@@ -147,11 +149,8 @@ class Relay:
 
     async def set_logging_level(self, request: AgentRequest, params: types.SetLevelRequestParams) -> types.EmptyResult:
         for name in self.upstreams.config:
-            try:
-                async with self.upstreams.serving(request, name) as client:
-                    await client.set_logging_level(params.level)
-            except MCPError:
-                continue
+            with contextlib.suppress(MCPError):  # it does not log, or did not answer in time
+                await asked(self.upstreams, request, name, lambda c: c.set_logging_level(params.level), "its log level")
         return types.EmptyResult()
 
     async def _first(
@@ -162,8 +161,7 @@ class Relay:
         refused: MCPError | None = None
         for name in names:
             try:
-                async with self.upstreams.serving(request, name) as client:
-                    return await ask(client)
+                return await asked(self.upstreams, request, name, ask, what)
             except MCPError as error:
                 refused = error
         raise refused or MCPError(types.INVALID_PARAMS, f"no upstream offers {what}")

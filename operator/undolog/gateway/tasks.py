@@ -31,7 +31,7 @@ from undolog.errors import SagaEnded
 from undolog.gateway import agent_requests
 from undolog.gateway.agent_requests import TASKS, AgentRequest, OperatorRequest, Requester
 from undolog.gateway.task_wire import Passed, TaskCreated, TaskParams, TaskRequest
-from undolog.gateway.upstreams import Upstreams, lone
+from undolog.gateway.upstreams import Upstreams, asked, lone
 from undolog.kube import Kube
 from undolog.sdk import SagaRun
 from undolog.sdk.saga import StepRun, resumed_saga, running_tasks, unrecorded_step
@@ -95,8 +95,9 @@ class Tasks:
 
     async def _sent(self, request: Requester, upstream: str, method: str, fields: dict[str, Any]) -> dict[str, Any]:
         sent = TaskRequest(method=method, params=TaskParams.model_validate(fields))
-        async with self.upstreams.serving(request, upstream, tasks=True) as client:
-            answer = await client.session.send_request(sent, Passed)
+        answer = await asked(
+            self.upstreams, request, upstream, lambda c: c.session.send_request(sent, Passed), method, tasks=True
+        )
         return answer.model_dump(by_alias=True, exclude_none=True)
 
     async def _ended(self, found: UpstreamTask, said: dict[str, Any]) -> None:

@@ -392,18 +392,35 @@ class Upstreams:
         Past the upstream's callSeconds, an MCPError saying so (the server is asked to cancel)."""
         meta = keyed_meta(key) if key else None
         progress = progress_of(request)
-        within = self.config[tool.upstream].call_seconds
-        with anyio.move_on_after(within) as bound:
-            async with self.serving(request, tool.upstream) as client:
-                if rounds is None or not modern(client):
-                    return await client.call_tool(tool.tool.name, arguments, meta=meta, progress_callback=progress)
-                return await called_in_rounds(client, tool, arguments, meta, progress, rounds)
-        assert bound.cancelled_caught
-        raise MCPError(
-            types.INTERNAL_ERROR,
-            f"upstream {tool.upstream} did not answer {tool.tool.name} within {within:g} s, and was asked to cancel "
-            f"it: give it longer with upstreams.{tool.upstream}.callSeconds, or make it a task",
-        )
+
+        async def called(client: Client) -> types.CallToolResult | types.InputRequiredResult | TaskCreated:
+            if rounds is None or not modern(client):
+                return await client.call_tool(tool.tool.name, arguments, meta=meta, progress_callback=progress)
+            return await called_in_rounds(client, tool, arguments, meta, progress, rounds)
+
+        return await asked(self, request, tool.upstream, called, tool.tool.name)
+
+
+async def asked(
+    upstreams: Upstreams,
+    request: Requester,
+    upstream: str,
+    ask: Callable[[Client], Awaitable[T]],
+    what: str,
+    *,
+    tasks: bool = False,
+) -> T:
+    """`ask` of the upstream's client serving `request` (`Upstreams.serving`), answered within the
+    upstream's callSeconds; else an MCPError saying so (the SDK asks the server to cancel)."""
+    within = upstreams.config[upstream].call_seconds
+    with anyio.move_on_after(within):
+        async with upstreams.serving(request, upstream, tasks) as client:
+            return await ask(client)
+    raise MCPError(
+        types.INTERNAL_ERROR,
+        f"upstream {upstream} did not answer {what} within {within:g} s, and was asked to cancel it: give it "
+        f"longer with upstreams.{upstream}.callSeconds",
+    )
 
 
 async def called_in_rounds(

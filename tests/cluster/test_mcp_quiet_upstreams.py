@@ -1,6 +1,8 @@
-"""An upstream announces its tools changed and then never answers tools/list: the gateway lists
-the tools again within the upstream's `connectSeconds`, keeps what that one listed before and says
-so, and the changes other upstreams announce still reach agents."""
+"""An upstream that stops answering once the gateway has started holds up nothing else. One that
+announces its tools changed and then never answers tools/list: the gateway lists the tools again
+within the upstream's `connectSeconds`, keeps what that one listed before and says so, and the
+changes other upstreams announce still reach agents. One that never answers resources/list: past
+its `callSeconds` the agent gets the other upstreams' resources."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from tests.support.gateway_process import GatewayProcess
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.cluster
-QUIET = [sys.executable, "-m", "tests.support.mcp_mute_lister", "--after-change"]
+MUTE_LISTER = [sys.executable, "-m", "tests.support.mcp_mute_lister"]
 
 
 async def test_an_upstream_gone_quiet_after_announcing_a_change_holds_up_no_other_change(
@@ -37,7 +39,10 @@ async def test_an_upstream_gone_quiet_after_announcing_a_change_holds_up_no_othe
         return [t.name for t in (await agent.list_tools()).tools]
 
     with conformance_suite.upstream(tmp_path) as suite:
-        upstreams = {"quiet": {"command": QUIET, "connectSeconds": 2}, "suite": {"url": suite}}
+        upstreams = {
+            "quiet": {"command": [*MUTE_LISTER, "--after-change"], "connectSeconds": 2},
+            "suite": {"url": suite},
+        }
         gateway = GatewayProcess(
             cluster.kubeconfig, {"namespace": namespace, "unmapped": "pass", "upstreams": upstreams}, tmp_path
         )
@@ -58,3 +63,21 @@ async def test_an_upstream_gone_quiet_after_announcing_a_change_holds_up_no_othe
         "after a change was announced, upstream quiet did not list its tools within 2 s: check that it answers "
         "tools/list, or give it longer with upstreams.quiet.connectSeconds; the tools it listed before are kept"
     ) in said
+
+
+async def test_an_upstream_that_never_answers_resources_list_is_left_out_of_it_past_its_call_seconds(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    with conformance_suite.upstream(tmp_path) as suite:
+        upstreams = {"mute": {"command": [*MUTE_LISTER, "--mute-resources"], "callSeconds": 2}, "suite": {"url": suite}}
+        gateway = GatewayProcess(
+            cluster.kubeconfig, {"namespace": namespace, "unmapped": "pass", "upstreams": upstreams}, tmp_path
+        )
+        try:
+            with anyio.fail_after(30):
+                async with Client(gateway.url, mode="legacy") as agent:
+                    listed = await agent.list_resources()
+        finally:
+            gateway.stop()
+    assert listed.resources  # the suite's, the mute upstream asked to cancel and left out
+    assert all(str(r.uri).startswith("test://") for r in listed.resources), listed.resources
