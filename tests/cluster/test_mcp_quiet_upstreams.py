@@ -2,7 +2,9 @@
 announces its tools changed and then never answers tools/list: the gateway lists the tools again
 within the upstream's `connectSeconds`, keeps what that one listed before and says so, and the
 changes other upstreams announce still reach agents. One that never answers resources/list: past
-its `callSeconds` the agent gets the other upstreams' resources."""
+its `callSeconds` the agent gets the other upstreams' resources. One that never answers
+resources/subscribe: an agent's listen stream naming a resource opens past its `callSeconds`,
+and the gateway still stops once the stream has ended (its unsubscribing is shielded)."""
 
 from __future__ import annotations
 
@@ -81,3 +83,22 @@ async def test_an_upstream_that_never_answers_resources_list_is_left_out_of_it_p
             gateway.stop()
     assert listed.resources  # the suite's, the mute upstream asked to cancel and left out
     assert all(str(r.uri).startswith("test://") for r in listed.resources), listed.resources
+
+
+async def test_an_upstream_that_never_answers_resources_subscribe_holds_a_listen_stream_only_its_call_seconds(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    with conformance_suite.upstream(tmp_path) as suite:
+        mute = {"command": [*MUTE_LISTER, "--mute-subscribe"], "callSeconds": 2}
+        config = {"namespace": namespace, "unmapped": "pass", "upstreams": {"mute": mute, "suite": {"url": suite}}}
+        gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+        try:
+            with anyio.fail_after(30):
+                async with (
+                    Client(gateway.url) as agent,
+                    agent.listen(resource_subscriptions=["test://watched-resource"]),
+                ):
+                    pass
+        finally:
+            gateway.stop()  # fails the test past 15 s
+    assert "upstream mute did not answer resources/subscribe or unsubscribe within 2 s" in gateway.log_path.read_text()

@@ -2,7 +2,8 @@
 that connects and then hangs. With `--after-change`, it lists its one tool, `go_quiet`, until
 that is called: the call announces the list changed, and tools/list is never answered again.
 With `--endless`, every page of its tools/list names a next one. With `--mute-resources`, it
-lists its tool and never answers resources/list."""
+lists its tool and never answers resources/list; with `--mute-subscribe`, never
+resources/subscribe or unsubscribe."""
 
 from __future__ import annotations
 
@@ -41,13 +42,22 @@ async def never(_: Any, __: types.PaginatedRequestParams | None) -> types.ListRe
     raise AssertionError("sleep_forever returned")  # it does not: this only types the handler
 
 
-async def main(after_change: bool, endless: bool, mute_resources: bool) -> None:
-    lister = Lister(quiet=not (after_change or endless or mute_resources), endless=endless)
+async def never_subscribed(
+    _: Any, __: types.SubscribeRequestParams | types.UnsubscribeRequestParams
+) -> types.EmptyResult:
+    await anyio.sleep_forever()
+    raise AssertionError("sleep_forever returned")
+
+
+async def main(after_change: bool, endless: bool, mute_resources: bool, mute_subscribe: bool) -> None:
+    lister = Lister(quiet=not (after_change or endless or mute_resources or mute_subscribe), endless=endless)
     server: Server[Any] = Server(
         "mute-lister",
         on_list_tools=lister.list_tools,
         on_call_tool=lister.call_tool,
         on_list_resources=never if mute_resources else None,
+        on_subscribe_resource=never_subscribed if mute_subscribe else None,
+        on_unsubscribe_resource=never_subscribed if mute_subscribe else None,
     )
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
@@ -58,5 +68,6 @@ if __name__ == "__main__":
     parser.add_argument("--after-change", action="store_true")
     parser.add_argument("--endless", action="store_true")
     parser.add_argument("--mute-resources", action="store_true")
+    parser.add_argument("--mute-subscribe", action="store_true")
     options = parser.parse_args()
-    anyio.run(main, options.after_change, options.endless, options.mute_resources)
+    anyio.run(main, options.after_change, options.endless, options.mute_resources, options.mute_subscribe)

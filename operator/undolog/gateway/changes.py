@@ -142,9 +142,19 @@ class Changes:
         for name, client in self.upstreams.clients.items():
             if name in self.upstreams.discovered:
                 continue
-            for uri, on in [*((u, True) for u in after - before), *((u, False) for u in before - after)]:
-                with contextlib.suppress(MCPError):  # a server without subscriptions, or not its resource
-                    await (client.subscribe_resource(uri) if on else client.unsubscribe_resource(uri))
+            within = self.upstreams.config[name].call_seconds
+            with anyio.move_on_after(within) as bound:  # the end's unsubscribing is shielded: never for ever
+                for uri, on in [*((u, True) for u in after - before), *((u, False) for u in before - after)]:
+                    with contextlib.suppress(MCPError):  # a server without subscriptions, or not its resource
+                        await (client.subscribe_resource(uri) if on else client.unsubscribe_resource(uri))
+            if bound.cancelled_caught:
+                log.warning(
+                    "upstream %s did not answer resources/subscribe or unsubscribe within %g s, and was asked to "
+                    "cancel it: its updates may not reach agents; give it longer with upstreams.%s.callSeconds",
+                    name,
+                    within,
+                    name,
+                )
 
     def seen(self, key: str | None, session: ServerSession) -> None:
         """A session-era agent's session, to tell of changes until it ends."""
