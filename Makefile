@@ -45,8 +45,11 @@ venv-demo: $(VENV)/.installed-demo
 install_lock = $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && \
 	$(PY) -m pip install -q --require-hashes -r $(1) && $(PY) -m pip install -q --no-deps -e .
 
+# Then whatever an earlier lock installed and this one does not list is removed (uv keeps pip),
+# so a warm venv runs the tests with what a clean clone gets; the project goes back in after.
 $(VENV)/.installed: pyproject.toml requirements/dev.txt
 	$(call install_lock,requirements/dev.txt)
+	$(VENV)/bin/uv pip sync -q --python $(PY) --require-hashes requirements/dev.txt && $(PY) -m pip install -q --no-deps -e .
 	touch $@
 
 # The demo and the local control plane need the product and devtools' two libraries, not the
