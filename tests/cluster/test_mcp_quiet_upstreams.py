@@ -4,7 +4,9 @@ within the upstream's `connectSeconds`, keeps what that one listed before and sa
 changes other upstreams announce still reach agents. One that never answers resources/list: past
 its `callSeconds` the agent gets the other upstreams' resources. One that never answers
 resources/subscribe: an agent's listen stream naming a resource opens past its `callSeconds`,
-and the gateway still stops once the stream has ended (its unsubscribing is shielded)."""
+and the gateway still stops once the stream has ended (its unsubscribing is shielded). One of
+the stateless revision that never acknowledges the gateway's listen stream: listened to again
+every `connectSeconds`, while its tools are called as ever."""
 
 from __future__ import annotations
 
@@ -102,3 +104,22 @@ async def test_an_upstream_that_never_answers_resources_subscribe_holds_a_listen
         finally:
             gateway.stop()  # fails the test past 15 s
     assert "upstream mute did not answer resources/subscribe or unsubscribe within 2 s" in gateway.log_path.read_text()
+
+
+async def test_an_upstream_that_never_acknowledges_the_gateway_s_listen_stream_is_listened_to_again(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    def warnings() -> int:
+        said = gateway.log_path.read_text()
+        return said.count("upstream mute did not acknowledge a listen stream within 2 s (its connectSeconds)")
+
+    with conformance_suite.upstream(tmp_path, "--mute-listen") as mute:
+        config = {"namespace": namespace, "unmapped": "pass", "upstreams": {"mute": {"url": mute, "connectSeconds": 2}}}
+        gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+        try:
+            await eventually(lambda: asyncio.sleep(0, warnings()), lambda n: n >= 2, 20, "listened to twice")
+            with anyio.fail_after(30):
+                async with Client(gateway.url) as agent:
+                    assert not (await agent.call_tool("test_simple_text", {})).is_error
+        finally:
+            gateway.stop()

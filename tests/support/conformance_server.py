@@ -21,6 +21,7 @@ import zlib
 from collections import OrderedDict
 from typing import Any, cast
 
+import anyio
 import mcp_types as types
 import uvicorn
 from mcp.server.context import ServerRequestContext
@@ -178,7 +179,7 @@ TRIGGERS = [
 
 
 class Conformance:
-    def __init__(self) -> None:
+    def __init__(self, mute_listen: bool = False) -> None:
         self.subscribed: set[str] = set()
         self.added_tools: list[types.Tool] = []
         self.added_prompts: list[types.Prompt] = []
@@ -197,7 +198,7 @@ class Conformance:
             on_get_prompt=self.get_prompt,
             on_completion=self.complete,
             on_set_logging_level=self.set_level,
-            on_subscriptions_listen=ListenHandler(self.bus),
+            on_subscriptions_listen=never_acknowledged if mute_listen else ListenHandler(self.bus),
         )
         self.tasks = conformance_tasks.Tasks()
         self.tasks.install(self.server)
@@ -416,6 +417,12 @@ class Conformance:
         return types.EmptyResult()
 
 
+async def never_acknowledged(_: Ctx, __: types.SubscriptionsListenRequestParams) -> types.SubscriptionsListenResult:
+    """A listen stream this server takes and never acknowledges."""
+    await anyio.sleep_forever()
+    raise AssertionError("sleep_forever returned")  # it does not: this only types the handler
+
+
 def resource(uri: str, said: str, mime: str = "text/plain") -> types.EmbeddedResource:
     return types.EmbeddedResource(
         type="resource", resource=types.TextResourceContents(uri=uri, mime_type=mime, text=said)
@@ -425,12 +432,14 @@ def resource(uri: str, said: str, mime: str = "text/plain") -> types.EmbeddedRes
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
-    port = parser.parse_args().port
+    parser.add_argument("--mute-listen", action="store_true", help="never acknowledge subscriptions/listen")
+    options = parser.parse_args()
+    port = options.port
 
     async def healthz(_: Request) -> Response:
         return PlainTextResponse("ok")
 
-    app = Conformance().server.streamable_http_app(
+    app = Conformance(mute_listen=options.mute_listen).server.streamable_http_app(
         streamable_http_path="/mcp",
         event_store=MemoryEvents(),
         retry_interval=1000,

@@ -39,13 +39,16 @@ def scenarios(url: str, era: str, work: Path) -> dict[str, bool]:
 
 
 @contextmanager
-def upstream(work: Path) -> Iterator[str]:
-    """The server written to the suite's specification (tests/support/conformance_server.py)."""
+def upstream(work: Path, *flags: str) -> Iterator[str]:
+    """The server written to the suite's specification (tests/support/conformance_server.py),
+    with its `flags` (`--mute-listen`)."""
     port = free_port()
     log = work / f"conformance-upstream-{port}.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.conformance_server", "--port", str(port)], stdout=out, stderr=out
+            [sys.executable, "-m", "tests.support.conformance_server", "--port", str(port), *flags],
+            stdout=out,
+            stderr=out,
         )
     try:
         serving(f"http://127.0.0.1:{port}/healthz", process, log, 30)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -71,21 +72,31 @@ class Changes:
 
     async def _listening(self, upstream: str) -> None:
         """A listen stream to the upstream, opened again at once when the resources watched
-        change, and RELISTEN_SECONDS after it drops (no change is replayed, so every list then
-        counts as changed)."""
+        change, and RELISTEN_SECONDS after it drops or is not acknowledged within the upstream's
+        connectSeconds (no change is replayed, so every list then counts as changed)."""
         dropped = False
+        within = self.upstreams.config[upstream].connect_seconds
         while True:
             with anyio.CancelScope() as listening:
                 self._relisten[upstream] = listening
                 resources = frozenset(self.watched)
                 try:
-                    async with self.upstreams.listening(upstream, resources) as events:
-                        self._heard(upstream, resources)
-                        for change in LIST_CHANGES.values() if dropped else ():
-                            await self.changed(change)
-                        dropped = False
-                        async for event in events:
-                            await self.changed(event)
+                    with anyio.CancelScope(deadline=anyio.current_time() + within) as opening:
+                        async with self.upstreams.listening(upstream, resources) as events:
+                            opening.deadline = math.inf  # open: it may stay quiet for as long as it likes
+                            self._heard(upstream, resources)
+                            for change in LIST_CHANGES.values() if dropped else ():
+                                await self.changed(change)
+                            dropped = False
+                            async for event in events:
+                                await self.changed(event)
+                    if opening.cancelled_caught:
+                        log.warning(
+                            "upstream %s did not acknowledge a listen stream within %g s (its connectSeconds): "
+                            "listened to again",
+                            upstream,
+                            within,
+                        )
                 except Exception as error:  # the upstream went away: listened to again
                     log.warning("what %s announces could not be listened to: %s", upstream, error)
                 finally:
