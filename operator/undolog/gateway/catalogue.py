@@ -19,7 +19,7 @@ from undolog.api.gateway import GatewayConfig
 from undolog.decisions.advertised_undo import ListedTool
 from undolog.decisions.undo_expressions import expressions_in, mistyped, unknown_fields
 
-MAX_PAGES = 100  # of one server's tools/list: one that names a next page for ever is not read on
+MAX_PAGES = 100  # of one server's list (tools, resources, prompts): not read on past it
 
 
 @dataclass(frozen=True)

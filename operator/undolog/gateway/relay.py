@@ -20,11 +20,11 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from undolog.gateway.agent_requests import AgentRequest
+from undolog.gateway.catalogue import MAX_PAGES
 from undolog.gateway.subscriptions import Subscriptions
 from undolog.gateway.upstreams import Rounds, Upstreams, asked, modern
 
 T = TypeVar("T")
-MAX_PAGES = 100  # of one upstream's list: a server whose cursor never ends is not followed for ever
 
 
 def _rounds(
