@@ -411,16 +411,18 @@ async def asked(
     tasks: bool = False,
 ) -> T:
     """`ask` of the upstream's client serving `request` (`Upstreams.serving`), answered within the
-    upstream's callSeconds; else an MCPError saying so (the SDK asks the server to cancel)."""
+    upstream's callSeconds; else an MCPError saying so (the SDK asks the server to cancel), also
+    logged: a list that leaves the upstream out says nothing of it to the agent."""
     within = upstreams.config[upstream].call_seconds
     with anyio.move_on_after(within):
         async with upstreams.serving(request, upstream, tasks) as client:
             return await ask(client)
-    raise MCPError(
-        types.INTERNAL_ERROR,
+    said = (
         f"upstream {upstream} did not answer {what} within {within:g} s, and was asked to cancel it: give it "
-        f"longer with upstreams.{upstream}.callSeconds",
+        f"longer with upstreams.{upstream}.callSeconds"
     )
+    log.warning("%s", said)
+    raise MCPError(types.INTERNAL_ERROR, said)
 
 
 async def called_in_rounds(
