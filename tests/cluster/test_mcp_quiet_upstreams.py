@@ -85,7 +85,7 @@ async def test_an_upstream_that_never_answers_resources_list_is_left_out_of_it_p
             gateway.stop()
     assert listed.resources  # the suite's, the mute upstream asked to cancel and left out
     assert all(str(r.uri).startswith("test://") for r in listed.resources), listed.resources
-    said = "upstream mute did not answer its resources within 2 s, and was asked to cancel it"
+    said = "upstream mute did not answer its list of resources within 2 s, and was asked to cancel it"
     assert said in gateway.log_path.read_text()
 
 

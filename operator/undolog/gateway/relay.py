@@ -59,11 +59,12 @@ class Relay:
         self, request: AgentRequest, fetch: Callable[[str | None, Client], Awaitable[Any]], field: str
     ) -> list[tuple[str, Any]]:
         found: list[tuple[str, Any]] = []
+        what = f"its list of {field.replace('_', ' ')}"
         for name in self.upstreams.config:
             cursor: str | None = None
             for _ in range(MAX_PAGES):
                 try:
-                    page = await asked(self.upstreams, request, name, functools.partial(fetch, cursor), f"its {field}")
+                    page = await asked(self.upstreams, request, name, functools.partial(fetch, cursor), what)
                 except MCPError:  # it does not offer them, or did not answer in time: the others' are listed
                     break
                 found += [(name, item) for item in getattr(page, field)]
