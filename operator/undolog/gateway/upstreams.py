@@ -81,13 +81,14 @@ def unreachable(name: str, upstream: Upstream, error: BaseException) -> Upstream
             f"upstream {name} ({where}) did not answer within {upstream.connect_seconds:g} s: check that it is up "
             f"there and speaks MCP, or give it longer with upstreams.{name}.connectSeconds"
         )
-    cause = lone(error) if isinstance(error, BaseExceptionGroup) else error
+    cause = lone(error)
     return UpstreamUnreachable(f"upstream {name} ({where}) could not be connected: {type(cause).__name__}: {cause}")
 
 
-def lone(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one exception a group holds, however deep (the group itself when it holds more)."""
-    found: BaseException = group
+def lone(error: BaseException) -> BaseException:
+    """The one exception a group holds, however deep (the group itself when it holds more; any
+    other exception itself)."""
+    found = error
     while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
         found = found.exceptions[0]
     return found
@@ -470,7 +471,7 @@ async def listed_from_each(
                 f"or give it longer with upstreams.{name}.connectSeconds"
             )
         except Exception as error:
-            cause = lone(error) if isinstance(error, BaseExceptionGroup) else error
+            cause = lone(error)
             failed[name] = f"upstream {name} could not list its tools: {type(cause).__name__}: {cause}"
         if (name, False) in listed and name not in upstreams.discovered:  # one era: one list for both
             listed[name, True] = listed[name, False]
