@@ -7,9 +7,9 @@ the session era: each era's agents see the list the server gives a client of the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import mcp_types as types
 from mcp import Client
@@ -86,39 +86,50 @@ def _named(listed: dict[str, list[types.Tool]]) -> dict[str, UpstreamTool]:
     return {(t.tool.name if counts[t.tool.name] == 1 else t.qualified): t for t in tools}
 
 
-async def tools_of(client: Client) -> list[types.Tool]:
-    """The server's tools, every page of them (at most MAX_PAGES)."""
-    tools: list[types.Tool] = []
+class Page(Protocol):
+    @property
+    def next_cursor(self) -> str | None: ...
+
+
+P = TypeVar("P", bound=Page)
+
+
+async def _pages(fetch: Callable[[str | None], Awaitable[P]]) -> list[P]:
+    """Every page of a server's tools/list, its cursor followed (at most MAX_PAGES)."""
+    pages: list[P] = []
     cursor: str | None = None
     for _ in range(MAX_PAGES):
-        page = await client.list_tools(cursor=cursor)
-        tools.extend(page.tools)
+        pages.append(page := await fetch(cursor))
         cursor = page.next_cursor
         if not cursor:
-            return tools
+            return pages
     raise EndlessListing(f"tools/list named a next page after {MAX_PAGES} pages")
+
+
+async def tools_of(client: Client) -> list[types.Tool]:
+    """The server's tools, every page of them."""
+    return [tool for page in await _pages(lambda cursor: client.list_tools(cursor=cursor)) for tool in page.tools]
 
 
 async def raw_tools_of(client: Client) -> dict[str, ListedTool]:
     """The server's tools as it sent them, annotations' unknown fields kept (the SDK's types drop
-    them): by name, every page of them (at most MAX_PAGES)."""
-    tools: dict[str, ListedTool] = {}
-    cursor: str | None = None
-    for _ in range(MAX_PAGES):
+    them): by name, every page of them."""
+
+    async def page(cursor: str | None) -> RawListing:
         request = types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor))
-        page = await client.session.send_request(request, RawListing)
-        for raw in page.tools:
-            tool = ListedTool(
-                name=str(raw.get("name")),
-                annotations=raw.get("annotations") or {},
-                input_schema=raw.get("inputSchema") or {},
-                output_schema=raw.get("outputSchema"),
-            )
-            tools[tool.name] = tool
-        cursor = page.next_cursor
-        if not cursor:
-            return tools
-    raise EndlessListing(f"tools/list named a next page after {MAX_PAGES} pages")
+        return await client.session.send_request(request, RawListing)
+
+    tools = (
+        ListedTool(
+            name=str(raw.get("name")),
+            annotations=raw.get("annotations") or {},
+            input_schema=raw.get("inputSchema") or {},
+            output_schema=raw.get("outputSchema"),
+        )
+        for listing in await _pages(page)
+        for raw in listing.tools
+    )
+    return {tool.name: tool for tool in tools}
 
 
 class EndlessListing(ValueError):
