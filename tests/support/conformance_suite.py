@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +15,7 @@ from pathlib import Path
 from devtools.control_plane.local import free_port
 
 from tests.conftest import REPO
-from tests.support.waiting import serving
+from tests.support.loopback_mcp import served
 
 MODULES = REPO / "tests" / "conformance" / "node_modules"
 EVERYTHING = REPO / "tests" / "mcp_servers" / "node_modules" / ".bin" / "mcp-server-everything"
@@ -42,20 +41,8 @@ def scenarios(url: str, era: str, work: Path) -> dict[str, bool]:
 def upstream(work: Path, *flags: str) -> Iterator[str]:
     """The server written to the suite's specification (tests/support/conformance_server.py),
     with its `flags` (`--mute-listen`)."""
-    port = free_port()
-    log = work / f"conformance-upstream-{port}.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.conformance_server", "--port", str(port), *flags],
-            stdout=out,
-            stderr=out,
-        )
-    try:
-        serving(f"http://127.0.0.1:{port}/healthz", process, log, 30)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        process.terminate()
-        process.wait(10)
+    with served("conformance_server", work, *flags) as url:
+        yield url
 
 
 @contextmanager
