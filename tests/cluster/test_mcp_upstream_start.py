@@ -24,6 +24,7 @@ from mcp.shared.exceptions import MCPError
 from tests.conftest import Cluster
 from tests.support import conformance_suite
 from tests.support.gateway_process import GatewayProcess
+from tests.support.loopback_mcp import served
 from tests.support.round_robin import RoundRobin
 
 pytestmark = pytest.mark.cluster
@@ -112,8 +113,8 @@ def test_the_upstreams_are_connected_together_and_each_that_fails_is_named(
 def test_an_upstream_that_connects_and_never_lists_its_tools_stops_the_start(
     cluster: Cluster, namespace: str, tmp_path: Path
 ) -> None:
-    mute = {"command": [sys.executable, "-m", "tests.support.mcp_mute_lister"], "connectSeconds": 2}
-    status, said = gateway_start(cluster, namespace, tmp_path, slow=mute)
+    with served("mcp_mute_lister", tmp_path) as mute:
+        status, said = gateway_start(cluster, namespace, tmp_path, slow={"url": mute, "connectSeconds": 2})
     assert status == 1, said
     assert "upstream slow did not list its tools within 2 s: check that it answers tools/list" in said
     assert "upstreams.slow.connectSeconds" in said

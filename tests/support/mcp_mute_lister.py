@@ -1,9 +1,10 @@
-"""A local MCP server (stdio) that answers initialize and never answers tools/list: an upstream
+"""A local MCP server that answers initialize and never answers tools/list: an upstream
 that connects and then hangs. With `--after-change`, it lists its one tool, `go_quiet`, until
 that is called: the call announces the list changed, and tools/list is never answered again.
 With `--endless`, every page of its tools/list names a next one. With `--mute-resources`, it
 lists its tool and never answers resources/list; with `--mute-subscribe`, never
-resources/subscribe or unsubscribe."""
+resources/subscribe or unsubscribe. On stdio, or with `--port N` on streamable HTTP on loopback
+(/mcp, and /healthz once it serves)."""
 
 from __future__ import annotations
 
@@ -49,18 +50,38 @@ async def never_subscribed(
     raise AssertionError("sleep_forever returned")
 
 
-async def main(after_change: bool, endless: bool, mute_resources: bool, mute_subscribe: bool) -> None:
-    lister = Lister(quiet=not (after_change or endless or mute_resources or mute_subscribe), endless=endless)
-    server: Server[Any] = Server(
+def mute_lister(options: argparse.Namespace) -> Server[Any]:
+    muted = options.after_change or options.endless or options.mute_resources or options.mute_subscribe
+    lister = Lister(quiet=not muted, endless=options.endless)
+    return Server(
         "mute-lister",
         on_list_tools=lister.list_tools,
         on_call_tool=lister.call_tool,
-        on_list_resources=never if mute_resources else None,
-        on_subscribe_resource=never_subscribed if mute_subscribe else None,
-        on_unsubscribe_resource=never_subscribed if mute_subscribe else None,
+        on_list_resources=never if options.mute_resources else None,
+        on_subscribe_resource=never_subscribed if options.mute_subscribe else None,
+        on_unsubscribe_resource=never_subscribed if options.mute_subscribe else None,
     )
+
+
+async def on_stdio(server: Server[Any]) -> None:
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
+
+
+def on_loopback(server: Server[Any], port: int) -> None:
+    # Imported here: on stdio its start is timed by the gateway's connectSeconds, and needs none of it.
+    import uvicorn
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse, Response
+    from starlette.routing import Route
+
+    async def healthz(_: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    app = server.streamable_http_app(
+        streamable_http_path="/mcp", host="127.0.0.1", custom_starlette_routes=[Route("/healthz", healthz)]
+    )
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
 if __name__ == "__main__":
@@ -69,5 +90,9 @@ if __name__ == "__main__":
     parser.add_argument("--endless", action="store_true")
     parser.add_argument("--mute-resources", action="store_true")
     parser.add_argument("--mute-subscribe", action="store_true")
+    parser.add_argument("--port", type=int, help="serve streamable HTTP on this loopback port, not stdio")
     options = parser.parse_args()
-    anyio.run(main, options.after_change, options.endless, options.mute_resources, options.mute_subscribe)
+    if options.port:
+        on_loopback(mute_lister(options), options.port)
+    else:
+        anyio.run(on_stdio, mute_lister(options))

@@ -31,6 +31,7 @@ def mcp(
     """Serve MCP in front of your MCP servers: every tool call that can be undone gets its
     UndoEntry before it runs, and each session is a saga an abort undoes, newest first."""
     from undolog.api.gateway import AUTH_UNSAID
+    from undolog.gateway.late_answers import drop_late_answers
     from undolog.gateway.run import MappingRefused, load, serve_http, serve_stdio
     from undolog.gateway.upstream_credentials import CredentialsUnreadable
     from undolog.gateway.upstreams import UpstreamUnreachable
@@ -54,6 +55,7 @@ def mcp(
         )
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    drop_late_answers()
     if handle_key:
         key = handle_key.encode()
     else:
