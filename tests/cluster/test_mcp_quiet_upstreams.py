@@ -6,7 +6,8 @@ its `callSeconds` the agent gets the other upstreams' resources. One that never 
 resources/subscribe: an agent's listen stream naming a resource opens past its `callSeconds`,
 and the gateway still stops once the stream has ended (its unsubscribing is shielded). One of
 the stateless revision that never acknowledges the gateway's listen stream: listened to again
-every `connectSeconds`, while its tools are called as ever."""
+every `connectSeconds`, while its tools are called as ever. One that refuses the listen stream
+(-32601): asked once, and not waited for when an agent's listen stream names a resource."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from mcp import Client
 from tests.conftest import Cluster
 from tests.support import conformance_suite
 from tests.support.gateway_process import GatewayProcess
+from tests.support.loopback_mcp import served
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.cluster
@@ -124,3 +126,34 @@ async def test_an_upstream_that_never_acknowledges_the_gateway_s_listen_stream_i
                     assert not (await agent.call_tool("test_simple_text", {})).is_error
         finally:
             gateway.stop()
+
+
+async def test_an_upstream_that_refuses_the_gateway_s_listen_stream_is_not_asked_again(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    def refusals() -> int:
+        return gateway.log_path.read_text().count("upstream plain refused subscriptions/listen (Method not found)")
+
+    # The mute lister on HTTP speaks the stateless revision and takes no subscriptions/listen.
+    with (
+        served("mcp_mute_lister", tmp_path, "--mute-resources") as plain,
+        conformance_suite.upstream(tmp_path) as suite,
+    ):
+        config = {
+            "namespace": namespace,
+            "unmapped": "pass",
+            "upstreams": {"plain": {"url": plain}, "suite": {"url": suite}},
+        }
+        gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+        try:
+            await eventually(lambda: asyncio.sleep(0, refusals()), lambda n: n >= 1, 20, "refused")
+            with anyio.fail_after(30):
+                async with Client(gateway.url) as agent:
+                    for uri in ("test://watched-resource", "test://static-text"):  # each opens the gateway's again
+                        async with agent.listen(resource_subscriptions=[uri]):
+                            pass
+                    assert not (await agent.call_tool("test_simple_text", {})).is_error
+        finally:
+            gateway.stop()
+    assert refusals() == 1
+    assert "what plain announces could not be listened to" not in gateway.log_path.read_text()

@@ -34,7 +34,7 @@ from mcp.shared.subscriptions import (
 
 from undolog.gateway.catalogue import ToolCatalogue, tools_of
 from undolog.gateway.subscriptions import LIST_CHANGES, Subscriptions
-from undolog.gateway.upstreams import Upstreams, listed_from_each
+from undolog.gateway.upstreams import Upstreams, listed_from_each, lone
 
 log = logging.getLogger("undolog.gateway")
 RELISTEN_SECONDS = 2.0  # after an upstream's listen stream dropped
@@ -63,6 +63,7 @@ class Changes:
         self.sessions: OrderedDict[str, ServerSession] = OrderedDict()
         self._relisten: dict[str, anyio.CancelScope] = {}
         self._watching: dict[str, frozenset[str]] = {}  # by upstream, what its open listen stream names
+        self._unlistened: set[str] = set()  # the upstreams that refused listen streams
         self._acknowledged = anyio.Event()
         self._stale = anyio.Event()  # a change of tools was announced since they were last listed
         subscriptions.on_changed = self.changed
@@ -98,12 +99,27 @@ class Changes:
                             within,
                         )
                 except Exception as error:  # the upstream went away: listened to again
-                    log.warning("what %s announces could not be listened to: %s", upstream, error)
+                    if self._refused(upstream, cause := lone(error)):
+                        return
+                    log.warning("what %s announces could not be listened to: %r", upstream, cause)
                 finally:
                     self._watching.pop(upstream, None)
             if not listening.cancelled_caught:
                 dropped = True
                 await anyio.sleep(RELISTEN_SECONDS)
+
+    def _refused(self, upstream: str, error: BaseException) -> bool:
+        """Whether the upstream refused listen streams (-32601): then not asked again, nor waited
+        for, and said once (asked every RELISTEN_SECONDS, it would refuse each time)."""
+        if not (isinstance(error, MCPError) and error.code == types.METHOD_NOT_FOUND):
+            return False
+        self._unlistened.add(upstream)
+        log.warning(
+            "upstream %s refused subscriptions/listen (Method not found): not asked again, so agents learn of what "
+            "it changes only when they list again",
+            upstream,
+        )
+        return True
 
     def _heard(self, upstream: str, resources: frozenset[str]) -> None:
         """The upstream acknowledged a listen stream naming `resources`: whoever waits for it, on."""
@@ -115,7 +131,8 @@ class Changes:
         """Until every upstream of the stateless revision listens for `wanted` (at most
         CATCH_UP_SECONDS: one that is away is listened to again when it is back)."""
         with anyio.move_on_after(CATCH_UP_SECONDS):
-            while not all(wanted <= self._watching.get(u, frozenset()) for u in self.upstreams.discovered):
+            listened = [u for u in self.upstreams.discovered if u not in self._unlistened]
+            while not all(wanted <= self._watching.get(u, frozenset()) for u in listened):
                 await self._acknowledged.wait()
 
     async def listen(
