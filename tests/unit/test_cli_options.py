@@ -93,3 +93,26 @@ def test_without_the_cli_extra_the_command_says_how_to_get_it() -> None:
     assert done.stderr.strip() == (
         "error: the undolog command needs typer, which `pip install undolog` leaves out: pip install 'undolog[cli]'"
     )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["operator", "--leader-election-namespace", "x", "--liveness-port", "0", "--metrics-port", "0"],
+        ["mcp", "--port", "0"],
+    ],
+)
+def test_a_long_running_command_given_a_kubeconfig_that_does_not_exist_names_it_in_one_line(
+    command: list[str], tmp_path: Path
+) -> None:
+    """The operator and the gateway read the kubeconfig once they run: still one line, no traceback."""
+    config = tmp_path / "gateway.yaml"
+    config.write_text('auth: none\nnamespace: x\nupstreams:\n  a: {url: "http://127.0.0.1:1/mcp"}\n')
+    extra = ["--config", str(config)] if command[0] == "mcp" else []
+    argv = [sys.executable, "-m", "undolog.cli", *command, *extra, "--kubeconfig", "/nonexistent/config"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (  # after the gateway's warnings of its start
+        "error: no kubeconfig found at /nonexistent/config: set KUBECONFIG or --kubeconfig, or run in a Pod"
+    )

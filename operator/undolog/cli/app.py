@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from undolog import errors
 from undolog.cli import triage
 from undolog.cli.archive import archive
 from undolog.cli.connection import NamespacedCommand, UserCommand
@@ -59,4 +60,8 @@ app.add_typer(archive)
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except errors.KubeconfigInvalid as error:  # the operator and the gateway read it as they run
+        typer.echo(f"error: {error}", err=True)
+        raise SystemExit(1) from None
