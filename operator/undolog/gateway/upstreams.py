@@ -28,7 +28,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from undolog.api.gateway import Upstream
 from undolog.calls.mcp import KEY_META, keyed_meta
 from undolog.gateway.agent_requests import TASKS, AgentRequest, Requester
-from undolog.gateway.catalogue import UpstreamTool
+from undolog.gateway.catalogue import UpstreamTool, tools_of
 from undolog.gateway.connections import Connection, progress_of
 from undolog.gateway.lenient_answers import LenientAnswers
 from undolog.gateway.subscriptions import Subscriptions
@@ -435,17 +435,30 @@ async def called_in_rounds(
     rounds: Rounds,
 ) -> types.CallToolResult | types.InputRequiredResult | TaskCreated:
     """The tool called on a server of the stateless revision, which may answer `input_required`,
-    or with a task: returned as it came."""
-    result = await client.session.call_tool(
-        tool.tool.name,
-        arguments,
-        progress_callback=progress,
-        input_responses=rounds.responses,
-        request_state=rounds.state,
-        meta=meta,
-        allow_input_required=True,
-        allow_claimed=True,
-    )
+    or with a task: returned as it came. Refused for want of the `Mcp-Param-*` headers its
+    schema names (-32020), the tool is listed on this client, and sent again once."""
+
+    async def sent() -> types.CallToolResult | types.InputRequiredResult | types.Result:
+        return await client.session.call_tool(
+            tool.tool.name,
+            arguments,
+            progress_callback=progress,
+            input_responses=rounds.responses,
+            request_state=rounds.state,
+            meta=meta,
+            allow_input_required=True,
+            allow_claimed=True,
+        )
+
+    try:
+        result = await sent()
+    except MCPError as mismatch:
+        if mismatch.code != types.HEADER_MISMATCH:
+            raise
+        # The SDK sends the headers its own listing names; this client's was missing or stale. The
+        # refusal comes before the tool runs, so sending again is the specification's recovery.
+        await tools_of(client)
+        result = await sent()
     if not isinstance(result, types.CallToolResult | types.InputRequiredResult | TaskCreated):
         raise MCPError(types.INTERNAL_ERROR, f"{tool.qualified} answered a {type(result).__name__}")
     return result
