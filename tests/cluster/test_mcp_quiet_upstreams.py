@@ -7,7 +7,9 @@ resources/subscribe: an agent's listen stream naming a resource opens past its `
 and the gateway still stops once the stream has ended (its unsubscribing is shielded). One of
 the stateless revision that never acknowledges the gateway's listen stream: listened to again
 every `connectSeconds`, while its tools are called as ever. One that refuses the listen stream
-(-32601): asked once, and not waited for when an agent's listen stream names a resource."""
+(-32601): asked once, and not waited for when an agent's listen stream names a resource. One
+whose tools/list no longer answers: a session's calls of its tools are answered all the same
+(the gateway does not list them again on the session's connection first)."""
 
 from __future__ import annotations
 
@@ -157,3 +159,20 @@ async def test_an_upstream_that_refuses_the_gateway_s_listen_stream_is_not_asked
             gateway.stop()
     assert refusals() == 1
     assert "what plain announces could not be listened to" not in gateway.log_path.read_text()
+
+
+async def test_a_session_s_calls_are_answered_by_an_upstream_that_no_longer_lists_its_tools(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    with served("mcp_mute_lister", tmp_path, "--after-change") as quiet:
+        config = {"namespace": namespace, "unmapped": "pass", "upstreams": {"quiet": {"url": quiet, "callSeconds": 5}}}
+        gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
+        try:
+            with anyio.fail_after(30):
+                async with Client(gateway.url, mode="legacy") as agent:  # over a connection of its session's own
+                    for _ in range(2):  # the first call leaves tools/list unanswered from then on
+                        result = await agent.call_tool("go_quiet", {})
+                        assert not result.is_error, result
+                        assert result.content == [types.TextContent(type="text", text="quiet from now on")]
+        finally:
+            gateway.stop()
