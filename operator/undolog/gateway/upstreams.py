@@ -396,7 +396,8 @@ class Upstreams:
 
         async def called(client: Client) -> types.CallToolResult | types.InputRequiredResult | TaskCreated:
             if not modern(client):
-                return await called_on_a_session(client, tool, arguments, meta, progress)
+                params = types.CallToolRequestParams(name=tool.tool.name, arguments=arguments, _meta=meta)
+                return await called_on_a_session(client, params, progress)
             if rounds is None:
                 return await client.call_tool(tool.tool.name, arguments, meta=meta, progress_callback=progress)
             return await called_in_rounds(client, tool, arguments, meta, progress, rounds)
@@ -429,17 +430,12 @@ async def asked(
 
 
 async def called_on_a_session(
-    client: Client,
-    tool: UpstreamTool,
-    arguments: dict[str, object],
-    meta: types.RequestParamsMeta | None,
-    progress: ProgressFnT | None,
+    client: Client, params: types.CallToolRequestParams, progress: ProgressFnT | None
 ) -> types.CallToolResult:
     """The tool called on a server of the session era, its result passed on as it came. The SDK's
     call would first list the tools on a client that has not (a session's own connection), to
     check the result against the tool's output schema: a round trip per session and upstream,
     and a wait as long as the server's tools/list; the agent's client checks it all the same."""
-    params = types.CallToolRequestParams(name=tool.tool.name, arguments=arguments, _meta=meta)
     return await client.session.send_request(
         types.CallToolRequest(params=params), types.CallToolResult, progress_callback=progress
     )
