@@ -8,8 +8,8 @@ and the gateway still stops once the stream has ended (its unsubscribing is shie
 the stateless revision that never acknowledges the gateway's listen stream: listened to again
 every `connectSeconds`, while its tools are called as ever. One that refuses the listen stream
 (-32601): asked once, and not waited for when an agent's listen stream names a resource. One
-whose tools/list no longer answers: a session's calls of its tools are answered all the same
-(the gateway does not list them again on the session's connection first)."""
+whose tools/list no longer answers: an agent's calls of its tools are answered all the same, in
+either era (the gateway does not list them again on the agent's client first)."""
 
 from __future__ import annotations
 
@@ -161,18 +161,20 @@ async def test_an_upstream_that_refuses_the_gateway_s_listen_stream_is_not_asked
     assert "what plain announces could not be listened to" not in gateway.log_path.read_text()
 
 
-async def test_a_session_s_calls_are_answered_by_an_upstream_that_no_longer_lists_its_tools(
-    cluster: Cluster, namespace: str, tmp_path: Path
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_an_agent_s_calls_are_answered_by_an_upstream_that_no_longer_lists_its_tools(
+    cluster: Cluster, namespace: str, tmp_path: Path, mode: str
 ) -> None:
     with served("mcp_mute_lister", tmp_path, "--after-change") as quiet:
         config = {"namespace": namespace, "unmapped": "pass", "upstreams": {"quiet": {"url": quiet, "callSeconds": 5}}}
         gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
         try:
             with anyio.fail_after(30):
-                async with Client(gateway.url, mode="legacy") as agent:  # over a connection of its session's own
+                async with Client(gateway.url, mode=mode) as agent:  # over a client the gateway keeps for it
                     for _ in range(2):  # the first call leaves tools/list unanswered from then on
                         result = await agent.call_tool("go_quiet", {})
                         assert not result.is_error, result
-                        assert result.content == [types.TextContent(type="text", text="quiet from now on")]
+                        # the upstream's answer, first (on the stateless revision the saga's handle follows)
+                        assert result.content[0] == types.TextContent(type="text", text="quiet from now on")
         finally:
             gateway.stop()

@@ -11,7 +11,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import TypeVar, overload
+from typing import Annotated, TypeVar, overload
 
 import anyio
 import httpx2
@@ -24,6 +24,7 @@ from mcp.client.subscriptions import Subscription
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, Discriminator, Tag, TypeAdapter
 
 from undolog.api.gateway import Upstream
 from undolog.calls.mcp import KEY_META, keyed_meta
@@ -40,6 +41,7 @@ CLOSE_SECONDS = 5.0
 STATELESS_CLIENTS = "stateless:"  # the key of the stateless agents' clients, by what they declare
 log = logging.getLogger("undolog.gateway")
 T = TypeVar("T")
+A = TypeVar("A", bound=BaseModel)  # an answer the SDK reads into its model
 
 
 async def keyed(request: httpx2.Request) -> None:
@@ -397,7 +399,7 @@ class Upstreams:
         async def called(client: Client) -> types.CallToolResult | types.InputRequiredResult | TaskCreated:
             if not modern(client):
                 params = types.CallToolRequestParams(name=tool.tool.name, arguments=arguments, _meta=meta)
-                return await called_on_a_session(client, params, progress)
+                return await called_as_it_came(client, params, progress, SESSION_ANSWER)
             if rounds is None:
                 return await client.call_tool(tool.tool.name, arguments, meta=meta, progress_callback=progress)
             return await called_in_rounds(client, tool, arguments, meta, progress, rounds)
@@ -429,16 +431,41 @@ async def asked(
     raise MCPError(types.INTERNAL_ERROR, said)
 
 
-async def called_on_a_session(
-    client: Client, params: types.CallToolRequestParams, progress: ProgressFnT | None
-) -> types.CallToolResult:
-    """The tool called on a server of the session era, its result passed on as it came. The SDK's
-    call would first list the tools on a client that has not (a session's own connection), to
-    check the result against the tool's output schema: a round trip per session and upstream,
+SESSION_ANSWER = TypeAdapter(types.CallToolResult)
+Answered = types.CallToolResult | types.InputRequiredResult | TaskCreated
+
+
+def _result_type(answer: object) -> str:
+    tag = answer.get("resultType") if isinstance(answer, dict) else getattr(answer, "result_type", None)
+    return tag if tag in ("input_required", "task") else "complete"
+
+
+# A tool call's answers on the stateless revision, by resultType; a task only to a client that
+# declared the tasks extension (to any other it is no result the client can take).
+IN_ROUNDS: TypeAdapter[Answered] = TypeAdapter(
+    Annotated[
+        Annotated[types.CallToolResult, Tag("complete")] | Annotated[types.InputRequiredResult, Tag("input_required")],
+        Discriminator(lambda answer: "complete" if _result_type(answer) == "task" else _result_type(answer)),
+    ]
+)
+IN_ROUNDS_OR_TASK: TypeAdapter[Answered] = TypeAdapter(
+    Annotated[
+        Annotated[types.CallToolResult, Tag("complete")]
+        | Annotated[types.InputRequiredResult, Tag("input_required")]
+        | Annotated[TaskCreated, Tag("task")],
+        Discriminator(_result_type),
+    ]
+)
+
+
+async def called_as_it_came(
+    client: Client, params: types.CallToolRequestParams, progress: ProgressFnT | None, answers: TypeAdapter[A]
+) -> A:
+    """The tool called, its answer passed on as it came. The SDK's call would first list the
+    tools on a client that has not (each session's own connection, each stateless client), to
+    check the result against the tool's output schema: a round trip per client and upstream,
     and a wait as long as the server's tools/list; the agent's client checks it all the same."""
-    return await client.session.send_request(
-        types.CallToolRequest(params=params), types.CallToolResult, progress_callback=progress
-    )
+    return await client.session.send_request(types.CallToolRequest(params=params), answers, progress_callback=progress)
 
 
 async def called_in_rounds(
@@ -448,35 +475,28 @@ async def called_in_rounds(
     meta: types.RequestParamsMeta | None,
     progress: ProgressFnT | None,
     rounds: Rounds,
-) -> types.CallToolResult | types.InputRequiredResult | TaskCreated:
+) -> Answered:
     """The tool called on a server of the stateless revision, which may answer `input_required`,
     or with a task: returned as it came. Refused for want of the `Mcp-Param-*` headers its
     schema names (-32020), the tool is listed on this client, and sent again once."""
-
-    async def sent() -> types.CallToolResult | types.InputRequiredResult | types.Result:
-        return await client.session.call_tool(
-            tool.tool.name,
-            arguments,
-            progress_callback=progress,
-            input_responses=rounds.responses,
-            request_state=rounds.state,
-            meta=meta,
-            allow_input_required=True,
-            allow_claimed=True,
-        )
-
+    params = types.CallToolRequestParams(
+        name=tool.tool.name,
+        arguments=arguments,
+        input_responses=rounds.responses,
+        request_state=rounds.state,
+        _meta=meta,
+    )
+    tasks = any(isinstance(extension, TasksClient) for extension in client.extensions or ())
+    answers = IN_ROUNDS_OR_TASK if tasks else IN_ROUNDS
     try:
-        result = await sent()
+        return await called_as_it_came(client, params, progress, answers)
     except MCPError as mismatch:
         if mismatch.code != types.HEADER_MISMATCH:
             raise
         # The SDK sends the headers its own listing names; this client's was missing or stale. The
         # refusal comes before the tool runs, so sending again is the specification's recovery.
         await tools_of(client)
-        result = await sent()
-    if not isinstance(result, types.CallToolResult | types.InputRequiredResult | TaskCreated):
-        raise MCPError(types.INTERNAL_ERROR, f"{tool.qualified} answered a {type(result).__name__}")
-    return result
+        return await called_as_it_came(client, params, progress, answers)
 
 
 async def listed_from_each(
