@@ -1,6 +1,7 @@
 """A local MCP server that answers initialize and never answers tools/list: an upstream
 that connects and then hangs. With `--after-change`, it lists its one tool, `go_quiet`, until
-that is called: the call announces the list changed, and tools/list is never answered again.
+that is called: the call announces the list changed (on HTTP, to the listen streams of the
+stateless revision, which only this mode takes), and tools/list is never answered again.
 With `--endless`, every page of its tools/list names a next one. With `--mute-resources`, it
 lists its tool and never answers resources/list; with `--mute-subscribe`, never
 resources/subscribe or unsubscribe. On stdio, or with `--port N` on streamable HTTP on loopback
@@ -16,6 +17,8 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
+from mcp.shared.subscriptions import ToolsListChanged
 
 GO_QUIET = types.Tool(
     name="go_quiet", description="Announces a change, then lists nothing", input_schema={"type": "object"}
@@ -23,8 +26,9 @@ GO_QUIET = types.Tool(
 
 
 class Lister:
-    def __init__(self, quiet: bool, endless: bool) -> None:
-        self.quiet, self.endless = quiet, endless
+    def __init__(self, quiet: bool, endless: bool, on_stdio: bool) -> None:
+        self.quiet, self.endless, self.on_stdio = quiet, endless, on_stdio
+        self.bus = InMemorySubscriptionBus()  # the change, to subscriptions/listen (2026-07-28)
 
     async def list_tools(self, _: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         if self.quiet:
@@ -34,7 +38,10 @@ class Lister:
 
     async def call_tool(self, ctx: ServerRequestContext[Any], _: types.CallToolRequestParams) -> types.CallToolResult:
         self.quiet = True
-        await ctx.session.send_tool_list_changed()
+        if self.on_stdio:
+            await ctx.session.send_tool_list_changed()
+        else:  # the gateway hears an upstream of both eras on its listen stream, whoever called
+            await self.bus.publish(ToolsListChanged())
         return types.CallToolResult(content=[types.TextContent(type="text", text="quiet from now on")])
 
 
@@ -52,7 +59,7 @@ async def never_subscribed(
 
 def mute_lister(options: argparse.Namespace) -> Server[Any]:
     muted = options.after_change or options.endless or options.mute_resources or options.mute_subscribe
-    lister = Lister(quiet=not muted, endless=options.endless)
+    lister = Lister(quiet=not muted, endless=options.endless, on_stdio=not options.port)
     return Server(
         "mute-lister",
         on_list_tools=lister.list_tools,
@@ -60,6 +67,7 @@ def mute_lister(options: argparse.Namespace) -> Server[Any]:
         on_list_resources=never if options.mute_resources else None,
         on_subscribe_resource=never_subscribed if options.mute_subscribe else None,
         on_unsubscribe_resource=never_subscribed if options.mute_subscribe else None,
+        on_subscriptions_listen=ListenHandler(lister.bus) if options.after_change else None,
     )
 
 
