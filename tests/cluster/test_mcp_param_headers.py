@@ -25,19 +25,19 @@ def said(result: types.CallToolResult) -> str:
     return first.text
 
 
-@pytest.mark.parametrize("mode", ["legacy", "auto"])
-async def test_a_tool_with_mcp_param_headers_is_called_through_the_gateway(
-    cluster: Cluster, namespace: str, tmp_path: Path, mode: str
+async def test_a_tool_with_mcp_param_headers_is_called_through_the_gateway_in_either_era(
+    cluster: Cluster, namespace: str, tmp_path: Path
 ) -> None:
     with served("mcp_param_headers", tmp_path) as upstream:
         config = {"namespace": namespace, "unmapped": "pass", "upstreams": {"regional": {"url": upstream}}}
         gateway = GatewayProcess(cluster.kubeconfig, config, tmp_path)
         try:
-            with anyio.fail_after(30):
-                async with Client(gateway.url, mode=mode) as agent:
-                    listed = {t.name: t for t in (await agent.list_tools()).tools}
-                    assert listed["tagged"].input_schema["properties"]["region"]["x-mcp-header"] == "Region"
-                    assert said(await agent.call_tool("tagged", {"region": "eu-west"})) == "called for eu-west"
-                    assert said(await agent.call_tool("tagged", {"region": "us-east"})) == "called for us-east"
+            for mode in ("auto", "legacy"):  # the stateless revision, then a session
+                with anyio.fail_after(30):
+                    async with Client(gateway.url, mode=mode) as agent:
+                        listed = {t.name: t for t in (await agent.list_tools()).tools}
+                        assert listed["tagged"].input_schema["properties"]["region"]["x-mcp-header"] == "Region"
+                        assert said(await agent.call_tool("tagged", {"region": "eu-west"})) == "called for eu-west"
+                        assert said(await agent.call_tool("tagged", {"region": "us-east"})) == "called for us-east"
         finally:
             gateway.stop()
