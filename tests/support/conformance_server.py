@@ -23,7 +23,6 @@ from typing import Any, cast
 
 import anyio
 import mcp_types as types
-import uvicorn
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
@@ -32,11 +31,9 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import PromptsListChanged, ResourceUpdated, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route
 
 from tests.support import conformance_rounds, conformance_tasks
+from tests.support.loopback_mcp import serve_on_loopback
 
 Ctx = ServerRequestContext[Any]
 
@@ -434,19 +431,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--mute-listen", action="store_true", help="never acknowledge subscriptions/listen")
     options = parser.parse_args()
-    port = options.port
-
-    async def healthz(_: Request) -> Response:
-        return PlainTextResponse("ok")
-
-    app = Conformance(mute_listen=options.mute_listen).server.streamable_http_app(
-        streamable_http_path="/mcp",
-        event_store=MemoryEvents(),
-        retry_interval=1000,
-        host="127.0.0.1",
-        custom_starlette_routes=[Route("/healthz", healthz)],
-    )
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    server = Conformance(mute_listen=options.mute_listen).server
+    serve_on_loopback(server, options.port, event_store=MemoryEvents(), retry_interval=1000)
 
 
 if __name__ == "__main__":

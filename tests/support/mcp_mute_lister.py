@@ -76,22 +76,6 @@ async def on_stdio(server: Server[Any]) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
-def on_loopback(server: Server[Any], port: int) -> None:
-    # Imported here: on stdio its start is timed by the gateway's connectSeconds, and needs none of it.
-    import uvicorn
-    from starlette.requests import Request
-    from starlette.responses import PlainTextResponse, Response
-    from starlette.routing import Route
-
-    async def healthz(_: Request) -> Response:
-        return PlainTextResponse("ok")
-
-    app = server.streamable_http_app(
-        streamable_http_path="/mcp", host="127.0.0.1", custom_starlette_routes=[Route("/healthz", healthz)]
-    )
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--after-change", action="store_true")
@@ -101,6 +85,9 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, help="serve streamable HTTP on this loopback port, not stdio")
     options = parser.parse_args()
     if options.port:
-        on_loopback(mute_lister(options), options.port)
+        # Imported here: on stdio its start is timed by the gateway's connectSeconds, and needs none of it.
+        from tests.support.loopback_mcp import serve_on_loopback
+
+        serve_on_loopback(mute_lister(options), options.port)
     else:
         anyio.run(on_stdio, mute_lister(options))

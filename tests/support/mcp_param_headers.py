@@ -12,11 +12,9 @@ import argparse
 from typing import Any
 
 import mcp_types as types
-import uvicorn
 from mcp.server.lowlevel import Server
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route
+
+from tests.support.loopback_mcp import serve_on_loopback
 
 TAGGED = types.Tool(
     name="tagged",
@@ -42,15 +40,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     port = parser.parse_args().port
-
-    async def healthz(_: Request) -> Response:
-        return PlainTextResponse("ok")
-
-    server: Server[Any] = Server("param-headers", on_list_tools=list_tools, on_call_tool=call_tool)
-    app = server.streamable_http_app(
-        streamable_http_path="/mcp", host="127.0.0.1", custom_starlette_routes=[Route("/healthz", healthz)]
-    )
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    serve_on_loopback(Server("param-headers", on_list_tools=list_tools, on_call_tool=call_tool), port)
 
 
 if __name__ == "__main__":
