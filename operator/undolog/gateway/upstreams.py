@@ -435,17 +435,23 @@ SESSION_ANSWER = TypeAdapter(types.CallToolResult)
 Answered = types.CallToolResult | types.InputRequiredResult | TaskCreated
 
 
-def _result_type(answer: object) -> str:
-    tag = answer.get("resultType") if isinstance(answer, dict) else getattr(answer, "result_type", None)
-    return tag if tag in ("input_required", "task") else "complete"
+def by_result_type(*arms: str) -> Discriminator:
+    """The arm of a tool call's answer: its resultType when that is one of `arms`, else the core
+    arm, `complete` (whose model refuses what it is not)."""
+
+    def arm(answer: object) -> str:
+        tag = answer.get("resultType") if isinstance(answer, dict) else getattr(answer, "result_type", None)
+        return tag if tag in arms else "complete"
+
+    return Discriminator(arm)
 
 
-# A tool call's answers on the stateless revision, by resultType; a task only to a client that
-# declared the tasks extension (to any other it is no result the client can take).
+# A tool call's answers on the stateless revision; a task only to a client that declared the
+# tasks extension (to any other it is no result the client can take).
 IN_ROUNDS: TypeAdapter[Answered] = TypeAdapter(
     Annotated[
         Annotated[types.CallToolResult, Tag("complete")] | Annotated[types.InputRequiredResult, Tag("input_required")],
-        Discriminator(lambda answer: "complete" if _result_type(answer) == "task" else _result_type(answer)),
+        by_result_type("input_required"),
     ]
 )
 IN_ROUNDS_OR_TASK: TypeAdapter[Answered] = TypeAdapter(
@@ -453,7 +459,7 @@ IN_ROUNDS_OR_TASK: TypeAdapter[Answered] = TypeAdapter(
         Annotated[types.CallToolResult, Tag("complete")]
         | Annotated[types.InputRequiredResult, Tag("input_required")]
         | Annotated[TaskCreated, Tag("task")],
-        Discriminator(_result_type),
+        by_result_type("input_required", "task"),
     ]
 )
 
