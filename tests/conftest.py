@@ -22,6 +22,7 @@ from devtools.control_plane import LocalControlPlane
 from devtools.crds import CRDS
 from devtools.postgres import LocalPostgres
 
+from tests.support.namespaces import fresh_namespace
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant
 from undolog.kube import Kube
@@ -96,10 +97,8 @@ async def session_loop() -> asyncio.AbstractEventLoop:
 @pytest_asyncio.fixture
 async def namespace(kube: Kube) -> AsyncIterator[str]:
     """A fresh namespace per test, deleted afterwards (the namespace controller empties it)."""
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    await kube.create_namespace(name, {})
-    yield name
-    await kube.delete_namespace(name)
+    async with fresh_namespace(kube) as name:
+        yield name
 
 
 @pytest.fixture

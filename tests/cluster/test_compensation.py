@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Cluster
 from tests.support.manifests import call, saga, undo_entry, webhook
+from tests.support.namespaces import delete_releasing_sagas
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import HttpsParticipant, Participant, Received, Reply, https_participant
 from tests.support.waiting import eventually, saga_phase
@@ -361,7 +362,7 @@ async def test_deleting_the_namespace_of_an_active_saga_waits_for_a_person_and_t
         assert seen is None, f"still there after {retry} retries in 90 s: {seen['status']['message']}"
     finally:
         operator.stop()
-        await kube.delete_namespace(leases)
+        await delete_releasing_sagas(kube, leases)
 
 
 def entry_proofs(operator: OperatorProcess) -> dict[str, int]:

@@ -19,6 +19,7 @@ from tests.chaos.workload import as_call
 from tests.cluster.test_compensation import abort, external_saga, register
 from tests.conftest import Cluster, OwnCluster, own_control_plane
 from tests.support.manifests import call, saga, step, undo_entry, webhook
+from tests.support.namespaces import delete_releasing_sagas
 from tests.support.operator_process import OperatorProcess
 from tests.support.owner_policy import owner_policy_off
 from tests.support.participants import Participant, Received, Reply
@@ -465,7 +466,7 @@ async def test_an_operator_watching_many_namespaces_still_drives_their_sagas(
             operator.stop()
     finally:
         for name in others:
-            await kube.delete_namespace(name)
+            await delete_releasing_sagas(kube, name)
     assert [r.body["n"] for r in participant.received("/undo")] == [2, 1]
 
 
@@ -507,7 +508,7 @@ async def test_a_namespace_is_not_kept_behind_another_namespaces_sagas_on_a_hang
         finally:
             operator.stop()
     finally:
-        await kube.delete_namespace(quiet)
+        await delete_releasing_sagas(kube, quiet)
     paths = [r.path for r in participant.received()]
     print(f"\nthe other namespace's call: {paths.index('/undo') + 1} of {len(paths)}")
     # At most one call each: once 5 in a row timed out, the breaker held the rest (their budget spent waiting).

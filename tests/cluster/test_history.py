@@ -18,6 +18,7 @@ from tests.cluster.test_compensation import external_saga, register
 from tests.cluster.test_retention import deleted
 from tests.conftest import Cluster
 from tests.support.manifests import call
+from tests.support.namespaces import fresh_namespace
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Received, Reply
 from undolog.kube import Kube
@@ -27,10 +28,8 @@ pytestmark = pytest.mark.cluster
 
 @pytest_asyncio.fixture
 async def other_namespace(kube: Kube) -> AsyncIterator[str]:
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    await kube.create_namespace(name, {})
-    yield name
-    await kube.delete_namespace(name)
+    async with fresh_namespace(kube) as name:
+        yield name
 
 
 def may_list_sagas_in(cluster: Cluster, namespace: str, user: str) -> None:

@@ -37,6 +37,7 @@ from tests.support.gateway_process import GatewayProcess, gateway_config
 from tests.support.hydra import Hydra
 from tests.support.manifests import webhook
 from tests.support.mcp_tracker import Tracker
+from tests.support.namespaces import delete_releasing_sagas
 from tests.support.operator_process import OperatorProcess
 from tests.support.waiting import eventually, saga_phase
 from undolog.kube import Kube
@@ -206,7 +207,7 @@ async def teams(kube: Kube) -> AsyncIterator[tuple[str, str]]:
         await kube.create_namespace(name, {})
     yield names
     for name in names:
-        await kube.delete_namespace(name)
+        await delete_releasing_sagas(kube, name)
 
 
 def session_request(token: str, body: dict[str, Any], session: str | None = None) -> tuple[dict[str, str], Any]:

@@ -23,6 +23,7 @@ from tests.cluster.test_compensation import abort, external_saga, register
 from tests.conftest import BIN, REPO, Cluster, install_crds
 from tests.support.identities import lease_holder, service_account_kubeconfig
 from tests.support.manifests import call, saga, webhook
+from tests.support.namespaces import delete_releasing_sagas
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Reply
 from tests.support.waiting import eventually, saga_phase
@@ -189,7 +190,7 @@ async def test_a_saga_cannot_call_a_webhook_of_another_namespace(
         assert f"no Webhook 'refund' in namespace {namespace}" in halted["status"]["message"]
         assert participant.received() == []
     finally:
-        await kube.delete_namespace(other)
+        await delete_releasing_sagas(kube, other)
 
 
 def scrape(operator: OperatorProcess) -> str:
