@@ -4,6 +4,7 @@ defect found by scenarios written independently of the project's own tests."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -19,7 +20,7 @@ from tests.chaos.workload import as_call
 from tests.cluster.test_compensation import abort, external_saga, register
 from tests.conftest import Cluster, OwnCluster, own_control_plane
 from tests.support.manifests import call, saga, step, undo_entry, webhook
-from tests.support.namespaces import delete_releasing_sagas
+from tests.support.namespaces import fresh_namespace
 from tests.support.operator_process import OperatorProcess
 from tests.support.owner_policy import owner_policy_off
 from tests.support.participants import Participant, Received, Reply
@@ -449,10 +450,8 @@ async def test_an_operator_watching_many_namespaces_still_drives_their_sagas(
     over the requests' pool of 100 connections: from 34 namespaces on (`watchNamespaces` as a
     platform team lists them) they held every connection, and the operator led and did nothing,
     its requests waiting for good."""
-    others = [f"{namespace}-{i}" for i in range(40)]
-    for name in others:
-        await kube.create_namespace(name, {})
-    try:
+    async with contextlib.AsyncExitStack() as made:
+        others = [await made.enter_async_context(fresh_namespace(kube, f"{namespace}-{i}")) for i in range(40)]
         await register(kube, others[-1], participant, "undo")
         operator = OperatorProcess(
             cluster.kubeconfig, namespace, tmp_path, extra_args=tuple(f"--namespace={name}" for name in others)
@@ -464,9 +463,6 @@ async def test_an_operator_watching_many_namespaces_still_drives_their_sagas(
             await saga_phase(kube, others[-1], "far", "Compensated", within=30)
         finally:
             operator.stop()
-    finally:
-        for name in others:
-            await delete_releasing_sagas(kube, name)
     assert [r.body["n"] for r in participant.received("/undo")] == [2, 1]
 
 
@@ -477,9 +473,7 @@ async def test_a_namespace_is_not_kept_behind_another_namespaces_sagas_on_a_hang
     slots (here 2, by --max-concurrent-sagas) until each call times out. In one queue, first
     come first served, another namespace's saga aborted after them was compensated only after
     all of them had timed out; the namespaces now take turns for the next free slot."""
-    quiet = f"{namespace}-quiet"
-    await kube.create_namespace(quiet, {})
-    try:
+    async with fresh_namespace(kube, f"{namespace}-quiet") as quiet:
         participant.handle("/hang", lambda request: Reply(200, delay=5))
         hang = webhook("hang", url=participant.url("/hang"))
         hang["spec"]["timeoutSeconds"] = 1
@@ -507,8 +501,6 @@ async def test_a_namespace_is_not_kept_behind_another_namespaces_sagas_on_a_hang
                 await saga_phase(kube, namespace, name, "Halted", within=30)
         finally:
             operator.stop()
-    finally:
-        await delete_releasing_sagas(kube, quiet)
     paths = [r.path for r in participant.received()]
     print(f"\nthe other namespace's call: {paths.index('/undo') + 1} of {len(paths)}")
     # At most one call each: once 5 in a row timed out, the breaker held the rest (their budget spent waiting).

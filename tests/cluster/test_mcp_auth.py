@@ -37,7 +37,7 @@ from tests.support.gateway_process import GatewayProcess, gateway_config
 from tests.support.hydra import Hydra
 from tests.support.manifests import webhook
 from tests.support.mcp_tracker import Tracker
-from tests.support.namespaces import delete_releasing_sagas
+from tests.support.namespaces import fresh_namespace
 from tests.support.operator_process import OperatorProcess
 from tests.support.waiting import eventually, saga_phase
 from undolog.kube import Kube
@@ -202,12 +202,11 @@ async def _now() -> float:
 @pytest_asyncio.fixture
 async def teams(kube: Kube) -> AsyncIterator[tuple[str, str]]:
     """Two teams' namespaces, each with its Webhook to close an issue (the tracker's undo)."""
-    names = (f"team-a-{uuid.uuid4().hex[:6]}", f"team-b-{uuid.uuid4().hex[:6]}")
-    for name in names:
-        await kube.create_namespace(name, {})
-    yield names
-    for name in names:
-        await delete_releasing_sagas(kube, name)
+    async with (
+        fresh_namespace(kube, f"team-a-{uuid.uuid4().hex[:6]}") as team_a,
+        fresh_namespace(kube, f"team-b-{uuid.uuid4().hex[:6]}") as team_b,
+    ):
+        yield team_a, team_b
 
 
 def session_request(token: str, body: dict[str, Any], session: str | None = None) -> tuple[dict[str, str], Any]:

@@ -23,7 +23,7 @@ from tests.cluster.test_compensation import abort, external_saga, register
 from tests.conftest import BIN, REPO, Cluster, install_crds
 from tests.support.identities import lease_holder, service_account_kubeconfig
 from tests.support.manifests import call, saga, webhook
-from tests.support.namespaces import delete_releasing_sagas
+from tests.support.namespaces import fresh_namespace
 from tests.support.operator_process import OperatorProcess
 from tests.support.participants import Participant, Reply
 from tests.support.waiting import eventually, saga_phase
@@ -179,9 +179,7 @@ async def test_chart_installs_and_the_operator_works_with_only_its_rbac(
 async def test_a_saga_cannot_call_a_webhook_of_another_namespace(
     kube: Kube, namespace: str, participant: Participant, operator: OperatorProcess
 ) -> None:
-    other = f"{namespace}-other"
-    await kube.create_namespace(other, {})
-    try:
+    async with fresh_namespace(kube, f"{namespace}-other") as other:
         await kube.create("webhooks", other, webhook("refund", url=participant.url("/refund")))
         await external_saga(kube, namespace, "tenant", [call("refund")])
         await abort(kube, namespace, "tenant")
@@ -189,8 +187,6 @@ async def test_a_saga_cannot_call_a_webhook_of_another_namespace(
         assert halted["status"]["reason"] == "FunctionNotFound"
         assert f"no Webhook 'refund' in namespace {namespace}" in halted["status"]["message"]
         assert participant.received() == []
-    finally:
-        await delete_releasing_sagas(kube, other)
 
 
 def scrape(operator: OperatorProcess) -> str:
