@@ -8,8 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from undolog.gateway.steps import Answer
-from undolog.gateway.upstreams import Rounds
+from undolog.gateway.upstreams import Answer, Rounds
 from undolog.sdk import SagaRun
 
 # A step at a position of a saga: (run, position, what the agent's answer carries besides, carried).

@@ -18,9 +18,9 @@ from undolog.errors import AlreadyExists, NotFound, SagaEnded, UndoLogError
 from undolog.gateway.bindings import SagaBinding, StepAt
 from undolog.gateway.confirmations import CONFIRM_INPUT
 from undolog.gateway.sessions import Opening
-from undolog.gateway.steps import Answer, NotCalled
+from undolog.gateway.steps import NotCalled
 from undolog.gateway.task_wire import TaskCreated
-from undolog.gateway.upstreams import Rounds
+from undolog.gateway.upstreams import Answer, Rounds
 from undolog.kube import Kube
 from undolog.sdk import SagaRun, open_saga
 from undolog.sdk.saga import known_saga, resumed_saga

@@ -37,11 +37,11 @@ from undolog.gateway.operator_webhooks import OperatorWebhooks
 from undolog.gateway.own_tools import OWN_NAMES, OWN_TOOLS, OwnTools
 from undolog.gateway.relay import Relay
 from undolog.gateway.sessions import SessionBinding, SessionSagas
-from undolog.gateway.steps import SAGA_META, Answer, NotCalled, Steps, ToolCall
+from undolog.gateway.steps import SAGA_META, NotCalled, Steps, ToolCall
 from undolog.gateway.subscriptions import Subscriptions
 from undolog.gateway.task_wire import TaskCreated
 from undolog.gateway.tasks import Tasks, handed
-from undolog.gateway.upstreams import Rounds, Upstreams
+from undolog.gateway.upstreams import Answer, Rounds, Upstreams
 from undolog.kube import Kube
 
 P = TypeVar("P")

@@ -17,7 +17,8 @@ from undolog.api.gateway import GatewayConfig
 from undolog.errors import UndoLogError
 from undolog.gateway.agent_requests import AgentRequest
 from undolog.gateway.bindings import SagaBinding, StepAt
-from undolog.gateway.steps import Answer, NotCalled
+from undolog.gateway.steps import NotCalled
+from undolog.gateway.upstreams import Answer
 from undolog.kube import Kube
 from undolog.sdk import SagaRun, open_saga
 

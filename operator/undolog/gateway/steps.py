@@ -25,7 +25,7 @@ from undolog.gateway.catalogue import ToolCatalogue, UpstreamTool
 from undolog.gateway.object_steps import ObjectStep, ObjectSteps
 from undolog.gateway.task_wire import TaskCreated
 from undolog.gateway.tasks import handed
-from undolog.gateway.upstreams import Rounds, Upstreams
+from undolog.gateway.upstreams import Answer, Rounds, Upstreams
 from undolog.inspect import Inspector, PlannedCompensation
 from undolog.kube import Kube
 from undolog.sdk import SagaRun
@@ -35,7 +35,6 @@ log = logging.getLogger("undolog.gateway")
 MAX_BEFORE_BYTES = 256 * 1024  # of a before-image: it goes into the compensation's arguments
 SAGA_META = "io.undolog/saga"
 STEP_META = "io.undolog/step"
-Answer = types.CallToolResult | types.InputRequiredResult | TaskCreated
 
 
 class NotCalled(UndoLogError):

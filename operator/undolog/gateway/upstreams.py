@@ -379,7 +379,7 @@ class Upstreams:
     @overload
     async def call(
         self, request: Requester, tool: UpstreamTool, arguments: dict[str, object], key: str | None, rounds: Rounds
-    ) -> types.CallToolResult | types.InputRequiredResult | TaskCreated: ...
+    ) -> Answer: ...
 
     async def call(
         self,
@@ -388,7 +388,7 @@ class Upstreams:
         arguments: dict[str, object],
         key: str | None,
         rounds: Rounds | None = None,
-    ) -> types.CallToolResult | types.InputRequiredResult | TaskCreated:
+    ) -> Answer:
         """The tool called for `request` (its progress passed back to it). With `rounds` (a
         stateless agent's), a server of that revision may answer `input_required`, or with a
         task when the agent declared the tasks extension: returned as it came, for the agent.
@@ -396,7 +396,7 @@ class Upstreams:
         meta = keyed_meta(key) if key else None
         progress = progress_of(request)
 
-        async def called(client: Client) -> types.CallToolResult | types.InputRequiredResult | TaskCreated:
+        async def called(client: Client) -> Answer:
             if not modern(client):
                 params = types.CallToolRequestParams(name=tool.tool.name, arguments=arguments, _meta=meta)
                 return await called_as_it_came(client, params, progress, SESSION_ANSWER)
@@ -432,7 +432,7 @@ async def asked(
 
 
 SESSION_ANSWER = TypeAdapter(types.CallToolResult)
-Answered = types.CallToolResult | types.InputRequiredResult | TaskCreated
+Answer = types.CallToolResult | types.InputRequiredResult | TaskCreated  # a tool call's, as it came
 
 
 def by_result_type(*arms: str) -> Discriminator:
@@ -448,13 +448,13 @@ def by_result_type(*arms: str) -> Discriminator:
 
 # A tool call's answers on the stateless revision; a task only to a client that declared the
 # tasks extension (to any other it is no result the client can take).
-IN_ROUNDS: TypeAdapter[Answered] = TypeAdapter(
+IN_ROUNDS: TypeAdapter[Answer] = TypeAdapter(
     Annotated[
         Annotated[types.CallToolResult, Tag("complete")] | Annotated[types.InputRequiredResult, Tag("input_required")],
         by_result_type("input_required"),
     ]
 )
-IN_ROUNDS_OR_TASK: TypeAdapter[Answered] = TypeAdapter(
+IN_ROUNDS_OR_TASK: TypeAdapter[Answer] = TypeAdapter(
     Annotated[
         Annotated[types.CallToolResult, Tag("complete")]
         | Annotated[types.InputRequiredResult, Tag("input_required")]
@@ -481,7 +481,7 @@ async def called_in_rounds(
     meta: types.RequestParamsMeta | None,
     progress: ProgressFnT | None,
     rounds: Rounds,
-) -> Answered:
+) -> Answer:
     """The tool called on a server of the stateless revision, which may answer `input_required`,
     or with a task: returned as it came. Refused for want of the `Mcp-Param-*` headers its
     schema names (-32020), the tool is listed on this client, and sent again once."""

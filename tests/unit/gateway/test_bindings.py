@@ -16,8 +16,8 @@ from undolog.errors import SagaEnded
 from undolog.gateway.caller_limits import LimitReached, Limits
 from undolog.gateway.handles import HandleRefused, HandleSagas, binding
 from undolog.gateway.sessions import SessionBinding, SessionSaga, no_limit
-from undolog.gateway.steps import Answer, NotCalled
-from undolog.gateway.upstreams import Rounds
+from undolog.gateway.steps import NotCalled
+from undolog.gateway.upstreams import Answer, Rounds
 from undolog.kube import Kube
 from undolog.sdk import SagaRun
 
